@@ -1,0 +1,22 @@
+"""Engine settings (filled from the CLI)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineConfig:
+    max_num_seqs: int = 256
+    # Context limit; None means the model's own (max_position_embeddings).
+    max_model_len: int | None = None
+    # Tokens one scheduler step may process (prefill chunks plus decodes).
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    # Explicit KV block count; when None, derived from cache_memory_percent.
+    num_blocks: int | None = None
+    # Share of the machine's memory given to the KV pool.
+    cache_memory_percent: float = 0.2
+    enable_prefix_caching: bool = True
+    # Server cap on max_tokens per request (None: up to the context).
+    max_tokens_cap: int | None = None
