@@ -1,22 +1,34 @@
-"""The engine as the HTTP front sees it: submit a request, iterate its outputs."""
+"""The engine as the HTTP front sees it: submit a request, iterate its outputs.
+
+One thread owns all MLX work (MLX streams are thread-affine); the event loop
+only talks to it through a queue in and `call_soon_threadsafe` out, so a step
+of the model never blocks the loop.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import queue
+import threading
 from collections.abc import AsyncIterator
+from typing import Any
+
+import mlx.core as mx
 
 from pippin.engine.config import EngineConfig
+from pippin.engine.core import EngineCore, EngineError
 from pippin.engine.types import RequestOutput, SamplingParams
 from pippin.store.loaded import LoadedModel
 
+__all__ = ["AsyncEngine", "EngineError"]
 
-class EngineError(Exception):
-    """A request the engine could not take (e.g. its prompt does not fit)."""
+log = logging.getLogger(__name__)
 
 
 class AsyncEngine:
-    """Owns the one MLX thread; the event loop only talks to it through queues.
+    """Interface (stable; the HTTP front relies on it):
 
-    Interface (stable; the HTTP front relies on it):
     - ``AsyncEngine(loaded, config)``; ``await start()``; ``await stop()``.
     - ``ready``: True once the model is loaded and the engine thread runs.
     - ``max_model_len``: the context limit in tokens.
@@ -24,35 +36,140 @@ class AsyncEngine:
       ``RequestOutput`` deltas; the last one has ``finished=True``. Leaving the
       iteration early (client gone, ``aclose()``, task cancelled) aborts the
       request; its KV blocks are freed at the next step. An engine failure ends
-      the stream with an output whose ``error`` is set.
+      the stream with an output whose ``error`` is set. A request the engine
+      cannot take raises ``EngineError`` on the first iteration.
     - ``abort(request_id)``.
     - ``stats()``: dict with running, waiting, blocks_total, blocks_free, ...
     """
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
-        raise NotImplementedError
+        self.loaded = loaded
+        self.config = config
+        self.core: EngineCore | None = None
+        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._queues: dict[str, asyncio.Queue[RequestOutput]] = {}
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._running = False
+        self._started = threading.Event()
+        self._start_error: BaseException | None = None
 
     async def start(self) -> None:
-        raise NotImplementedError
+        self._loop = asyncio.get_running_loop()
+        self._running = True
+        self._thread = threading.Thread(target=self._run, name="pippin-engine", daemon=True)
+        self._thread.start()
+        await asyncio.to_thread(self._started.wait)
+        if self._start_error is not None:
+            raise self._start_error
 
     async def stop(self) -> None:
-        raise NotImplementedError
+        self._running = False
+        self._inbox.put(("wake", None))
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 30)
 
     @property
     def ready(self) -> bool:
-        raise NotImplementedError
+        alive = self._thread is not None and self._thread.is_alive()
+        return self._running and self.core is not None and alive
 
     @property
     def max_model_len(self) -> int:
-        raise NotImplementedError
+        assert self.core is not None
+        return self.core.max_model_len
 
-    def generate(
+    def check(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise EngineError if the engine cannot take this request."""
+        assert self.core is not None
+        self.core.check(prompt_token_ids, params)
+
+    async def generate(
         self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
     ) -> AsyncIterator[RequestOutput]:
-        raise NotImplementedError
+        if not self.ready:
+            raise EngineError("the engine is not running")
+        if request_id in self._queues:
+            raise EngineError(f"request id {request_id!r} is already in use")
+        self.check(prompt_token_ids, params)
+        q: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self._queues[request_id] = q
+        self._inbox.put(("add", (request_id, list(prompt_token_ids), params)))
+        finished = False
+        try:
+            while True:
+                out = await q.get()
+                finished = out.finished
+                yield out
+                if finished:
+                    break
+        finally:
+            self._queues.pop(request_id, None)
+            if not finished:
+                self.abort(request_id)
 
     def abort(self, request_id: str) -> None:
-        raise NotImplementedError
+        self._inbox.put(("abort", request_id))
 
     def stats(self) -> dict[str, int]:
-        raise NotImplementedError
+        return self.core.stats() if self.core is not None else {}
+
+    # -- engine thread ----------------------------------------------------
+    def _run(self) -> None:
+        try:
+            stream = mx.new_stream(mx.default_device())
+            with mx.stream(stream):
+                self.core = EngineCore(self.loaded, self.config)
+        except BaseException as e:  # reported to start()
+            self._start_error = e
+            self._running = False
+            self._started.set()
+            return
+        self._started.set()
+        with mx.stream(stream):
+            while self._running:
+                core = self.core
+                self._drain(block=not core.has_work())
+                if not self._running:
+                    break
+                if not core.has_work():
+                    continue
+                try:
+                    outs = core.step()
+                except Exception as e:
+                    log.exception("engine step failed")
+                    outs = core.fail_all(f"engine error: {type(e).__name__}: {e}")
+                if outs:
+                    self._deliver(outs)
+
+    def _drain(self, block: bool) -> None:
+        assert self.core is not None
+        outs: list[RequestOutput] = []
+        while True:
+            try:
+                kind, arg = self._inbox.get(block=block, timeout=None if block else 0)
+            except queue.Empty:
+                break
+            block = False
+            if kind == "add":
+                rid, prompt, params = arg
+                try:
+                    self.core.add_request(rid, prompt, params)
+                except EngineError as e:
+                    outs.append(RequestOutput(rid, [], len(prompt), 0, True, error=str(e)))
+            elif kind == "abort":
+                out = self.core.abort(arg)
+                if out is not None:
+                    outs.append(out)
+        if outs:
+            self._deliver(outs)
+
+    def _deliver(self, outs: list[RequestOutput]) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._dispatch, outs)
+
+    def _dispatch(self, outs: list[RequestOutput]) -> None:
+        for out in outs:
+            q = self._queues.get(out.request_id)
+            if q is not None:
+                q.put_nowait(out)

@@ -1,0 +1,259 @@
+"""The synchronous engine loop: schedule, run the model, sample, emit outputs.
+
+Everything here runs on the engine's one MLX thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+from pippin.engine.block_manager import BlockManager
+from pippin.engine.config import EngineConfig
+from pippin.engine.model_runner import ModelRunner
+from pippin.engine.output_processor import OutputProcessor
+from pippin.engine.paged_cache import bytes_per_block
+from pippin.engine.sampler import SampleResult, sample
+from pippin.engine.scheduler import ScheduledSeq, Scheduler
+from pippin.engine.sequence import Sequence
+from pippin.engine.types import CompletionOutput, RequestOutput, SamplingParams, TokenLogprob
+from pippin.store.loaded import LoadedModel
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_MODEL_LEN = 4096
+
+
+class EngineError(Exception):
+    """A request the engine cannot take (e.g. its prompt does not fit)."""
+
+
+@dataclass
+class Request:
+    request_id: str
+    seqs: list[Sequence]
+    prompt_tokens: int
+    aborted: bool = False
+    done: set[int] = field(default_factory=set)
+
+
+def _machine_memory() -> int:
+    try:
+        info = mx.device_info()
+        size = info.get("memory_size") or info.get("total_memory")
+        if size:
+            return int(size)
+    except Exception:  # older mlx or a backend without the query
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+class EngineCore:
+    def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
+        self.config = config
+        self.loaded = loaded
+        self.max_model_len = (
+            config.max_model_len or loaded.max_position_embeddings or DEFAULT_MAX_MODEL_LEN
+        )
+        self.runner = ModelRunner(loaded.model, config.block_size)
+        self.num_blocks = self._num_blocks()
+        self.runner.allocate(self.num_blocks)
+        # Recurrent state cannot be rebuilt from KV blocks, so such models share no prefix.
+        caching = config.enable_prefix_caching and not self.runner.has_state_layers
+        self.bm = BlockManager(self.num_blocks, config.block_size, caching)
+        self.scheduler = Scheduler(self.bm, config.max_num_seqs, config.max_num_batched_tokens)
+        self.eos_ids = set(loaded.eos_token_ids)
+        self.outputs = OutputProcessor(loaded.tokenizer, self.eos_ids, self.max_model_len)
+        self.requests: dict[str, Request] = {}
+        self._seq_ids = itertools.count()
+        self.steps = 0
+
+    def _num_blocks(self) -> int:
+        cfg = self.config
+        per_block = bytes_per_block(self.runner.kv_specs, cfg.block_size)
+        # Enough for every sequence at full context; more only feeds the prefix cache.
+        ceiling = cfg.max_num_seqs * (self.max_model_len // cfg.block_size + 1) + 1
+        if cfg.num_blocks is not None:
+            return max(cfg.num_blocks, 2)
+        if per_block == 0:  # no attention layers: blocks only count tokens
+            return ceiling
+        budget = int(_machine_memory() * cfg.cache_memory_percent)
+        n = min(budget // per_block, ceiling)
+        min_blocks = self.max_model_len // cfg.block_size + 2
+        return max(n, min_blocks)
+
+    # -- requests ---------------------------------------------------------
+    def check(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        if not prompt_ids:
+            raise EngineError("the prompt is empty")
+        if len(prompt_ids) >= self.max_model_len:
+            raise EngineError(
+                f"the prompt has {len(prompt_ids)} tokens; the context is {self.max_model_len}"
+            )
+        if self.bm.blocks_for(len(prompt_ids) + 1) > self.bm.num_usable:
+            raise EngineError(
+                f"the prompt needs {self.bm.blocks_for(len(prompt_ids) + 1)} KV blocks; "
+                f"the pool has {self.bm.num_usable}"
+            )
+
+    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+        self.check(prompt_ids, params)
+        now = time.monotonic()
+        seqs = [
+            Sequence(next(self._seq_ids), request_id, i, list(prompt_ids), params, now)
+            for i in range(max(params.n, 1))
+        ]
+        for s in seqs[1:]:
+            s.wait_for = seqs[0]  # siblings reuse the first one's prompt blocks
+        for s in seqs:
+            self.outputs.init(s)
+            self.scheduler.add(s)
+        self.requests[request_id] = Request(request_id, seqs, len(prompt_ids))
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return None
+        outs = []
+        for s in req.seqs:
+            if not s.finished:
+                self.scheduler.finish(s)
+                s.finish_reason = s.finish_reason or "abort"
+                outs.append(CompletionOutput(s.index, [], "", None, s.finish_reason))
+        return RequestOutput(request_id, outs, req.prompt_tokens, req.seqs[0].num_cached, True)
+
+    def fail_all(self, message: str) -> list[RequestOutput]:
+        outs = []
+        for rid in list(self.requests):
+            out = self.abort(rid)
+            if out is not None:
+                for o in out.outputs:
+                    o.finish_reason = "error"
+                out.error = message
+                outs.append(out)
+        return outs
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # -- one step ---------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule()
+        if sched.empty:
+            return []
+        self.steps += 1
+        groups: list[list[ScheduledSeq]] = []
+        if sched.decodes:
+            groups.append(sched.decodes)
+        groups.extend(self._group_prefills(sched.prefills))
+
+        sampling: list[ScheduledSeq] = []
+        logits_parts: list[mx.array] = []
+        for items in groups:
+            logits = self.runner.forward(items, [it.seq.table.block_ids for it in items])
+            if logits is not None:
+                logits_parts.append(logits)
+                sampling.extend(it for it in items if it.samples)
+
+        everything = [it for g in groups for it in g]
+        result: SampleResult | None = None
+        to_eval: list = self.runner.arrays_to_eval(everything)
+        if sampling:
+            logits = logits_parts[0] if len(logits_parts) == 1 else mx.concatenate(logits_parts)
+            result = sample(logits, [it.seq for it in sampling], self.eos_ids)
+            to_eval.extend(
+                a for a in (result.tokens, result.logprobs, result.top_ids, result.top_logprobs)
+                if a is not None
+            )
+        mx.eval(to_eval)
+
+        for it in everything:
+            seq = it.seq
+            seq.num_computed = it.start + it.length
+            self.bm.register_full_blocks(seq.table, seq.all_ids, seq.num_computed)
+        if result is not None:
+            self._append_tokens(sampling, result)
+        return self._collect(sampling)
+
+    def _group_prefills(self, prefills: list[ScheduledSeq]) -> list[list[ScheduledSeq]]:
+        if not prefills:
+            return []
+        if self.runner.has_state_layers:
+            return [[p] for p in prefills]  # padding would run through recurrent state
+        # Batch chunks of similar length so padding wastes at most a quarter.
+        groups: list[list[ScheduledSeq]] = []
+        for p in sorted(prefills, key=lambda p: -p.length):
+            g = groups[-1] if groups else None
+            if g is not None:
+                total = sum(x.length for x in g) + p.length
+                if g[0].length * (len(g) + 1) <= 1.25 * total:
+                    g.append(p)
+                    continue
+            groups.append([p])
+        return groups
+
+    def _append_tokens(self, sampling: list[ScheduledSeq], result: SampleResult) -> None:
+        tokens = result.tokens.tolist()
+        lps = result.logprobs.tolist() if result.logprobs is not None else None
+        top_ids = result.top_ids.tolist() if result.top_ids is not None else None
+        top_lp = result.top_logprobs.tolist() if result.top_logprobs is not None else None
+        for r, it in enumerate(sampling):
+            seq = it.seq
+            lp = None
+            if seq.params.logprobs and lps is not None:
+                top: list[tuple[int, float]] = []
+                k = seq.params.top_logprobs
+                if k and top_ids is not None and top_lp is not None:
+                    top = sorted(zip(top_ids[r], top_lp[r]), key=lambda x: -x[1])[:k]
+                lp = TokenLogprob(tokens[r], lps[r], top)
+            self.outputs.append(seq, tokens[r], lp)
+
+    def _collect(self, sampling: list[ScheduledSeq]) -> list[RequestOutput]:
+        by_req: dict[str, list[CompletionOutput]] = {}
+        for it in sampling:
+            seq = it.seq
+            req = self.requests.get(seq.request_id)
+            if req is None:
+                continue
+            text = self.outputs.take_text(seq)
+            out = CompletionOutput(
+                seq.index,
+                seq.pending_ids,
+                text,
+                seq.pending_logprobs if seq.params.logprobs else None,
+                seq.finish_reason,
+                seq.stop_reason,
+            )
+            seq.pending_ids, seq.pending_logprobs = [], []
+            by_req.setdefault(seq.request_id, []).append(out)
+            if seq.finish_reason is not None:
+                self.scheduler.finish(seq)
+                req.done.add(seq.index)
+        results = []
+        for rid, outs in by_req.items():
+            req = self.requests[rid]
+            finished = len(req.done) == len(req.seqs)
+            if finished:
+                del self.requests[rid]
+            results.append(
+                RequestOutput(rid, outs, req.prompt_tokens, req.seqs[0].num_cached, finished)
+            )
+        return results
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting),
+            "blocks_total": self.bm.num_usable,
+            "blocks_free": self.bm.num_free,
+            "block_size": self.bm.block_size,
+            "prefix_queries": self.bm.queries,
+            "prefix_hits": self.bm.hits,
+            "preemptions": self.scheduler.num_preemptions,
+            "steps": self.steps,
+        }

@@ -1,0 +1,140 @@
+"""The paged KV pool and the cache objects mlx-lm's model classes call.
+
+Each attention layer owns a pool of `num_blocks * block_size` slots. For one
+model call the runner builds a `BatchLayout` (where each new token's KV goes,
+which blocks each sequence reads, the mask) and hands every layer a
+`PagedLayerCache` view over its pool. The views speak the interface mlx-lm
+models use (`offset`, `update_and_fetch`, `make_mask`), so the models run
+unchanged: new keys and values are scattered into their slots, then each
+sequence's KV is gathered from its block table into a dense tensor for
+attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+import numpy as np
+
+
+@dataclass
+class LayerSpec:
+    """Shape of one attention layer's KV, read off the model by a probe."""
+
+    n_kv_heads: int
+    k_dim: int
+    v_dim: int
+    dtype: mx.Dtype
+
+
+class LayerPool:
+    def __init__(self, spec: LayerSpec, num_blocks: int, block_size: int) -> None:
+        slots = num_blocks * block_size
+        self.spec = spec
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.k = mx.zeros((slots, spec.n_kv_heads, spec.k_dim), dtype=spec.dtype)
+        self.v = mx.zeros((slots, spec.n_kv_heads, spec.v_dim), dtype=spec.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+
+def bytes_per_block(specs: list[LayerSpec], block_size: int) -> int:
+    return sum(
+        block_size * s.n_kv_heads * (s.k_dim + s.v_dim) * s.dtype.size for s in specs
+    )
+
+
+@dataclass
+class BatchLayout:
+    """Where B sequences, each with `lengths[b]` new tokens from `starts[b]`, read and write."""
+
+    starts: list[int]
+    lengths: list[int]
+    block_tables: list[list[int]]
+    block_size: int
+    pad_len: int = 0  # L, the padded number of new tokens per row
+    kv_len: int = 0  # keys gathered per row
+    offset: int | mx.array = 0
+    write_slots: mx.array | None = None
+    gather_blocks: mx.array | None = None
+    _masks: dict[tuple[int | None, bool], mx.array | str | None] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        bs = self.block_size
+        B = len(self.starts)
+        L = max(self.lengths)
+        self.pad_len = L
+        self.kv_len = max(s + n for s, n in zip(self.starts, self.lengths))
+        nb = (self.kv_len + bs - 1) // bs
+        tables = np.zeros((B, nb), dtype=np.int32)
+        slots = np.zeros((B, L), dtype=np.int32)
+        for b, (start, n, table) in enumerate(zip(self.starts, self.lengths, self.block_tables)):
+            used = (start + n + bs - 1) // bs
+            tables[b, :used] = table[:used]
+            pos = np.arange(start, start + n)
+            slots[b, :n] = tables[b, pos // bs] * bs + pos % bs
+        self.gather_blocks = mx.array(tables)
+        self.write_slots = mx.array(slots.reshape(-1))
+        self.offset = self.starts[0] if B == 1 else mx.array(self.starts, dtype=mx.int32)
+
+    def mask(self, window_size: int | None, as_array: bool = False) -> mx.array | str | None:
+        key = (window_size, as_array)
+        if key not in self._masks:
+            self._masks[key] = self._make_mask(window_size, as_array)
+        return self._masks[key]
+
+    def _make_mask(self, window_size: int | None, as_array: bool) -> mx.array | str | None:
+        B, L = len(self.starts), self.pad_len
+        if B == 1 and window_size is None and not as_array:
+            # One unpadded row: the fused kernel's causal mode is exact.
+            return "causal" if L > 1 else None
+        starts = mx.array(self.starts, dtype=mx.int32)[:, None, None]
+        ends = starts + mx.array(self.lengths, dtype=mx.int32)[:, None, None]
+        q = starts + mx.arange(L, dtype=mx.int32)[None, :, None]  # query positions
+        k = mx.arange(self.kv_len, dtype=mx.int32)[None, None, :]
+        m = (k <= q) & (k < ends)
+        if window_size is not None:
+            m = m & (k > q - window_size)
+        return m[:, None]  # [B, 1, L, S], broadcast over heads
+
+
+class PagedLayerCache:
+    """One layer's view of the pool for one model call."""
+
+    def __init__(self, pool: LayerPool, layout: BatchLayout) -> None:
+        self.pool = pool
+        self.layout = layout
+
+    @property
+    def offset(self) -> int | mx.array:
+        return self.layout.offset
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        lay, pool = self.layout, self.pool
+        B, H, L, _ = keys.shape
+        pool.k[lay.write_slots] = keys.transpose(0, 2, 1, 3).reshape(B * L, H, -1)
+        pool.v[lay.write_slots] = values.transpose(0, 2, 1, 3).reshape(B * L, H, -1)
+        return self._gather(pool.k), self._gather(pool.v)
+
+    def _gather(self, flat: mx.array) -> mx.array:
+        lay = self.layout
+        blocks = flat.reshape(self.pool.num_blocks, lay.block_size, *flat.shape[1:])
+        dense = blocks[lay.gather_blocks]  # [B, nb, bs, H, D]
+        B, nb, bs, H, D = dense.shape
+        dense = dense.reshape(B, nb * bs, H, D)[:, : lay.kv_len]
+        return dense.transpose(0, 2, 1, 3)
+
+    def make_mask(
+        self, N: int, return_array: bool = False, window_size: int | None = None
+    ) -> mx.array | str | None:
+        return self.layout.mask(window_size, return_array)
+
+    def is_trimmable(self) -> bool:
+        return False
+
+    def empty(self) -> bool:
+        return False

@@ -1,0 +1,151 @@
+"""Batched sampling with per-row parameters, on the device.
+
+Work that only some rows need (penalties, logit bias, top-k/top-p sorting,
+seeded noise) is done only for those rows, so a plain greedy or temperature
+batch costs one softmax-free pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from pippin.engine.sequence import Sequence
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class SampleResult:
+    tokens: mx.array  # [n] int32
+    logprobs: mx.array | None  # [n] chosen-token logprob
+    top_ids: mx.array | None  # [n, k]
+    top_logprobs: mx.array | None  # [n, k]
+
+
+def _scatter_rows(
+    seqs: list[Sequence], eos_ids: set[int]
+) -> tuple[list[int], list[int], list[float], list[int], list[int], list[float]]:
+    """(rows, cols, additive deltas) and (rows, cols, repetition penalties)."""
+    add_r: list[int] = []
+    add_c: list[int] = []
+    add_v: list[float] = []
+    rep_r: list[int] = []
+    rep_c: list[int] = []
+    rep_v: list[float] = []
+    for r, s in enumerate(seqs):
+        p = s.params
+        for tok, bias in p.logit_bias.items():
+            add_r.append(r)
+            add_c.append(tok)
+            add_v.append(bias)
+        if len(s.output_ids) < p.min_tokens:
+            for tok in eos_ids | set(p.stop_token_ids):
+                add_r.append(r)
+                add_c.append(tok)
+                add_v.append(NEG_INF)
+        if (p.presence_penalty or p.frequency_penalty) and s.output_ids:
+            ids, counts = np.unique(np.asarray(s.output_ids), return_counts=True)
+            add_r.extend([r] * len(ids))
+            add_c.extend(ids.tolist())
+            add_v.extend((-(p.presence_penalty + p.frequency_penalty * counts)).tolist())
+        if p.repetition_penalty != 1.0:
+            ids = np.unique(np.asarray(s.all_ids))
+            rep_r.extend([r] * len(ids))
+            rep_c.extend(ids.tolist())
+            rep_v.extend([p.repetition_penalty] * len(ids))
+    return add_r, add_c, add_v, rep_r, rep_c, rep_v
+
+
+def _seed_key(seq: Sequence) -> mx.array:
+    # Depends only on the seed, the sequence's index and the step: same seed, same output.
+    assert seq.params.seed is not None
+    mixed = (seq.params.seed * 1_000_003 + seq.index * 7_919 + len(seq.output_ids)) % (1 << 63)
+    return mx.random.key(mixed)
+
+
+def sample(logits: mx.array, seqs: list[Sequence], eos_ids: set[int]) -> SampleResult:
+    n, vocab = logits.shape
+    logits = logits.astype(mx.float32)
+
+    add_r, add_c, add_v, rep_r, rep_c, rep_v = _scatter_rows(seqs, eos_ids)
+    if rep_r:
+        rr, rc = mx.array(rep_r), mx.array(rep_c)
+        vals = logits[rr, rc]
+        pen = mx.array(rep_v)
+        logits[rr, rc] = mx.where(vals > 0, vals / pen, vals * pen)
+    if add_r:
+        valid = [i for i, c in enumerate(add_c) if 0 <= c < vocab]
+        rr = mx.array([add_r[i] for i in valid])
+        rc = mx.array([add_c[i] for i in valid])
+        logits = logits.at[rr, rc].add(mx.array([add_v[i] for i in valid]))
+
+    temps = [s.params.temperature for s in seqs]
+    greedy = [t <= 0.0 for t in temps]
+    greedy_tokens = mx.argmax(logits, axis=-1)
+    if all(greedy):
+        tokens = greedy_tokens
+    else:
+        t = mx.array([1.0 if g else t for g, t in zip(greedy, temps)], dtype=mx.float32)
+        x = logits / t[:, None]
+        x = _apply_top_k(x, [s.params.top_k for s in seqs])
+        x = _apply_top_p(x, [s.params.top_p for s in seqs])
+        x = _apply_min_p(x, [s.params.min_p for s in seqs])
+        noise = mx.random.gumbel((n, vocab))
+        seeded = [r for r, s in enumerate(seqs) if s.params.seed is not None and not greedy[r]]
+        if seeded:
+            rows = [mx.random.gumbel((vocab,), key=_seed_key(seqs[r])) for r in seeded]
+            noise[mx.array(seeded)] = mx.stack(rows)
+        sampled = mx.argmax(x + noise, axis=-1)
+        tokens = mx.where(mx.array(greedy), greedy_tokens, sampled)
+
+    want_lp = any(s.params.logprobs for s in seqs)
+    if not want_lp:
+        return SampleResult(tokens.astype(mx.int32), None, None, None)
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    chosen = mx.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
+    k = max(s.params.top_logprobs for s in seqs)
+    top_ids = top_lp = None
+    if k > 0:
+        top_ids = mx.argpartition(-logprobs, kth=k - 1, axis=-1)[:, :k]
+        top_lp = mx.take_along_axis(logprobs, top_ids, axis=-1)
+    return SampleResult(tokens.astype(mx.int32), chosen, top_ids, top_lp)
+
+
+def _apply_top_k(x: mx.array, ks: list[int]) -> mx.array:
+    active = [k for k in ks if k > 0]
+    if not active:
+        return x
+    kmax = min(max(active), x.shape[-1])
+    top = mx.sort(mx.topk(x, kmax, axis=-1), axis=-1)[:, ::-1]  # descending
+    col = mx.array([min(k, kmax) - 1 if k > 0 else 0 for k in ks])
+    thresh = mx.take_along_axis(top, col[:, None], axis=-1)
+    on = mx.array([k > 0 for k in ks])[:, None]
+    return mx.where(on & (x < thresh), NEG_INF, x)
+
+
+def _apply_top_p(x: mx.array, ps: list[float]) -> mx.array:
+    rows = [r for r, p in enumerate(ps) if 0.0 < p < 1.0]
+    if not rows:
+        return x
+    ridx = mx.array(rows)
+    sub = x[ridx]
+    probs = mx.softmax(sub, axis=-1)
+    sorted_p = mx.sort(probs, axis=-1)[:, ::-1]
+    cum = mx.cumsum(sorted_p, axis=-1)
+    p = mx.array([ps[r] for r in rows], dtype=mx.float32)[:, None]
+    # Keep the smallest set whose mass reaches p (always at least the top token).
+    keep = (cum - sorted_p) < p
+    thresh = mx.min(mx.where(keep, sorted_p, mx.inf), axis=-1, keepdims=True)
+    x[ridx] = mx.where(probs < thresh, NEG_INF, sub)
+    return x
+
+
+def _apply_min_p(x: mx.array, ps: list[float]) -> mx.array:
+    if not any(p > 0 for p in ps):
+        return x
+    probs = mx.softmax(x, axis=-1)
+    thresh = mx.array(ps, dtype=mx.float32)[:, None] * mx.max(probs, axis=-1, keepdims=True)
+    return mx.where(probs < thresh, NEG_INF, x)

@@ -1,0 +1,141 @@
+"""Continuous batching: which sequences run this step, and how many tokens each.
+
+Decodes go first (one token each) so running streams never stall behind a long
+prompt; then prefills continue in chunks under the step's token budget; then
+waiting sequences are admitted while KV blocks and the budget allow. When a
+decode needs a block and none is free, the newest running sequence is
+preempted: its blocks are freed and it is recomputed later.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from pippin.engine.block_manager import BlockManager
+from pippin.engine.sequence import Sequence, Status
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    start: int  # first token position computed this step
+    length: int  # tokens computed this step
+
+    @property
+    def samples(self) -> bool:
+        """Whether this step ends at the sequence's last token (so it yields a new one)."""
+        return self.start + self.length == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    decodes: list[ScheduledSeq] = field(default_factory=list)
+    prefills: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not self.decodes and not self.prefills
+
+
+class Scheduler:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        prefix_extra: object = None,
+    ) -> None:
+        self.bm = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.budget = max_num_batched_tokens
+        self.prefix_extra = prefix_extra
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, seq: Sequence) -> None:
+        """Remove a finished or aborted sequence and free its blocks."""
+        if seq in self.running:
+            self.running.remove(seq)
+        else:
+            try:
+                self.waiting.remove(seq)
+            except ValueError:
+                pass
+        self.bm.free_table(seq.table)
+        seq.status = Status.FINISHED
+        seq.state = None
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.bm.free_table(seq.table)
+        seq.status = Status.WAITING
+        seq.num_computed = 0
+        seq.state = None
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.budget
+
+        # 1. Running decodes, oldest first; preempt the newest when blocks run out.
+        decoding = [s for s in self.running if not s.is_prefilling]
+        for seq in decoding:
+            if seq.status is not Status.RUNNING:
+                continue  # preempted below in this same loop
+            while not self.bm.ensure_capacity(seq.table, seq.num_tokens):
+                victim = self.running[-1]
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq.status is not Status.RUNNING:
+                continue
+            out.decodes.append(ScheduledSeq(seq, seq.num_computed, 1))
+            budget -= 1
+
+        # 2. Prefills already running continue under the budget.
+        for seq in self.running:
+            if budget <= 0:
+                break
+            if seq.is_prefilling:
+                n = min(seq.num_tokens - seq.num_computed, budget)
+                out.prefills.append(ScheduledSeq(seq, seq.num_computed, n))
+                budget -= n
+
+        # 3. Admit waiting sequences in arrival order.
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if seq.wait_for is not None:
+                if seq.wait_for.status is Status.RUNNING and seq.wait_for.is_prefilling:
+                    break  # keep order: it will find the sibling's blocks next step
+                seq.wait_for = None
+            ids = seq.all_ids
+            cached, hashes = self.bm.match_prefix(ids, self.prefix_extra)
+            need = self.bm.blocks_for(len(ids)) - len(cached)
+            if not self.bm.can_allocate(need, cached):
+                if not self.running:
+                    # Nothing will ever free blocks for it: the engine rejects it.
+                    break
+                break
+            self.waiting.popleft()
+            self.bm.allocate(seq.table, len(ids), cached, hashes)
+            seq.num_computed = len(cached) * self.bm.block_size
+            if seq.num_preemptions == 0:
+                seq.num_cached = seq.num_computed
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            n = min(len(ids) - seq.num_computed, budget)
+            out.prefills.append(ScheduledSeq(seq, seq.num_computed, n))
+            budget -= n
+        return out

@@ -1,0 +1,63 @@
+"""One generated sequence (a request with n > 1 has n of them)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from pippin.engine.block_manager import BlockTable
+from pippin.engine.types import FinishReason, SamplingParams, TokenLogprob
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    seq_id: int
+    request_id: str
+    index: int  # which of the request's n sequences
+    prompt_ids: list[int]
+    params: SamplingParams
+    arrival: float
+    output_ids: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    table: BlockTable = field(default_factory=BlockTable)
+    # Tokens whose KV is in the pool (prompt first, then generated ones).
+    num_computed: int = 0
+    num_cached: int = 0  # prompt tokens served from the prefix cache at admission
+    # A sibling (same request) whose prefill must finish before this one is admitted,
+    # so this one finds the prompt's blocks in the prefix cache.
+    wait_for: Sequence | None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None
+    # Per-step output not yet handed to the client.
+    pending_ids: list[int] = field(default_factory=list)
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+    # Output-side state (detokenizer, stop-string matcher) owned by the output processor.
+    out_state: Any = None
+    # Per-layer recurrent state for models whose layers keep more than KV.
+    state: list[Any] | None = None
+    num_preemptions: int = 0
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def is_prefilling(self) -> bool:
+        # Everything but the last token is in the pool once prefill is done;
+        # the last one is the input of the next decode step.
+        return self.num_computed < self.num_tokens - 1
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
