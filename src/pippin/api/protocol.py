@@ -1,0 +1,306 @@
+"""Wire format of the OpenAI chat and (legacy) completions requests.
+
+The models list every field of the official API reference plus the vLLM extensions
+clients send. Unknown fields are refused (``extra="forbid"``) and types are strict
+(``"5"`` is not an integer), so nothing is silently coerced or ignored. Fields that are
+parsed here but not supported are refused by the handlers with a 400 naming them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
+
+from pippin.api.errors import from_validation_error
+
+# Parsing a big body (up to the body cap) takes long enough to stall other
+# requests, so above this size it runs in a worker thread.
+_PARSE_INLINE_MAX = 256 * 1024
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class _Loose(BaseModel):
+    """Parts parsed only so the handler can refuse them by name."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+def _tagged(key: str, *models: type[BaseModel]) -> Any:
+    """A union picked by the literal value of `key`.
+
+    Tags are prefixed with '@' so they can be told apart from field names when a
+    validation error location is turned into `param`.
+    """
+    members = []
+    values: list[str] = []
+    for m in models:
+        for value in get_args(m.model_fields[key].annotation):
+            members.append(Annotated[m, Tag(f"@{value}")])
+            values.append(value)
+
+    def pick(v: Any) -> str | None:
+        tag = v.get(key) if isinstance(v, dict) else getattr(v, key, None)
+        return f"@{tag}" if isinstance(tag, str) else None
+
+    expected = ", ".join(f"'{v}'" for v in values)
+    return Annotated[
+        Union[tuple(members)],  # noqa: UP007 - built at run time
+        Discriminator(
+            pick,
+            # The error type carries the field name (context dicts would make
+            # the annotation unhashable, which `X | None` needs).
+            custom_error_type=f"invalid_tag_{key}",
+            custom_error_message=f"'{key}' must be one of {expected}",
+        ),
+    ]
+
+
+# --- message content parts ---------------------------------------------------
+
+
+class CacheBreakpoint(_Strict):
+    mode: Literal["explicit"]
+    ttl: Literal["30m", "12h"] | None = None
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+    # Prefix caching is automatic for every prompt, so breakpoints are always served.
+    prompt_cache_breakpoint: CacheBreakpoint | None = None
+
+
+class RefusalPart(_Strict):
+    type: Literal["refusal"]
+    refusal: str
+
+
+class ImagePart(_Loose):
+    type: Literal["image_url"]
+
+
+class AudioPart(_Loose):
+    type: Literal["input_audio"]
+
+
+class FilePart(_Loose):
+    type: Literal["file"]
+
+
+UserPart = _tagged("type", TextPart, ImagePart, AudioPart, FilePart)
+AssistantPart = _tagged("type", TextPart, RefusalPart)
+
+# --- messages ----------------------------------------------------------------
+
+
+class FunctionCallData(_Strict):
+    name: str
+    arguments: str
+
+
+class ToolCallData(_Strict):
+    id: str
+    type: Literal["function"]
+    function: FunctionCallData
+
+
+class SystemMessage(_Strict):
+    role: Literal["system"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+
+class DeveloperMessage(_Strict):
+    role: Literal["developer"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+
+class UserMessage(_Strict):
+    role: Literal["user"]
+    content: str | list[UserPart]
+    name: str | None = None
+
+
+class AssistantMessage(_Strict):
+    role: Literal["assistant"]
+    content: str | list[AssistantPart] | None = None
+    name: str | None = None
+    refusal: str | None = None
+    tool_calls: list[ToolCallData] | None = None
+    function_call: FunctionCallData | None = None
+    audio: dict[str, Any] | None = None
+    # Not in OpenAI's reference, but sent back by clients of reasoning models
+    # (vLLM, DeepSeek); chat templates may render it.
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+
+
+class ToolMessage(_Strict):
+    role: Literal["tool"]
+    content: str | list[TextPart]
+    tool_call_id: str
+
+
+class FunctionMessage(_Strict):
+    role: Literal["function"]
+    content: str | None
+    name: str
+
+
+Message = _tagged(
+    "role",
+    SystemMessage,
+    DeveloperMessage,
+    UserMessage,
+    AssistantMessage,
+    ToolMessage,
+    FunctionMessage,
+)
+
+# --- tools and formats -------------------------------------------------------
+
+
+class FunctionDef(_Strict):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class FunctionTool(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class CustomTool(_Loose):
+    type: Literal["custom"]
+
+
+Tool = _tagged("type", FunctionTool, CustomTool)
+
+
+class ResponseFormatText(_Strict):
+    type: Literal["text"]
+
+
+class ResponseFormatOther(_Loose):
+    type: Literal["json_object", "json_schema"]
+
+
+ResponseFormat = _tagged("type", ResponseFormatText, ResponseFormatOther)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool | None = None
+    include_obfuscation: bool | None = None
+
+
+class PromptCacheOptions(_Strict):
+    mode: Literal["implicit", "explicit"] | None = None
+    ttl: Literal["30m"] | None = None
+
+
+# --- requests ----------------------------------------------------------------
+
+
+class SamplingFields(_Strict):
+    """Fields shared by chat and completions requests."""
+
+    model: str
+    n: int | None = Field(None, ge=1, le=128)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
+    stop: str | list[str] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # vLLM extensions.
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0, le=10)
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+    min_tokens: int | None = Field(None, ge=0)
+    skip_special_tokens: bool | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[Message] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[FunctionDef] | None = None
+    function_call: Literal["none", "auto"] | dict[str, Any] | None = None
+    metadata: dict[str, str] | None = Field(None, max_length=16)
+    store: bool | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast"] | None = None
+    modalities: list[Literal["text", "audio"]] | None = None
+    audio: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None
+    reasoning_effort: (
+        Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None
+    ) = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+    web_search_options: dict[str, Any] | None = None
+    moderation: dict[str, Any] | None = None
+    safety_identifier: str | None = Field(None, max_length=128)
+    prompt_cache_key: str | None = None
+    prompt_cache_options: PromptCacheOptions | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    # vLLM extensions.
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
+
+
+PromptInput = Union[str, list[str], list[int], list[list[int]]]  # noqa: UP007
+
+
+class CompletionRequest(SamplingFields):
+    prompt: PromptInput
+    max_tokens: int | None = Field(None, ge=0)
+    best_of: int | None = Field(None, ge=1, le=128)
+    echo: bool | None = None
+    logprobs: int | None = Field(None, ge=0, le=5)
+    suffix: str | None = None
+    # vLLM extension: add the tokenizer's BOS etc. to string prompts.
+    add_special_tokens: bool | None = None
+
+
+RequestT = TypeVar("RequestT", bound=BaseModel)
+
+
+def _parse(cls: type[RequestT], raw: bytes) -> RequestT:
+    try:
+        return cls.model_validate_json(raw, strict=True)
+    except ValidationError as exc:
+        raise from_validation_error(exc) from None
+
+
+async def parse_request(cls: type[RequestT], raw: bytes) -> RequestT:
+    """Parse and validate a JSON body, raising an OpenAI 400 that names the field."""
+    if len(raw) > _PARSE_INLINE_MAX:
+        return await asyncio.to_thread(_parse, cls, raw)
+    return _parse(cls, raw)
+
+
+def sse(payload: dict[str, Any] | str) -> str:
+    """One server-sent event line as the OpenAI stream carries it."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    return f"data: {data}\n\n"
