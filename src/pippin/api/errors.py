@@ -132,7 +132,9 @@ def from_validation_error(exc: ValidationError | RequestValidationError) -> Open
         )
     if kind == "missing":
         return bad_request(
-            f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter"
+            f"Missing required parameter: '{param}'.",
+            param=param,
+            code="missing_required_parameter",
         )
     msg = first.get("msg", "invalid value")
     more = f" ({len(errors) - 1} more problem(s) in the request)" if len(errors) > 1 else ""

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, TypeVar, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 
-from pippin.api.errors import from_validation_error
+from pippin.api.errors import OpenAIError, from_validation_error
 
 # Parsing a big body (up to the body cap) takes long enough to stall other
 # requests, so above this size it runs in a worker thread.
@@ -253,9 +253,9 @@ class ChatCompletionRequest(SamplingFields):
     modalities: list[Literal["text", "audio"]] | None = None
     audio: dict[str, Any] | None = None
     prediction: dict[str, Any] | None = None
-    reasoning_effort: (
-        Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None
-    ) = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = (
+        None
+    )
     verbosity: Literal["low", "medium", "high"] | None = None
     web_search_options: dict[str, Any] | None = None
     moderation: dict[str, Any] | None = None
@@ -304,3 +304,94 @@ def sse(payload: dict[str, Any] | str) -> str:
     """One server-sent event line as the OpenAI stream carries it."""
     data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
     return f"data: {data}\n\n"
+
+
+# --- response side -----------------------------------------------------------
+
+# JSON has no -inf; a token the model considers impossible is reported this low
+# (vLLM does the same).
+MIN_LOGPROB = -9999.0
+
+
+def clamp_logprob(value: float) -> float:
+    return value if value > MIN_LOGPROB else MIN_LOGPROB
+
+
+class TokenRenderer:
+    """Token id -> (text, UTF-8 bytes) as OpenAI's logprobs show single tokens.
+
+    A token may be part of a multi-byte character, so its exact bytes come from the
+    tokenizer's byte-level vocabulary, not from decoding it alone. Cached per id.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        from mlx_lm.tokenizer_utils import (
+            BPEStreamingDetokenizer,
+            SPMStreamingDetokenizer,
+            _byte_decoder,
+        )
+
+        self._tokenizer = tokenizer
+        detok = getattr(tokenizer, "detokenizer", None)
+        self._map: list[Any] | None = getattr(detok, "tokenmap", None)
+        self._bpe = isinstance(detok, BPEStreamingDetokenizer)
+        self._spm = isinstance(detok, SPMStreamingDetokenizer)
+        self._byte_decoder: dict[str, int] = _byte_decoder() if self._bpe else {}
+        self._cache: dict[int, tuple[str, list[int]]] = {}
+
+    def _bytes(self, token_id: int) -> bytes:
+        piece = self._map[token_id] if self._map and token_id < len(self._map) else None
+        if piece is not None and self._bpe:
+            out = bytearray()
+            for ch in piece:
+                b = self._byte_decoder.get(ch)
+                out.extend(bytes([b]) if b is not None else ch.encode("utf-8"))
+            return bytes(out)
+        if piece is not None and self._spm:
+            return piece.replace("\u2581".encode(), b" ")
+        return self._tokenizer.decode([token_id]).encode("utf-8")
+
+    def __call__(self, token_id: int) -> tuple[str, list[int]]:
+        hit = self._cache.get(token_id)
+        if hit is None:
+            raw = self._bytes(token_id)
+            hit = (raw.decode("utf-8", errors="replace"), list(raw))
+            self._cache[token_id] = hit
+        return hit
+
+
+class ClientGone(OpenAIError):
+    """The client disconnected before a non-streaming response was ready.
+
+    Nobody reads the reply; 499 (nginx's "client closed request") keeps access logs clear.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(499, "The client closed the request.", code="client_closed_request")
+
+
+async def cancel_on_disconnect(receive: Any, work: Any) -> Any:
+    """Await `work`; if the client disconnects first, cancel it and raise ClientGone.
+
+    Cancelling the work closes the engine's output iterator, which aborts the
+    request and frees its KV blocks. Must be called after the body was read.
+    """
+    task = asyncio.ensure_future(work)
+
+    async def watch() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # the handler itself was cancelled
+        task.cancel()
+        watcher.cancel()
+        raise
+    watcher.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise ClientGone()
+    return task.result()

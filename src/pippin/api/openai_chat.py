@@ -1,0 +1,490 @@
+"""POST /v1/chat/completions: OpenAI chat requests in, chat.completion objects out."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from pippin.api.errors import (
+    OpenAIError,
+    bad_request,
+    server_error,
+    unsupported_param,
+    unsupported_value,
+)
+from pippin.api.openai_models import check_model, get_state, require_engine
+from pippin.api.protocol import (
+    AssistantMessage,
+    ChatCompletionRequest,
+    CustomTool,
+    DeveloperMessage,
+    FunctionMessage,
+    RefusalPart,
+    SystemMessage,
+    TextPart,
+    TokenRenderer,
+    ToolMessage,
+    UserMessage,
+    cancel_on_disconnect,
+    clamp_logprob,
+    parse_request,
+    sse,
+)
+from pippin.api.sampling import build_sampling_params, resolve_max_tokens
+from pippin.chat.template import ChatTemplateError, render_chat_async
+from pippin.engine.async_engine import AsyncEngine, EngineError
+from pippin.engine.types import CompletionOutput, RequestOutput, SamplingParams, TokenLogprob
+
+router = APIRouter()
+
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+# --- request -> prompt -------------------------------------------------------
+
+
+def _join_text(content: str | list[Any] | None, param: str) -> str:
+    """Message content as one string; non-text parts are refused by name."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    texts: list[str] = []
+    for j, part in enumerate(content):
+        if isinstance(part, TextPart):
+            texts.append(part.text)
+        elif isinstance(part, RefusalPart):
+            texts.append(part.refusal)
+        else:
+            kind = {"image_url": "Image", "input_audio": "Audio", "file": "File"}[part.type]
+            raise unsupported_value(
+                f"{param}[{j}]",
+                f"{kind} input ('{part.type}' content parts) is not supported by this model.",
+            )
+    # As vLLM joins text parts, so prompts match across the two servers.
+    return "\n".join(texts)
+
+
+def _arguments(raw: str) -> Any:
+    # HF chat templates expect tool-call arguments as a mapping (they `tojson` them).
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def template_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """OpenAI messages -> the plain dicts Hugging Face chat templates take."""
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(req.messages):
+        p = f"messages[{i}]"
+        msg: dict[str, Any]
+        if isinstance(m, SystemMessage | DeveloperMessage):
+            # Templates know 'system'; 'developer' is OpenAI's new name for it.
+            msg = {"role": "system", "content": _join_text(m.content, f"{p}.content")}
+        elif isinstance(m, UserMessage):
+            msg = {"role": "user", "content": _join_text(m.content, f"{p}.content")}
+        elif isinstance(m, AssistantMessage):
+            if m.audio is not None:
+                raise unsupported_param(f"{p}.audio", "Audio is not supported.")
+            content = _join_text(m.content, f"{p}.content")
+            msg = {"role": "assistant", "content": content or (m.refusal or "")}
+            calls = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {
+                        "name": c.function.name,
+                        "arguments": _arguments(c.function.arguments),
+                    },
+                }
+                for c in m.tool_calls or []
+            ]
+            if m.function_call is not None:  # deprecated form of one tool call
+                fc = m.function_call
+                calls.append(
+                    {
+                        "id": f"call_{i}",
+                        "type": "function",
+                        "function": {"name": fc.name, "arguments": _arguments(fc.arguments)},
+                    }
+                )
+            if calls:
+                msg["tool_calls"] = calls
+            reasoning = m.reasoning_content or m.reasoning
+            if reasoning:
+                msg["reasoning_content"] = reasoning
+        elif isinstance(m, ToolMessage):
+            msg = {
+                "role": "tool",
+                "content": _join_text(m.content, f"{p}.content"),
+                "tool_call_id": m.tool_call_id,
+            }
+        else:
+            assert isinstance(m, FunctionMessage)
+            msg = {"role": "tool", "content": m.content or "", "name": m.name}
+        name = getattr(m, "name", None)
+        if name and "name" not in msg:
+            msg["name"] = name
+        out.append(msg)
+    return out
+
+
+def template_tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
+    """Tools for the template, honouring tool_choice / function_call."""
+    if req.tools is not None and req.functions is not None:
+        raise bad_request("Use 'tools' or the deprecated 'functions', not both.", param="functions")
+    choice: Any = req.tool_choice
+    choice_param = "tool_choice"
+    if req.function_call is not None:
+        if req.tool_choice is not None:
+            raise bad_request(
+                "Use 'tool_choice' or the deprecated 'function_call', not both.",
+                param="function_call",
+            )
+        choice, choice_param = req.function_call, "function_call"
+    if choice is not None and choice not in ("none", "auto"):
+        # Forcing a call needs constrained decoding, which comes with tool-call parsing.
+        raise unsupported_value(
+            choice_param,
+            f"{choice_param} {json.dumps(choice)} is not supported yet; use 'auto' or 'none'.",
+        )
+    tools: list[dict[str, Any]] = []
+    for j, t in enumerate(req.tools or []):
+        if isinstance(t, CustomTool):
+            raise unsupported_value(f"tools[{j}].type", "Custom tools are not supported.")
+        tools.append({"type": "function", "function": t.function.model_dump(exclude_none=True)})
+    for f in req.functions or []:
+        tools.append({"type": "function", "function": f.model_dump(exclude_none=True)})
+    if choice == "none":
+        return None  # "the model will not call any tool": it is not shown any
+    return tools or None
+
+
+def template_kwargs(
+    req: ChatCompletionRequest, defaults: dict[str, Any], reasoning_kwarg: str | None
+) -> dict[str, Any]:
+    kwargs = {**defaults, **(req.chat_template_kwargs or {})}
+    effort = req.reasoning_effort
+    if effort is not None:
+        if reasoning_kwarg == "reasoning_effort":
+            kwargs["reasoning_effort"] = effort
+        elif reasoning_kwarg == "enable_thinking":
+            kwargs["enable_thinking"] = effort != "none"
+        else:
+            raise unsupported_param(
+                "reasoning_effort", "This model's chat template has no reasoning mode."
+            )
+    return kwargs
+
+
+def reject_unsupported(req: ChatCompletionRequest, template_source_has: Any) -> None:
+    """Fields of the API reference that pippin cannot honour (yet) -> 400 by name."""
+    if req.audio is not None:
+        raise unsupported_param("audio", "Audio output is not supported.")
+    if req.modalities is not None and any(m != "text" for m in req.modalities):
+        raise unsupported_value("modalities", "Only the 'text' output modality is supported.")
+    if req.prediction is not None:
+        raise unsupported_param("prediction", "Predicted outputs are not supported.")
+    if req.web_search_options is not None:
+        raise unsupported_param("web_search_options", "Web search is not available.")
+    if req.moderation is not None:
+        raise unsupported_param("moderation", "Moderation is not available.")
+    if req.store:
+        raise unsupported_value("store", "Completions are not stored; 'store' must be false.")
+    if req.response_format is not None and req.response_format.type != "text":
+        raise unsupported_value(
+            "response_format",
+            f"response_format type '{req.response_format.type}' is not supported yet; "
+            "only 'text' is.",
+        )
+    if req.verbosity not in (None, "medium") and not template_source_has("verbosity"):
+        raise unsupported_value(
+            "verbosity", "This model cannot be steered by 'verbosity'; only 'medium' is accepted."
+        )
+    if req.top_logprobs and not req.logprobs:
+        raise bad_request("'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs")
+    if req.stream_options is not None and not req.stream:
+        raise bad_request(
+            "'stream_options' is only allowed when 'stream' is true.", param="stream_options"
+        )
+    if (
+        req.max_tokens is not None
+        and req.max_completion_tokens is not None
+        and req.max_tokens != req.max_completion_tokens
+    ):
+        raise bad_request(
+            "Set 'max_completion_tokens' or 'max_tokens', not both with different values.",
+            param="max_tokens",
+        )
+    if req.add_generation_prompt and req.continue_final_message:
+        raise bad_request(
+            "'continue_final_message' and 'add_generation_prompt' cannot both be true.",
+            param="continue_final_message",
+        )
+    if req.continue_final_message and req.messages[-1].role != "assistant":
+        raise bad_request(
+            "'continue_final_message' needs the last message to be from the assistant.",
+            param="continue_final_message",
+        )
+
+
+# --- engine outputs -> response ----------------------------------------------
+
+
+def format_logprobs(lps: list[TokenLogprob], render: TokenRenderer) -> list[dict[str, Any]]:
+    out = []
+    for lp in lps:
+        text, raw = render(lp.token_id)
+        top = []
+        for tid, val in lp.top:
+            t, b = render(tid)
+            top.append({"token": t, "logprob": clamp_logprob(val), "bytes": b})
+        out.append(
+            {"token": text, "logprob": clamp_logprob(lp.logprob), "bytes": raw, "top_logprobs": top}
+        )
+    return out
+
+
+def usage_dict(prompt_tokens: int, completion_tokens: int, cached: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+def failure(out: RequestOutput, c: CompletionOutput | None = None) -> OpenAIError | None:
+    """The error a failed or server-aborted output stands for, if any."""
+    if out.error is not None or (c is not None and c.finish_reason == "error"):
+        return server_error(
+            f"The engine failed this request: {out.error or 'unknown error'}", "engine_error"
+        )
+    if c is not None and c.finish_reason == "abort":
+        return server_error("The request was aborted by the server.", "request_aborted", 503)
+    return None
+
+
+@dataclass
+class _Choice:
+    text: list[str] = field(default_factory=list)
+    tokens: int = 0
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+@dataclass
+class ChatRun:
+    """Everything needed to run one validated chat request and answer it."""
+
+    engine: AsyncEngine
+    prompt_ids: list[int]
+    params: SamplingParams
+    request_id: str
+    model: str
+    fingerprint: str
+    render: TokenRenderer
+    include_usage: bool = False
+    obfuscate: bool = False
+    service_tier: str | None = None
+    metadata: dict[str, str] | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def header(self, obj: str) -> dict[str, Any]:
+        head = {
+            "id": self.request_id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": self.fingerprint,
+        }
+        if self.service_tier is not None:
+            head["service_tier"] = self.service_tier
+        return head
+
+    async def collect(self) -> dict[str, Any]:
+        choices = [_Choice() for _ in range(self.params.n)]
+        prompt_tokens, cached = len(self.prompt_ids), 0
+        gen = self.engine.generate(self.prompt_ids, self.params, self.request_id)
+        async with aclosing(gen) as outputs:
+            async for out in outputs:
+                prompt_tokens, cached = out.prompt_tokens, out.cached_tokens
+                err = failure(out)
+                if err:
+                    raise err
+                for c in out.outputs:
+                    err = failure(out, c)
+                    if err:
+                        raise err
+                    ch = choices[c.index]
+                    ch.text.append(c.text)
+                    ch.tokens += len(c.token_ids)
+                    if c.logprobs:
+                        ch.logprobs.extend(format_logprobs(c.logprobs, self.render))
+                    if c.finish_reason is not None:
+                        ch.finish_reason = c.finish_reason
+        body = self.header("chat.completion")
+        body["choices"] = [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": "".join(ch.text), "refusal": None},
+                "logprobs": {"content": ch.logprobs, "refusal": None}
+                if self.params.logprobs
+                else None,
+                "finish_reason": ch.finish_reason or "stop",
+            }
+            for i, ch in enumerate(choices)
+        ]
+        body["usage"] = usage_dict(prompt_tokens, sum(c.tokens for c in choices), cached)
+        if self.metadata is not None:
+            body["metadata"] = self.metadata
+        return body
+
+    def _chunk(self, choices: list[dict[str, Any]]) -> str:
+        body = self.header("chat.completion.chunk")
+        body["choices"] = choices
+        if self.include_usage:
+            body["usage"] = None  # as OpenAI: null on every chunk but the last
+        if self.obfuscate:
+            # Random padding that hides the length of each delta on the wire.
+            body["obfuscation"] = secrets.token_urlsafe(secrets.randbelow(12) + 1)
+        return sse(body)
+
+    async def stream(self) -> AsyncIterator[str]:
+        n = self.params.n
+        for i in range(n):
+            first = {"role": "assistant", "content": ""}
+            yield self._chunk(
+                [{"index": i, "delta": first, "logprobs": None, "finish_reason": None}]
+            )
+        prompt_tokens, cached, completion_tokens = len(self.prompt_ids), 0, 0
+        failed: OpenAIError | None = None
+        try:
+            gen = self.engine.generate(self.prompt_ids, self.params, self.request_id)
+            async with aclosing(gen) as outputs:
+                async for out in outputs:
+                    prompt_tokens, cached = out.prompt_tokens, out.cached_tokens
+                    failed = failure(out)
+                    choices = []
+                    for c in out.outputs:
+                        completion_tokens += len(c.token_ids)
+                        failed = failed or failure(out, c)
+                        if failed:
+                            break
+                        delta = {"content": c.text} if c.text else {}
+                        lp = (
+                            {"content": format_logprobs(c.logprobs, self.render), "refusal": None}
+                            if c.logprobs
+                            else None
+                        )
+                        if not delta and lp is None and c.finish_reason is None:
+                            continue  # text held back (partial character or stop string)
+                        choices.append(
+                            {
+                                "index": c.index,
+                                "delta": delta,
+                                "logprobs": lp,
+                                "finish_reason": c.finish_reason,
+                            }
+                        )
+                    if failed:
+                        break
+                    if choices:
+                        yield self._chunk(choices)
+        except EngineError as exc:
+            failed = server_error(f"The engine could not take this request: {exc}", "engine_error")
+        if failed is not None:
+            # The stream has started (status 200), so the error travels as an event.
+            yield sse(failed.body())
+        elif self.include_usage:
+            body = self.header("chat.completion.chunk")
+            body["choices"] = []
+            body["usage"] = usage_dict(prompt_tokens, completion_tokens, cached)
+            yield sse(body)
+        yield sse("[DONE]")
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def create_chat_completion(request: Request) -> Any:
+    req = await parse_request(ChatCompletionRequest, await request.body())
+    state = get_state(request)
+    check_model(state, req.model)
+    engine, loaded = require_engine(state)
+    info = state.template
+    assert info is not None and state.limits is not None
+
+    reject_unsupported(req, lambda word: word in state.template_source)
+    messages = template_messages(req)
+    tools = template_tools(req)
+    kwargs = template_kwargs(req, state.settings.default_chat_template_kwargs, info.reasoning_kwarg)
+    if req.verbosity is not None and "verbosity" in state.template_source:
+        kwargs["verbosity"] = req.verbosity
+    add_gen = (
+        not req.continue_final_message
+        if req.add_generation_prompt is None
+        else req.add_generation_prompt
+    )
+    try:
+        prompt_ids = await render_chat_async(
+            loaded.tokenizer,
+            messages,
+            tools=tools,
+            add_generation_prompt=add_gen,
+            continue_final_message=bool(req.continue_final_message),
+            template_kwargs=kwargs,
+        )
+    except ChatTemplateError as exc:
+        param = "chat_template_kwargs" if "chat_template_kwargs" in str(exc) else "messages"
+        raise bad_request(str(exc), param=param) from None
+
+    requested = (
+        req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    )
+    max_tokens = resolve_max_tokens(
+        requested,
+        len(prompt_ids),
+        state.limits,
+        state.defaults.get("max_tokens"),
+        None,
+        "messages",
+    )
+    params = build_sampling_params(
+        req,
+        max_tokens=max_tokens,
+        limits=state.limits,
+        defaults=state.defaults,
+        logprobs=bool(req.logprobs),
+        top_logprobs=req.top_logprobs or 0,
+    )
+    try:
+        engine.check(prompt_ids, params)
+    except EngineError as exc:
+        raise bad_request(str(exc), param="messages") from None
+
+    run = ChatRun(
+        engine=engine,
+        prompt_ids=prompt_ids,
+        params=params,
+        request_id=f"chatcmpl-{uuid.uuid4().hex}",
+        model=req.model,
+        fingerprint=state.fingerprint,
+        render=state.token_renderer,
+        include_usage=bool(req.stream_options and req.stream_options.include_usage),
+        obfuscate=bool(req.stream_options and req.stream_options.include_obfuscation),
+        # There is one tier; it is reported when asked about, as OpenAI does.
+        service_tier="default" if req.service_tier is not None else None,
+        metadata=req.metadata,
+    )
+    if req.stream:
+        return StreamingResponse(run.stream(), media_type="text/event-stream", headers=_SSE_HEADERS)
+    return await cancel_on_disconnect(request.receive, run.collect())

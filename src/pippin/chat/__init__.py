@@ -1,0 +1,1 @@
+"""Chat layer: message normalisation and the model's chat template."""

@@ -1,0 +1,240 @@
+"""The app factory: settings, shared state, middleware, routes and the lifespan.
+
+The lifespan loads the model (in a worker thread, so the loop stays free) and
+starts the engine before the server accepts requests; it stops the engine on exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from pippin import __version__
+from pippin.api import openai_chat, openai_completions, openai_models
+from pippin.api.errors import OpenAIError, install_error_handlers
+from pippin.api.protocol import TokenRenderer
+from pippin.api.sampling import Limits, merge_defaults
+from pippin.chat.template import TemplateInfo, inspect_template
+from pippin.engine.async_engine import AsyncEngine
+from pippin.engine.config import EngineConfig
+from pippin.store.loaded import LoadedModel
+
+log = logging.getLogger("pippin.server")
+
+MIB = 1024 * 1024
+
+
+@dataclass
+class ServerSettings:
+    """What the CLI decided; everything the app needs besides the model itself."""
+
+    # Local folder, GGUF file or Hub id; None: the default model.
+    model: str | None = None
+    served_model_names: list[str] = field(default_factory=list)
+    api_key: str | None = None
+    dtype: str | None = None
+    trust_remote_code: bool = False
+    revision: str | None = None
+    max_request_body_bytes: int = 16 * MIB
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    # --default-temperature etc.: above the model's defaults, below the request.
+    sampling_overrides: dict[str, Any] = field(default_factory=dict)
+    default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ServerState:
+    """Shared by the routes through ``app.state.pippin``; filled in by the lifespan."""
+
+    settings: ServerSettings
+    model_names: list[str] = field(default_factory=list)
+    loaded: LoadedModel | None = None
+    engine: AsyncEngine | None = None
+    limits: Limits | None = None
+    defaults: dict[str, Any] = field(default_factory=dict)
+    template: TemplateInfo | None = None
+    template_source: str = ""
+    token_renderer: Any = None
+    fingerprint: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def attach(self, loaded: LoadedModel, engine: AsyncEngine) -> None:
+        s = self.settings
+        self.loaded, self.engine = loaded, engine
+        self.model_names = list(s.served_model_names) or [loaded.name]
+        self.limits = Limits(
+            max_model_len=engine.max_model_len,
+            vocab_size=_vocab_size(loaded),
+            max_tokens_cap=s.engine.max_tokens_cap,
+        )
+        self.defaults = merge_defaults(loaded.generation_defaults, s.sampling_overrides)
+        self.template = inspect_template(loaded.tokenizer)
+        tmpl = getattr(loaded.tokenizer, "chat_template", None)
+        self.template_source = str(tmpl or "")
+        self.token_renderer = TokenRenderer(loaded.tokenizer)
+        # Changes whenever what produces the tokens changes (OpenAI's meaning).
+        ident = f"{__version__}|{loaded.source}|{loaded.dtype}|{s.engine.block_size}"
+        self.fingerprint = "fp_" + hashlib.sha256(ident.encode()).hexdigest()[:10]
+
+
+def _vocab_size(loaded: LoadedModel) -> int:
+    """Width of the logits (token ids must be below it); the config knows it best."""
+    cfg = loaded.config
+    for c in (cfg, cfg.get("text_config") or {}):
+        v = c.get("vocab_size")
+        if isinstance(v, int) and v > 0:
+            return v
+    return len(loaded.tokenizer)
+
+
+# --- middleware ---------------------------------------------------------------
+
+
+class ApiKeyMiddleware:
+    """Every route but the open ones needs the key (Bearer or x-api-key)."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None, open_paths: frozenset[str]) -> None:
+        self.app = app
+        self.key = api_key.encode() if api_key else None
+        self.open_paths = open_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.key is None or scope["path"] in self.open_paths:
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        supplied = headers.get("x-api-key")
+        auth = headers.get("authorization", "")
+        if auth[:7].lower() == "bearer ":
+            supplied = auth[7:].strip()
+        if supplied is None:
+            err = OpenAIError(
+                401,
+                "You didn't provide an API key. Send it as 'Authorization: Bearer <key>' "
+                "or in the 'x-api-key' header.",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        elif not hmac.compare_digest(supplied.encode(), self.key):
+            # The key itself is never echoed or logged.
+            err = OpenAIError(
+                401,
+                "Incorrect API key provided.",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        else:
+            await self.app(scope, receive, send)
+            return
+        await err.response()(scope, receive, send)
+
+
+def _too_large(limit: int) -> OpenAIError:
+    return OpenAIError(
+        413,
+        f"The request body is too large: this server accepts at most {limit / MIB:g} MiB.",
+        code="request_too_large",
+    )
+
+
+class BodyLimitMiddleware:
+    """Refuse bodies over the cap: by Content-Length before reading anything, and by
+    counting the bytes as they arrive (chunked uploads), so a huge body is never
+    held in memory."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = Headers(scope=scope).get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+            await _too_large(self.max_bytes).response()(scope, receive, send)
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    # Raised inside the route's body read; the error handler answers 413.
+                    raise _too_large(self.max_bytes)
+            return message
+
+        await self.app(scope, counted, send)
+
+
+# --- app ------------------------------------------------------------------------
+
+
+async def start_model(state: ServerState) -> None:
+    from pippin.store.loader import load_model  # heavy imports, only when serving
+
+    s = state.settings
+    log.info("loading the model")
+    log.debug("model spec: %s", s.model or "(default)")
+    t0 = time.monotonic()
+    loaded = await asyncio.to_thread(
+        load_model,
+        s.model,
+        dtype=s.dtype,
+        trust_remote_code=s.trust_remote_code,
+        revision=s.revision,
+    )
+    engine = AsyncEngine(loaded, s.engine)
+    await engine.start()
+    state.attach(loaded, engine)
+    stats = engine.stats()
+    log.info(
+        "model '%s' ready in %.1fs: context %d tokens, %s KV blocks of %s tokens",
+        state.model_names[0],
+        time.monotonic() - t0,
+        engine.max_model_len,
+        stats.get("blocks_total", "?"),
+        stats.get("block_size", "?"),
+    )
+
+
+def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
+    """The ASGI app. With ``load_model=False`` no model is loaded (routes answer 503),
+    which is how request validation is tested without an engine."""
+    state = ServerState(settings, model_names=list(settings.served_model_names))
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if load_model:
+            await start_model(state)
+        try:
+            yield
+        finally:
+            if state.engine is not None:
+                await state.engine.stop()
+
+    app = FastAPI(title="pippin", version=__version__, lifespan=lifespan)
+    app.state.pippin = state
+    install_error_handlers(app)
+    app.include_router(openai_models.router)
+    app.include_router(openai_chat.router)
+    app.include_router(openai_completions.router)
+    # Added last = runs first: unauthenticated requests are refused before any body is read.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_body_bytes)
+    app.add_middleware(
+        ApiKeyMiddleware, api_key=settings.api_key, open_paths=frozenset({"/health"})
+    )
+    return app
