@@ -1,0 +1,261 @@
+"""The engine against mlx-lm's own generate_step, on tiny random models of real architectures."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import generate_step
+from mlx_lm.utils import load
+
+from pippin.engine.async_engine import AsyncEngine
+from pippin.engine.config import EngineConfig
+from pippin.engine.core import EngineCore, EngineError
+from pippin.engine.types import SamplingParams
+from pippin.store.loaded import LoadedModel
+
+GEN = 24
+# A greedy mismatch is accepted only where the reference's top two logprobs
+# are this close, i.e. where float rounding decides.
+TIE = 2e-3
+
+
+def _loaded(path: Path) -> LoadedModel:
+    model, tokenizer = load(str(path))
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        config={},
+        source=str(path),
+        name=path.name,
+        eos_token_ids=set(tokenizer.eos_token_ids),
+    )
+
+
+def _reference(model, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+    """Greedy tokens and, at each step, the gap between the top two logprobs."""
+    tokens, gaps = [], []
+    steps = generate_step(mx.array(prompt), model, max_tokens=n, sampler=lambda x: mx.argmax(x, -1))
+    for tok, lp in steps:
+        top2 = mx.sort(lp)[-2:].tolist()
+        tokens.append(int(tok))
+        gaps.append(top2[1] - top2[0])
+    return tokens, gaps
+
+
+def _agrees(got: list[int], ref: list[int], gaps: list[float]) -> bool:
+    for i, (g, r) in enumerate(zip(got, ref)):
+        if g != r:
+            return gaps[i] < TIE  # diverged where rounding decides: later tokens may differ
+    return len(got) == len(ref)
+
+
+def _run(core: EngineCore) -> dict[str, dict]:
+    results: dict[str, dict] = {}
+    while core.has_work():
+        for out in core.step():
+            r = results.setdefault(out.request_id, {"ids": {}, "text": {}, "finish": {}})
+            r["cached"] = out.cached_tokens
+            for c in out.outputs:
+                r["ids"].setdefault(c.index, []).extend(c.token_ids)
+                r["text"][c.index] = r["text"].get(c.index, "") + c.text
+                r["finish"][c.index] = (c.finish_reason, c.stop_reason)
+    return results
+
+
+def _prompts(vocab: int, count: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    # Avoid the special ids 0-2 so no prompt contains an end-of-turn token.
+    return [[rng.randrange(3, vocab) for _ in range(rng.randrange(3, 60))] for _ in range(count)]
+
+
+def _config(**kw) -> EngineConfig:
+    base = dict(num_blocks=400, block_size=4, max_model_len=512, max_num_batched_tokens=48)
+    base.update(kw)
+    return EngineConfig(**base)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3", "qwen3_next"])
+def test_greedy_matches_mlx_lm_alone_and_batched(tiny_models, arch: str) -> None:
+    loaded = _loaded(tiny_models(arch))
+    vocab = loaded.model.args.vocab_size
+    prompts = _prompts(vocab, 16)
+    refs = [_reference(loaded.model, p, GEN) for p in prompts[:4]]
+    greedy = SamplingParams(max_tokens=GEN, temperature=0.0, ignore_eos=True)
+
+    # Alone: one request at a time.
+    core = EngineCore(loaded, _config())
+    for i, (ref, gaps) in enumerate(refs):
+        core.add_request(f"a{i}", prompts[i], greedy)
+        got = _run(core)[f"a{i}"]["ids"][0]
+        assert _agrees(got, ref, gaps), (i, got, ref)
+
+    # Batched with 15 others of other lengths and sampling settings; a small
+    # token budget forces chunked prefill beside running decodes.
+    core = EngineCore(loaded, _config())
+    for i, p in enumerate(prompts):
+        if i < 4:
+            params = greedy
+        else:
+            params = SamplingParams(
+                max_tokens=GEN + i, temperature=0.7 + 0.05 * i, top_p=0.9, top_k=50,
+                min_p=0.02, seed=i, repetition_penalty=1.1, presence_penalty=0.2,
+                frequency_penalty=0.1, ignore_eos=True, logprobs=i % 3 == 0, top_logprobs=2,
+            )
+        core.add_request(f"b{i}", p, params)
+    res = _run(core)
+    for i, (ref, gaps) in enumerate(refs):
+        got = res[f"b{i}"]["ids"][0]
+        assert _agrees(got, ref, gaps), (i, got, ref)
+    for i in range(4, 16):
+        assert len(res[f"b{i}"]["ids"][0]) == GEN + i
+    stats = core.stats()
+    assert stats["blocks_free"] == stats["blocks_total"]
+    assert stats["running"] == stats["waiting"] == 0
+
+
+def test_preemption_recomputes_and_frees(tiny_models) -> None:
+    loaded = _loaded(tiny_models("llama"))
+    prompts = _prompts(loaded.model.args.vocab_size, 8, seed=3)
+    refs = [_reference(loaded.model, p, GEN) for p in prompts]
+    # 40 blocks of 4 tokens cannot hold 8 sequences of up to 84 tokens at once.
+    core = EngineCore(loaded, _config(num_blocks=41))
+    greedy = SamplingParams(max_tokens=GEN, temperature=0.0, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        core.add_request(str(i), p, greedy)
+    res = _run(core)
+    assert core.stats()["preemptions"] > 0
+    for i, (ref, gaps) in enumerate(refs):
+        assert _agrees(res[str(i)]["ids"][0], ref, gaps)
+    assert core.stats()["blocks_free"] == core.stats()["blocks_total"]
+
+
+def test_prefix_cache_hit_and_n_shares_prompt(tiny_models) -> None:
+    loaded = _loaded(tiny_models("qwen3"))
+    core = EngineCore(loaded, _config(block_size=4))
+    prompt = _prompts(loaded.model.args.vocab_size, 1, seed=5)[0][:41]
+    greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    core.add_request("first", prompt, greedy)
+    first = _run(core)["first"]
+    assert first["cached"] == 0
+    core.add_request("again", prompt, greedy)
+    again = _run(core)["again"]
+    assert again["cached"] == 40  # every full block but the one holding the last token
+    assert again["ids"] == first["ids"]
+
+    hits = core.bm.hits
+    params = SamplingParams(max_tokens=8, temperature=1.0, seed=7, n=3, ignore_eos=True)
+    core.add_request("n3", prompt + [5, 6, 7, 8], params)
+    res = _run(core)["n3"]
+    assert sorted(res["ids"]) == [0, 1, 2]
+    assert core.bm.hits >= hits + 3  # all three reuse the shared prompt's blocks
+    assert len({tuple(v) for v in res["ids"].values()}) > 1  # the samples differ
+
+
+def test_seed_gives_same_output_in_any_batch(tiny_models) -> None:
+    loaded = _loaded(tiny_models("llama"))
+    prompts = _prompts(loaded.model.args.vocab_size, 6, seed=9)
+    seeded = SamplingParams(max_tokens=16, temperature=1.0, seed=1234, ignore_eos=True)
+    core = EngineCore(loaded, _config())
+    core.add_request("alone", prompts[0], seeded)
+    alone = _run(core)["alone"]["ids"][0]
+    for i, p in enumerate(prompts):
+        core.add_request(f"x{i}", p, seeded if i == 0 else SamplingParams(max_tokens=20))
+    assert _run(core)["x0"]["ids"][0] == alone
+    core.add_request("other", prompts[0], SamplingParams(max_tokens=16, seed=99, ignore_eos=True))
+    assert _run(core)["other"]["ids"][0] != alone
+
+
+def test_stop_strings_split_across_tokens_are_cut(tiny_models) -> None:
+    loaded = _loaded(tiny_models("llama"))
+    prompt = _prompts(loaded.model.args.vocab_size, 1, seed=11)[0]
+    core = EngineCore(loaded, _config())
+    core.add_request("plain", prompt, SamplingParams(max_tokens=40, temperature=0.0))
+    text = _run(core)["plain"]["text"][0]
+    assert len(text) > 20
+    # A stop that starts inside one token and ends inside a later one.
+    start = len(text) // 2
+    stop = text[start : start + 5]
+    first = text.find(stop)
+    core.add_request("stopped", prompt, SamplingParams(max_tokens=40, temperature=0.0, stop=[stop]))
+    res = _run(core)["stopped"]
+    assert res["text"][0] == text[:first]
+    assert res["finish"][0] == ("stop", stop)
+
+
+def test_max_tokens_stop_tokens_logprobs_and_bias(tiny_models) -> None:
+    loaded = _loaded(tiny_models("qwen3"))
+    prompt = _prompts(loaded.model.args.vocab_size, 1, seed=13)[0]
+    core = EngineCore(loaded, _config())
+    core.add_request("len", prompt, SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))
+    res = _run(core)["len"]
+    assert len(res["ids"][0]) == 5 and res["finish"][0] == ("length", None)
+    stop_tok = res["ids"][0][2]
+    core.add_request(
+        "tok", prompt, SamplingParams(max_tokens=5, temperature=0.0, stop_token_ids=[stop_tok])
+    )
+    res2 = _run(core)["tok"]
+    assert res2["ids"][0] == res["ids"][0][: res["ids"][0].index(stop_tok) + 1]
+    assert res2["finish"][0] == ("stop", stop_tok)
+
+    core.add_request("bias", prompt, SamplingParams(max_tokens=6, logit_bias={77: 100.0}))
+    assert _run(core)["bias"]["ids"][0] == [77] * 6
+
+    ref, _ = _reference(loaded.model, prompt, 3)
+    lp_params = SamplingParams(max_tokens=3, temperature=0.0, logprobs=True, top_logprobs=3)
+    logprobs = []
+    core.add_request("lp", prompt, lp_params)
+    while core.has_work():
+        for out in core.step():
+            logprobs.extend(out.outputs[0].logprobs or [])
+    assert [lp.token_id for lp in logprobs] == ref
+    for lp in logprobs:
+        assert len(lp.top) == 3 and lp.top[0][0] == lp.token_id
+        assert abs(lp.top[0][1] - lp.logprob) < 1e-5 and lp.logprob <= 0
+
+
+def test_rejects_prompt_past_context(tiny_models) -> None:
+    loaded = _loaded(tiny_models("llama"))
+    core = EngineCore(loaded, _config(max_model_len=64))
+    with pytest.raises(EngineError, match="64"):
+        core.add_request("long", list(range(3, 80)), SamplingParams())
+
+
+def test_async_engine_concurrency_and_cancellation(tiny_models) -> None:
+    loaded = _loaded(tiny_models("llama"))
+    vocab = loaded.model.args.vocab_size
+    prompts = _prompts(vocab, 24, seed=17)
+
+    async def main() -> dict:
+        engine = AsyncEngine(loaded, _config(max_num_batched_tokens=256))
+        await engine.start()
+        assert engine.ready
+
+        async def one(i: int) -> tuple[int, str | None]:
+            params = SamplingParams(max_tokens=30, temperature=0.0 if i % 2 else 0.9,
+                                    ignore_eos=True)
+            n = 0
+            reason = None
+            async for out in engine.generate(prompts[i], params, f"r{i}"):
+                n += len(out.outputs[0].token_ids) if out.outputs else 0
+                if i % 4 == 0 and n >= 5:
+                    break  # the client goes away midway
+                reason = out.outputs[0].finish_reason if out.outputs else reason
+            return n, reason
+
+        results = await asyncio.gather(*(one(i) for i in range(24)))
+        await asyncio.sleep(0.2)  # aborts land at the next step
+        stats = engine.stats()
+        await engine.stop()
+        return {"results": results, "stats": stats}
+
+    out = asyncio.run(main())
+    for i, (n, reason) in enumerate(out["results"]):
+        if i % 4:
+            assert n == 30 and reason == "length"
+    stats = out["stats"]
+    assert stats["blocks_free"] == stats["blocks_total"]
+    assert stats["running"] == stats["waiting"] == 0
