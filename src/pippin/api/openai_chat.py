@@ -187,7 +187,7 @@ def template_kwargs(
     return kwargs
 
 
-def reject_unsupported(req: ChatCompletionRequest, template_source_has: Any) -> None:
+def reject_unsupported(req: ChatCompletionRequest) -> None:
     """Fields of the API reference that pippin cannot honour (yet) -> 400 by name."""
     if req.audio is not None:
         raise unsupported_param("audio", "Audio output is not supported.")
@@ -206,10 +206,6 @@ def reject_unsupported(req: ChatCompletionRequest, template_source_has: Any) -> 
             "response_format",
             f"response_format type '{req.response_format.type}' is not supported yet; "
             "only 'text' is.",
-        )
-    if req.verbosity not in (None, "medium") and not template_source_has("verbosity"):
-        raise unsupported_value(
-            "verbosity", "This model cannot be steered by 'verbosity'; only 'medium' is accepted."
         )
     if req.top_logprobs and not req.logprobs:
         raise bad_request("'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs")
@@ -419,13 +415,17 @@ async def create_chat_completion(request: Request) -> Any:
     req = await parse_request(ChatCompletionRequest, await request.body())
     state = get_state(request)
     check_model(state, req.model)
+    # Everything that can be refused without the model is refused first.
+    reject_unsupported(req)
+    messages = template_messages(req)
+    tools = template_tools(req)
     engine, loaded = require_engine(state)
     info = state.template
     assert info is not None and state.limits is not None
-
-    reject_unsupported(req, lambda word: word in state.template_source)
-    messages = template_messages(req)
-    tools = template_tools(req)
+    if req.verbosity not in (None, "medium") and "verbosity" not in state.template_source:
+        raise unsupported_value(
+            "verbosity", "This model cannot be steered by 'verbosity'; only 'medium' is accepted."
+        )
     kwargs = template_kwargs(req, state.settings.default_chat_template_kwargs, info.reasoning_kwarg)
     if req.verbosity is not None and "verbosity" in state.template_source:
         kwargs["verbosity"] = req.verbosity

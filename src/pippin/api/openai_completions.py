@@ -317,10 +317,10 @@ async def create_completion(request: Request) -> Any:
     req = await parse_request(CompletionRequest, await request.body())
     state = get_state(request)
     check_model(state, req.model)
+    _reject_unsupported(req)
     engine, loaded = require_engine(state)
     limits = state.limits
     assert limits is not None
-    _reject_unsupported(req)
 
     add_special = True if req.add_special_tokens is None else req.add_special_tokens
     prompts = await asyncio.to_thread(

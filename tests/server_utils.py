@@ -1,0 +1,110 @@
+"""Start a real `pippin serve` process for tests and talk to it over HTTP."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+
+SRC_DIR = Path(__file__).resolve().parent.parent / "src"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    url: str  # http://127.0.0.1:PORT
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    api_key: str | None = None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def client(self, **kw: object) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=f"{self.url}/v1",
+            api_key=self.api_key or "unused",
+            max_retries=0,
+            timeout=kw.pop("timeout", 300),  # type: ignore[arg-type]
+            **kw,  # type: ignore[arg-type]
+        )
+
+    def async_client(self, **kw: object) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(
+            base_url=f"{self.url}/v1",
+            api_key=self.api_key or "unused",
+            max_retries=0,
+            timeout=kw.pop("timeout", 300),  # type: ignore[arg-type]
+            **kw,  # type: ignore[arg-type]
+        )
+
+    def http(self, **kw: object) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers=self.headers(), timeout=300, **kw)  # type: ignore[arg-type]
+
+    def peak_rss_kib(self) -> int:
+        """The server's peak resident memory (Linux), to show a body was not buffered."""
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+        raise RuntimeError("no VmHWM")
+
+
+@contextmanager
+def run_server(
+    *args: str, api_key: str | None = None, startup_timeout: float = 300
+) -> Iterator[Server]:
+    """`python -m pippin.cli serve *args` on a free port, until /health says ok."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "pippin.cli", "serve", *args, "--port", str(port)]
+    if api_key:
+        cmd += ["--api-key", api_key]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC_DIR), env.get("PYTHONPATH")) if p)
+    env.pop("PIPPIN_API_KEY", None)
+    fd, log_name = tempfile.mkstemp(prefix="pippin-server-", suffix=".log")
+    log_path = Path(log_name)
+    with os.fdopen(fd, "wb") as log_file:
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+    server = Server(f"http://127.0.0.1:{port}", proc, log_path, api_key)
+    try:
+        deadline = time.monotonic() + startup_timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()[-4000:]}")
+            try:
+                if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"server not healthy in {startup_timeout}s:\n{server.log()[-4000:]}"
+                )
+            time.sleep(0.25)
+        yield server
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log_path.unlink(missing_ok=True)
