@@ -106,8 +106,9 @@ def format_logprobs(
     for lp in lps:
         text, _ = render(lp.token_id)
         top = {render(tid)[0]: clamp_logprob(v) for tid, v in lp.top}
-        # As OpenAI: the sampled token is always among the alternatives.
-        top.setdefault(text, clamp_logprob(lp.logprob))
+        # As OpenAI: the sampled token is always among the alternatives (and wins
+        # when another id renders to the same text, e.g. two partial characters).
+        top[text] = clamp_logprob(lp.logprob)
         tokens.append(text)
         token_lps.append(clamp_logprob(lp.logprob))
         tops.append(top)
