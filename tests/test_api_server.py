@@ -21,8 +21,8 @@ import pytest
 from server_utils import Server, run_server
 
 KEY = "sk-tiny-test"
-CONTEXT = 256
-CAP = 200
+CONTEXT = 2048
+CAP = 2000
 MSG = [{"role": "user", "content": "Hello, how are you today?"}]
 
 
@@ -332,7 +332,7 @@ def test_bad_requests_name_the_field(client: openai.OpenAI, kw: dict[str, Any], 
 
 
 def test_prompt_past_the_context(client: openai.OpenAI) -> None:
-    long = " ".join(["word"] * 400)
+    long = " ".join(["word"] * (CONTEXT + 100))
     with pytest.raises(openai.BadRequestError) as info:
         chat(client, messages=[{"role": "user", "content": long}], max_tokens=5)
     body = info.value.body
@@ -455,6 +455,43 @@ def test_concurrent_streams_and_cancellation(server: Server) -> None:
                 break
             assert time.monotonic() < deadline, stats
             time.sleep(0.2)
+
+
+def _wait_idle(h: httpx.Client, timeout: float = 20) -> dict[str, int]:
+    deadline = time.monotonic() + timeout
+    while True:
+        stats = h.get("/v1/engine/stats").json()
+        if stats["running"] == 0 and stats["waiting"] == 0:
+            return stats
+        assert time.monotonic() < deadline, stats
+        time.sleep(0.05)
+
+
+def test_closing_a_stream_aborts_the_request(server: Server, client: openai.OpenAI) -> None:
+    with server.http() as h:
+        _wait_idle(h)
+        stream = chat(client, stream=True, **fixed(CAP))
+        for i, _ in enumerate(stream):
+            if i == 3:
+                break
+        stream.close()
+        at_close = h.get("/v1/engine/stats").json()["steps"]
+        stats = _wait_idle(h)
+        # Finishing would have taken ~2000 more decode steps; an abort takes a few.
+        assert stats["steps"] - at_close < CAP // 2, (at_close, stats)
+        assert stats["blocks_free"] == stats["blocks_total"]
+
+
+def test_disconnect_aborts_a_non_streaming_request(server: Server) -> None:
+    body = {"model": "tiny", "messages": MSG, "max_tokens": CAP, "ignore_eos": True}
+    with server.http() as h:
+        _wait_idle(h)
+        before = h.get("/v1/engine/stats").json()["steps"]
+        with pytest.raises(httpx.TimeoutException):
+            h.post("/v1/chat/completions", json=body, timeout=0.3)
+        stats = _wait_idle(h)
+        assert stats["steps"] - before < CAP // 2, (before, stats)
+        assert stats["blocks_free"] == stats["blocks_total"]
 
 
 def test_stats_need_the_key(server: Server) -> None:
