@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import time
 import uuid
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from pippin.api.errors import (
     OpenAIError,
@@ -45,6 +46,7 @@ from pippin.engine.async_engine import AsyncEngine, EngineError
 from pippin.engine.types import CompletionOutput, RequestOutput, SamplingParams, TokenLogprob
 
 router = APIRouter()
+log = logging.getLogger(__name__)
 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -399,6 +401,9 @@ class ChatRun:
                         yield self._chunk(choices)
         except EngineError as exc:
             failed = server_error(f"The engine could not take this request: {exc}", "engine_error")
+        except Exception as exc:  # never end a stream without saying why
+            log.exception("stream failed")
+            failed = server_error(f"Internal server error ({type(exc).__name__}).")
         if failed is not None:
             # The stream has started (status 200), so the error travels as an event.
             yield sse(failed.body())
@@ -487,4 +492,5 @@ async def create_chat_completion(request: Request) -> Any:
     )
     if req.stream:
         return StreamingResponse(run.stream(), media_type="text/event-stream", headers=_SSE_HEADERS)
-    return await cancel_on_disconnect(request.receive, run.collect())
+    # JSONResponse directly: FastAPI's generic encoder is slow on big logprobs bodies.
+    return JSONResponse(await cancel_on_disconnect(request.receive, run.collect()))

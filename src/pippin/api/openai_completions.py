@@ -7,6 +7,7 @@ sequences, and choice `p * n + i` is sequence `i` of prompt `p`, as OpenAI order
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from pippin.api.errors import OpenAIError, bad_request, server_error, unsupported_param
 from pippin.api.openai_chat import failure, usage_dict
@@ -38,6 +39,7 @@ from pippin.engine.async_engine import AsyncEngine, EngineError
 from pippin.engine.types import RequestOutput, SamplingParams, TokenLogprob
 
 router = APIRouter()
+log = logging.getLogger(__name__)
 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 # The API reference's default for this endpoint (chat has no such default).
@@ -301,6 +303,9 @@ class CompletionRun:
                     yield self._chunk(batch)
         except EngineError as exc:
             failed = server_error(f"The engine could not take this request: {exc}", "engine_error")
+        except Exception as exc:  # never end a stream without saying why
+            log.exception("stream failed")
+            failed = server_error(f"Internal server error ({type(exc).__name__}).")
         if failed is not None:
             yield sse(failed.body())
         elif self.include_usage:
@@ -373,4 +378,5 @@ async def create_completion(request: Request) -> Any:
     )
     if req.stream:
         return StreamingResponse(run.stream(), media_type="text/event-stream", headers=_SSE_HEADERS)
-    return await cancel_on_disconnect(request.receive, run.collect())
+    # JSONResponse directly: FastAPI's generic encoder is slow on big logprobs bodies.
+    return JSONResponse(await cancel_on_disconnect(request.receive, run.collect()))
