@@ -183,7 +183,8 @@ def test_completion_logprobs_shape(client: openai.OpenAI) -> None:
     )
     assert lp.text_offset == sorted(lp.text_offset)
     for tok, val, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
-        assert val <= 0 and 2 <= len(top) <= 3 and top[tok] == pytest.approx(val)
+        # Up to logprobs + 1 entries; fewer when alternatives render to the same text.
+        assert val <= 0 and 1 <= len(top) <= 3 and top[tok] == pytest.approx(val)
 
 
 def test_completion_batch_and_n(client: openai.OpenAI) -> None:
@@ -382,7 +383,7 @@ async def _one(client: openai.AsyncOpenAI, i: int) -> str:
     cancel = i % 5 == 0
     n = 2 if i % 6 == 1 else 1
     max_tokens = 6 + (i % 7) * 5
-    stop = ["e"] if i % 8 == 3 else None
+    stop = ["e"] if i % 8 == 3 and not cancel else None  # a stop could end it before the cancel
     common: dict[str, Any] = {
         "model": "tiny",
         "stream": True,

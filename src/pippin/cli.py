@@ -320,6 +320,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "serve":
+        if argv is None:
+            # Before MLX is imported: re-exec with OpenBLAS preloaded on Linux CPU.
+            from pippin.blas import maybe_reexec_with_openblas
+
+            maybe_reexec_with_openblas()
         return serve(args)
     parser.print_help(sys.stderr)
     return 2
