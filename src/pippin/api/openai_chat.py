@@ -8,7 +8,6 @@ import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +36,7 @@ from pippin.api.protocol import (
     UserMessage,
     cancel_on_disconnect,
     clamp_logprob,
+    closing,
     parse_request,
     sse,
 )
@@ -314,7 +314,7 @@ class ChatRun:
         choices = [_Choice() for _ in range(self.params.n)]
         prompt_tokens, cached = len(self.prompt_ids), 0
         gen = self.engine.generate(self.prompt_ids, self.params, self.request_id)
-        async with aclosing(gen) as outputs:
+        async with closing(gen) as outputs:
             async for out in outputs:
                 prompt_tokens, cached = out.prompt_tokens, out.cached_tokens
                 err = failure(out)
@@ -369,7 +369,7 @@ class ChatRun:
         failed: OpenAIError | None = None
         try:
             gen = self.engine.generate(self.prompt_ids, self.params, self.request_id)
-            async with aclosing(gen) as outputs:
+            async with closing(gen) as outputs:
                 async for out in outputs:
                     prompt_tokens, cached = out.prompt_tokens, out.cached_tokens
                     failed = failure(out)

@@ -11,7 +11,6 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +25,7 @@ from pippin.api.protocol import (
     TokenRenderer,
     cancel_on_disconnect,
     clamp_logprob,
+    closing,
     parse_request,
     sse,
 )
@@ -162,7 +162,7 @@ class CompletionRun:
         if len(live) == 1:
             p = live[0]
             gen = self.engine.generate(self.prompts[p].ids, self.params[p], self._rid(p))
-            async with aclosing(gen) as outs:
+            async with closing(gen) as outs:
                 async for out in outs:
                     yield p, out
             return
@@ -171,7 +171,7 @@ class CompletionRun:
         async def pump(p: int) -> None:
             try:
                 gen = self.engine.generate(self.prompts[p].ids, self.params[p], self._rid(p))
-                async with aclosing(gen) as outs:
+                async with closing(gen) as outs:
                     async for out in outs:
                         await queue.put((p, out))
                 await queue.put((p, None))

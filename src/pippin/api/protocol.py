@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Annotated, Any, Literal, TypeVar, Union, get_args
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any, Literal, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 
@@ -31,34 +33,25 @@ class _Loose(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-def _tagged(key: str, *models: type[BaseModel]) -> Any:
-    """A union picked by the literal value of `key`.
+def _by(key: str, *values: str) -> Discriminator:
+    """Pick a union member by the literal value of `key`.
 
-    Tags are prefixed with '@' so they can be told apart from field names when a
-    validation error location is turned into `param`.
+    Members are tagged '@value' (see `Annotated[..., Tag("@value")]` below) so tags can
+    be told apart from field names when an error location is turned into `param`.
     """
-    members = []
-    values: list[str] = []
-    for m in models:
-        for value in get_args(m.model_fields[key].annotation):
-            members.append(Annotated[m, Tag(f"@{value}")])
-            values.append(value)
 
     def pick(v: Any) -> str | None:
         tag = v.get(key) if isinstance(v, dict) else getattr(v, key, None)
         return f"@{tag}" if isinstance(tag, str) else None
 
     expected = ", ".join(f"'{v}'" for v in values)
-    return Annotated[
-        Union[tuple(members)],  # noqa: UP007 - built at run time
-        Discriminator(
-            pick,
-            # The error type carries the field name (context dicts would make
-            # the annotation unhashable, which `X | None` needs).
-            custom_error_type=f"invalid_tag_{key}",
-            custom_error_message=f"'{key}' must be one of {expected}",
-        ),
-    ]
+    return Discriminator(
+        pick,
+        # The error type carries the field name (context dicts would make the
+        # annotation unhashable, which `X | None` needs).
+        custom_error_type=f"invalid_tag_{key}",
+        custom_error_message=f"'{key}' must be one of {expected}",
+    )
 
 
 # --- message content parts ---------------------------------------------------
@@ -93,8 +86,17 @@ class FilePart(_Loose):
     type: Literal["file"]
 
 
-UserPart = _tagged("type", TextPart, ImagePart, AudioPart, FilePart)
-AssistantPart = _tagged("type", TextPart, RefusalPart)
+UserPart = Annotated[
+    Annotated[TextPart, Tag("@text")]
+    | Annotated[ImagePart, Tag("@image_url")]
+    | Annotated[AudioPart, Tag("@input_audio")]
+    | Annotated[FilePart, Tag("@file")],
+    _by("type", "text", "image_url", "input_audio", "file"),
+]
+AssistantPart = Annotated[
+    Annotated[TextPart, Tag("@text")] | Annotated[RefusalPart, Tag("@refusal")],
+    _by("type", "text", "refusal"),
+]
 
 # --- messages ----------------------------------------------------------------
 
@@ -154,15 +156,15 @@ class FunctionMessage(_Strict):
     name: str
 
 
-Message = _tagged(
-    "role",
-    SystemMessage,
-    DeveloperMessage,
-    UserMessage,
-    AssistantMessage,
-    ToolMessage,
-    FunctionMessage,
-)
+Message = Annotated[
+    Annotated[SystemMessage, Tag("@system")]
+    | Annotated[DeveloperMessage, Tag("@developer")]
+    | Annotated[UserMessage, Tag("@user")]
+    | Annotated[AssistantMessage, Tag("@assistant")]
+    | Annotated[ToolMessage, Tag("@tool")]
+    | Annotated[FunctionMessage, Tag("@function")],
+    _by("role", "system", "developer", "user", "assistant", "tool", "function"),
+]
 
 # --- tools and formats -------------------------------------------------------
 
@@ -183,7 +185,10 @@ class CustomTool(_Loose):
     type: Literal["custom"]
 
 
-Tool = _tagged("type", FunctionTool, CustomTool)
+Tool = Annotated[
+    Annotated[FunctionTool, Tag("@function")] | Annotated[CustomTool, Tag("@custom")],
+    _by("type", "function", "custom"),
+]
 
 
 class ResponseFormatText(_Strict):
@@ -194,7 +199,12 @@ class ResponseFormatOther(_Loose):
     type: Literal["json_object", "json_schema"]
 
 
-ResponseFormat = _tagged("type", ResponseFormatText, ResponseFormatOther)
+ResponseFormat = Annotated[
+    Annotated[ResponseFormatText, Tag("@text")]
+    | Annotated[ResponseFormatOther, Tag("@json_object")]
+    | Annotated[ResponseFormatOther, Tag("@json_schema")],
+    _by("type", "text", "json_object", "json_schema"),
+]
 
 
 class StreamOptions(_Strict):
@@ -358,6 +368,21 @@ class TokenRenderer:
             hit = (raw.decode("utf-8", errors="replace"), list(raw))
             self._cache[token_id] = hit
         return hit
+
+
+T = TypeVar("T")
+
+
+@asynccontextmanager
+async def closing(it: AsyncIterator[T]) -> AsyncIterator[AsyncIterator[T]]:
+    """Close an async generator when the block is left, even early, so the engine
+    request behind it is aborted at once rather than when it is garbage collected."""
+    try:
+        yield it
+    finally:
+        aclose = getattr(it, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 class ClientGone(OpenAIError):
