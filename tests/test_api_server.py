@@ -504,7 +504,8 @@ def test_zz_still_serving_after_all_that(client: openai.OpenAI, server: Server) 
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 4
     assert server.proc.poll() is None
     log = server.log()
-    # Logs at INFO carry neither the key nor prompts.
+    # Logs at INFO carry neither the key nor prompts nor file paths.
     assert KEY not in log and "Hello, how are you" not in log
+    assert "pytest-of" not in log and "tiny_models0" not in log  # no file paths either
     assert "Traceback" not in log, log[-3000:]
     json.dumps(r.model_dump())
