@@ -16,7 +16,7 @@ class EngineConfig:
     # Explicit KV block count; when None, derived from cache_memory_percent.
     num_blocks: int | None = None
     # Share of the machine's memory given to the KV pool.
-    cache_memory_percent: float = 0.2
+    cache_memory_percent: float = 0.1
     enable_prefix_caching: bool = True
     # Server cap on max_tokens per request (None: up to the context).
     max_tokens_cap: int | None = None
