@@ -2,8 +2,8 @@
 mlx-lm's parameter names, and the model built from mlx-lm's own classes.
 
 Tensor types that `mx.load` reads (F32, F16, Q4_0, Q4_1, Q8_0) stay MLX-quantised, straight from
-the file. A file with any other type (the K-quants, Q5_0, ...) cannot be read by `mx.load` at all,
-so it is dequantised once with the `gguf` package and kept as an ordinary MLX folder in the cache.
+the file. A file with any other type (the K-quants, Q5_0, BF16, ...) cannot be read by `mx.load`
+at all, so it is dequantised once with the `gguf` package and kept as an MLX folder in the cache.
 Either way the cache folder holds config.json and the tokenizer, so a second load skips the slow
 metadata and tokenizer conversion.
 """
@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import math
+import mmap
 import os
 import re
 import shutil
@@ -35,7 +36,7 @@ from .loader import ModelLoadError
 logger = logging.getLogger(__name__)
 
 # Bump when the cache layout or the conversion changes, so old entries are not reused.
-_CACHE_VERSION = 1
+_CACHE_VERSION = 4
 
 # Per llama.cpp architecture: the mlx-lm model type, and whether llama.cpp's converter permuted
 # q/k for its interleaved ("normal") RoPE, which mlx-lm then has to run as traditional RoPE.
@@ -65,6 +66,21 @@ _BLOCK_NAMES = {
 # Gemma norms around the MLP: ffn_norm is the pre-MLP norm there.
 _GEMMA_BLOCK_NAMES = {**_BLOCK_NAMES, "ffn_norm": "pre_feedforward_layernorm"}
 _TENSOR = re.compile(r"^(?:blk\.(\d+)\.)?(\w+)\.(weight|bias|scales|biases)$")
+# llama.cpp's end-of-generation tokens besides eos, matched by text.
+_END_OF_TURN = (
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+)
+# ggml types mx.load reads: F32, F16, Q4_0, Q4_1, Q8_0. It reads BF16 too, but as float16.
+_MLX_NATIVE = {0, 1, 2, 3, 8}
+_BF16 = 30
+_SHARD_BYTES = 2 << 30
 # llama.cpp stores llama3-style RoPE scaling as a tensor of per-frequency factors, not metadata.
 _SKIPPED = {"rope_freqs.weight"}
 
@@ -80,11 +96,15 @@ def load_gguf(
     path: Path, *, trust_remote_code: bool = False
 ) -> tuple[nn.Module, TokenizerWrapper, dict[str, Any], Path]:
     """(model, tokenizer, config, cache folder); the weights are not evaluated yet."""
-    folder = cache_root() / "gguf" / _file_key(path)
+    folder = cache_folder(path)
+    key = folder.name.rsplit("-v", 1)[0]
     weights: dict[str, mx.array] | None = None
     if not (folder / "config.json").exists():
         weights = _convert(path, folder)
-    if (folder / "model.safetensors").exists():
+        for stale in folder.parent.glob(f"{key}-v*"):
+            if stale != folder:  # the same file converted by an older pippin
+                shutil.rmtree(stale, ignore_errors=True)
+    if any(folder.glob("model*.safetensors")):
         model, config = mlx_load_model(folder, lazy=True)
     else:
         config = load_config(folder)
@@ -99,10 +119,15 @@ def load_gguf(
     return model, tokenizer, config, folder
 
 
+def cache_folder(path: Path) -> Path:
+    """Where the conversion of this GGUF file is kept."""
+    return cache_root() / "gguf" / f"{_file_key(path)}-v{_CACHE_VERSION}"
+
+
 def _file_key(path: Path) -> str:
     # Content-based without reading gigabytes: size, the whole header region and samples.
     size = path.stat().st_size
-    h = hashlib.sha256(f"{_CACHE_VERSION}:{size}".encode())
+    h = hashlib.sha256(str(size).encode())
     chunk = 1 << 16
     with open(path, "rb") as f:
         h.update(f.read(4 << 20))
@@ -114,34 +139,39 @@ def _file_key(path: Path) -> str:
 
 def _convert(path: Path, folder: Path) -> dict[str, mx.array] | None:
     """Write the cache folder; return the weights when they came straight from `mx.load`."""
+    from gguf.quants import dequantize
+
     meta, tensors = read_header(path)
     arch = meta.get("general.architecture")
     names = {t.name for t in tensors}
     config = gguf_config(meta, names)
-    try:
-        weights: dict[str, mx.array] | None = mx.load(str(path))
-    except (RuntimeError, ValueError):
-        # mx.load gives up on the whole file when one tensor has a type it cannot read.
-        weights = None
+    types = {t.ggml_type for t in tensors}
+    weights: dict[str, mx.array] | None = None
+    if types <= _MLX_NATIVE:
+        try:
+            weights = mx.load(str(path))
+        except (RuntimeError, ValueError):
+            weights = None
+    # The dtype the model computes in on a GPU: the file's half type (its scales are float16),
+    # but Gemma's activations overflow float16.
+    bf16 = arch == "gemma3" or _BF16 in types
+    config["torch_dtype"] = "bfloat16" if bf16 else "float16"
     if "rope_freqs.weight" in names:
         rope = next(t for t in tensors if t.name == "rope_freqs.weight")
-        config["rope_scaling"] = _llama3_scaling(_tensor_values(path, rope), config)
+        factors = dequantize(_tensor_bytes(path, rope), rope.ggml_type).reshape(rope.shape)
+        config["rope_scaling"] = _llama3_scaling(factors, config)
 
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=folder.parent))
     try:
+        tokenizer = _write_tokenizer(path, tmp)
+        _add_end_of_turn_ids(config, tokenizer)
         if weights is None:
             logger.info("dequantising GGUF weights once into the pippin cache")
-            config["torch_dtype"] = "float16"
-            mx.save_safetensors(
-                str(tmp / "model.safetensors"),
-                _dequantised(path, tensors, arch),
-                metadata={"format": "mlx"},
-            )
+            _save_dequantised(path, tensors, arch, _BF16 in types, tmp)
         with open(tmp / "config.json", "w") as f:
             json.dump(config, f, indent=2)
         _write_generation_config(meta, config, tmp)
-        _write_tokenizer(path, tmp)
         try:
             os.replace(tmp, folder)
         except OSError:
@@ -187,76 +217,80 @@ def read_header(
     their length.
     """
     try:
-        blob = np.memmap(path, mode="r", dtype=np.uint8)
-        if bytes(blob[:4]) != b"GGUF":
-            raise ValueError("no GGUF magic")
-        version, n_tensors, n_kv = struct.unpack_from("<IQQ", blob, 4)
-        if version not in (2, 3):
-            raise ValueError(f"GGUF version {version} is not supported")
-        pos = 24
-
-        def string(pos: int) -> tuple[str, int]:
-            (n,) = struct.unpack_from("<Q", blob, pos)
-            return bytes(blob[pos + 8 : pos + 8 + n]).decode("utf-8", "replace"), pos + 8 + n
-
-        def value(kind: int, pos: int, key: str) -> tuple[Any, int]:
-            if kind in _SCALARS:
-                v = np.frombuffer(blob, _SCALARS[kind], 1, pos)[0]
-                # Shortest repr, so a float32 1e-05 does not become 9.999999747378752e-06.
-                v = float(str(v)) if kind == 6 else v.item()
-                return v, pos + np.dtype(_SCALARS[kind]).itemsize
-            if kind == 8:
-                return string(pos)
-            if kind != 9:
-                raise ValueError(f"unknown metadata type {kind}")
-            item, count = struct.unpack_from("<IQ", blob, pos)
-            pos += 12
-            if item in _SCALARS:
-                items = np.frombuffer(blob, _SCALARS[item], count, pos)
-                return items.tolist(), pos + items.nbytes
-            if item == 8 and count > 64 and key not in keep_strings:
-                for _ in range(count):
-                    pos += 8 + struct.unpack_from("<Q", blob, pos)[0]
-                return count, pos
-            values = []
-            for _ in range(count):
-                v, pos = value(item, pos, key)
-                values.append(v)
-            return values, pos
-
-        meta: dict[str, Any] = {}
-        for _ in range(n_kv):
-            key, pos = string(pos)
-            (kind,) = struct.unpack_from("<I", blob, pos)
-            meta[key], pos = value(kind, pos + 4, key)
-        raw = []
-        for _ in range(n_tensors):
-            name, pos = string(pos)
-            (n_dims,) = struct.unpack_from("<I", blob, pos)
-            dims = struct.unpack_from(f"<{n_dims}Q", blob, pos + 4)
-            kind, offset = struct.unpack_from("<IQ", blob, pos + 4 + 8 * n_dims)
-            pos += 16 + 8 * n_dims
-            raw.append((name, tuple(reversed(dims)), kind, offset))
-        align = meta.get("general.alignment", 32)
-        data_start = -(-pos // align) * align
-        tensors = []
-        for name, shape, kind, offset in raw:
-            block, size = _block_shape(kind)
-            nbytes = math.prod(shape) // block * size
-            tensors.append(TensorInfo(name, shape, kind, data_start + offset, nbytes))
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as blob:
+            return _parse_header(blob, keep_strings)
     except (ValueError, struct.error, UnicodeDecodeError, OSError) as e:
         raise ModelLoadError(f"{path.name} is not a readable GGUF file: {e}") from e
+
+
+def _parse_header(
+    blob: mmap.mmap, keep_strings: Container[str]
+) -> tuple[dict[str, Any], list[TensorInfo]]:
+    if blob[:4] != b"GGUF":
+        raise ValueError("no GGUF magic")
+    version, n_tensors, n_kv = struct.unpack_from("<IQQ", blob, 4)
+    if version not in (2, 3):
+        raise ValueError(f"GGUF version {version} is not supported")
+    pos = 24
+
+    def string(pos: int) -> tuple[str, int]:
+        (n,) = struct.unpack_from("<Q", blob, pos)
+        return blob[pos + 8 : pos + 8 + n].decode("utf-8", "replace"), pos + 8 + n
+
+    def value(kind: int, pos: int, key: str) -> tuple[Any, int]:
+        if kind in _SCALARS:
+            dtype = np.dtype(_SCALARS[kind])
+            v = np.frombuffer(blob[pos : pos + dtype.itemsize], dtype)[0]
+            # Shortest repr, so a float32 1e-05 does not become 9.999999747378752e-06.
+            return (float(str(v)) if kind == 6 else v.item()), pos + dtype.itemsize
+        if kind == 8:
+            return string(pos)
+        if kind != 9:
+            raise ValueError(f"unknown metadata type {kind}")
+        item, count = struct.unpack_from("<IQ", blob, pos)
+        pos += 12
+        if item in _SCALARS:
+            end = pos + count * np.dtype(_SCALARS[item]).itemsize
+            return np.frombuffer(blob[pos:end], _SCALARS[item]).tolist(), end
+        if item == 8 and count > 64 and key not in keep_strings:
+            for _ in range(count):
+                pos += 8 + struct.unpack_from("<Q", blob, pos)[0]
+            return count, pos
+        values = []
+        for _ in range(count):
+            v, pos = value(item, pos, key)
+            values.append(v)
+        return values, pos
+
+    meta: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key, pos = string(pos)
+        (kind,) = struct.unpack_from("<I", blob, pos)
+        meta[key], pos = value(kind, pos + 4, key)
+    raw = []
+    for _ in range(n_tensors):
+        name, pos = string(pos)
+        (n_dims,) = struct.unpack_from("<I", blob, pos)
+        dims = struct.unpack_from(f"<{n_dims}Q", blob, pos + 4)
+        kind, offset = struct.unpack_from("<IQ", blob, pos + 4 + 8 * n_dims)
+        pos += 16 + 8 * n_dims
+        raw.append((name, tuple(reversed(dims)), kind, offset))
+    align = meta.get("general.alignment", 32)
+    data_start = -(-pos // align) * align
+    tensors = []
+    for name, shape, kind, offset in raw:
+        block, size = _block_shape(kind)
+        nbytes = math.prod(shape) // block * size
+        tensors.append(TensorInfo(name, shape, kind, data_start + offset, nbytes))
     return meta, tensors
 
 
-def _tensor_values(path: Path, t: TensorInfo) -> np.ndarray:
-    from gguf.quants import dequantize
-
+def _tensor_bytes(path: Path, t: TensorInfo) -> np.ndarray:
+    """A tensor's raw blocks as rows of bytes, the layout gguf.quants.dequantize takes."""
     blob = np.memmap(path, mode="r", dtype=np.uint8)
     block, size = _block_shape(t.ggml_type)
     rows = blob[t.start : t.start + t.nbytes].view(np.ndarray)
-    rows = rows.reshape(*t.shape[:-1], t.shape[-1] // block * size)
-    return dequantize(rows, t.ggml_type).reshape(t.shape)
+    return rows.reshape(*t.shape[:-1], t.shape[-1] // block * size)
 
 
 def _block_shape(ggml_type: int) -> tuple[int, int]:
@@ -402,7 +436,22 @@ def _write_generation_config(meta: dict[str, Any], config: dict[str, Any], folde
         json.dump(gen, f, indent=2)
 
 
-def _write_tokenizer(path: Path, folder: Path) -> None:
+def _add_end_of_turn_ids(config: dict[str, Any], tokenizer: Any) -> None:
+    """Stop also on the end-of-turn tokens a vocabulary has, as llama.cpp does.
+
+    A GGUF names one eos; chat models end turns with another (Gemma's <end_of_turn>, Qwen's
+    <|im_end|> vs <|endoftext|>), which their generation_config.json lists beside it.
+    """
+    eos = config.get("eos_token_id")
+    ids = [eos] if isinstance(eos, int) else list(eos or [])
+    added = tokenizer.get_added_vocab()
+    ids += [added[t] for t in _END_OF_TURN if t in added]
+    ids = list(dict.fromkeys(ids))
+    if ids:
+        config["eos_token_id"] = ids[0] if len(ids) == 1 else ids
+
+
+def _write_tokenizer(path: Path, folder: Path) -> Any:
     try:
         # transformers' own GGUF vocabulary conversion, fed from our reader: its file reader
         # (and so AutoTokenizer's gguf_file route) needs torch, which pippin does not.
@@ -414,10 +463,9 @@ def _write_tokenizer(path: Path, folder: Path) -> None:
     except ImportError:
         from transformers import AutoTokenizer
 
-        AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(
-            str(folder)
-        )
-        return
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        tokenizer.save_pretrained(str(folder))
+        return tokenizer
     meta, _ = read_header(path, ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"))
     groups = {
         group: {
@@ -439,6 +487,7 @@ def _write_tokenizer(path: Path, folder: Path) -> None:
     backend, extra = convert_gguf_tokenizer(meta["general.architecture"], tok_dict)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, **tok_config, **extra)
     tokenizer.save_pretrained(str(folder))
+    return tokenizer
 
 
 def _mlx_name(gguf_name: str, arch: str) -> str | None:
@@ -477,21 +526,35 @@ def _native_weights(path: Path, config: dict[str, Any]) -> dict[str, mx.array]:
     return _rename(mx.load(str(path)), config["gguf_architecture"])
 
 
-def _dequantised(path: Path, tensors: list[TensorInfo], arch: str) -> dict[str, mx.array]:
-    out = {}
-    for t in tensors:
+def _save_dequantised(
+    path: Path, tensors: list[TensorInfo], arch: str, bf16: bool, folder: Path
+) -> None:
+    """Dequantise tensor by tensor into safetensors shards, so memory stays near one shard."""
+    from gguf.quants import dequantize
+
+    shard: dict[str, mx.array] = {}
+    size = count = 0
+    for i, t in enumerate(tensors):
         name = _mlx_name(t.name, arch)
-        if name is None:
-            continue
-        try:
-            a = _tensor_values(path, t)
-        except NotImplementedError as e:
-            raise ModelLoadError(f"GGUF tensor type of {t.name} cannot be dequantised: {e}") from e
-        if _is_shifted_norm(t.name, arch):
-            a = a.astype(np.float32) - 1
-        # float16 holds every value these blocks decode to (their scales are float16).
-        out[name] = mx.array(a.astype(np.float16))
-    return out
+        if name is not None:
+            try:
+                a = dequantize(_tensor_bytes(path, t), t.ggml_type).reshape(t.shape)
+            except NotImplementedError as e:
+                raise ModelLoadError(f"cannot dequantise GGUF tensor {t.name}: {e}") from e
+            if _is_shifted_norm(t.name, arch):
+                a = a.astype(np.float32) - 1
+            # float16 holds what quantised blocks decode to (their scales are float16); a BF16
+            # file stays bfloat16, whose range float16 lacks.
+            if bf16:
+                shard[name] = mx.array(a.astype(np.float32)).astype(mx.bfloat16)
+            else:
+                shard[name] = mx.array(a.astype(np.float16))
+            size += shard[name].nbytes
+        if shard and (size >= _SHARD_BYTES or i == len(tensors) - 1):
+            count += 1
+            out = folder / f"model-{count:05d}.safetensors"
+            mx.save_safetensors(str(out), shard, metadata={"format": "mlx"})
+            shard, size = {}, 0
 
 
 def _instantiate(config: dict[str, Any], weights: dict[str, mx.array]) -> nn.Module:

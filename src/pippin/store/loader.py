@@ -88,7 +88,7 @@ def load_model(
         mx.eval(model.parameters())
     except ModelLoadError:
         raise
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, ImportError) as e:
         raise ModelLoadError(f"cannot load {source}: {_one_line(e)}") from e
     logger.info("loaded model %s (%s)", name, chosen)
     return LoadedModel(
@@ -170,9 +170,11 @@ def _cast(model: nn.Module, config: dict[str, Any], dtype: str | None) -> str:
         if mx.default_device() == mx.cpu:
             dtype = "float32"
         else:
+            # The checkpoint's dtype; casting keeps a stray float32 norm from promoting
+            # every activation after it.
             dtype = config.get("torch_dtype") or config.get("dtype")
             if dtype not in _DTYPES:
-                return _dominant_dtype(model)
+                dtype = _dominant_dtype(model)
     target = _DTYPES[dtype]
     # Some models keep a few parameters in float32 on purpose (see mlx_lm convert).
     keep = getattr(model, "cast_predicate", lambda _: True)
@@ -189,8 +191,8 @@ def _cast(model: nn.Module, config: dict[str, Any], dtype: str | None) -> str:
 def _dominant_dtype(model: nn.Module) -> str:
     sizes: dict[str, int] = {}
     for _, v in tree_flatten(model.parameters()):
-        if mx.issubdtype(v.dtype, mx.floating):
-            key = str(v.dtype).removeprefix("mlx.core.")
+        key = str(v.dtype).removeprefix("mlx.core.")
+        if key in _DTYPES:
             sizes[key] = sizes.get(key, 0) + v.size
     return max(sizes, key=sizes.__getitem__) if sizes else "float32"
 
