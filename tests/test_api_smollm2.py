@@ -96,11 +96,6 @@ def test_logprobs_spell_the_answer(client: openai.OpenAI, model: str) -> None:
     assert all(t.top_logprobs[0].logprob == pytest.approx(t.logprob) for t in lps)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine: the streaming detokenizer drops the first token's leading space "
-    "(mlx-lm trims it), so completions return 'Paris' where OpenAI returns ' Paris'",
-)
 def test_completion_keeps_the_leading_space(client: openai.OpenAI, model: str) -> None:
     r = client.completions.create(
         model=model, prompt="The capital of France is", temperature=0, max_tokens=3

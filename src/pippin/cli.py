@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from pippin import __version__
+from pippin.engine.config import EngineConfig
 
 log = logging.getLogger("pippin.cli")
 
@@ -161,7 +162,7 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     e.add_argument(
         "--cache-memory-percent",
         type=_memory_share,
-        default=0.2,
+        default=EngineConfig.cache_memory_percent,
         help="share of the machine's memory given to the KV block pool, as a fraction (0.2) "
         "or a percentage (20) (default: %(default)s)",
     )
@@ -252,7 +253,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:
-    from pippin.engine.config import EngineConfig
     from pippin.server import MIB, ServerSettings
 
     if args.model and args.model_flag and args.model != args.model_flag:

@@ -68,6 +68,9 @@ class AsyncEngine:
         self._inbox.put(("wake", None))
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 30)
+        # Streams still open end with an error instead of waiting forever.
+        for rid, q in list(self._queues.items()):
+            q.put_nowait(RequestOutput(rid, [], 0, 0, True, error="the server is shutting down"))
 
     @property
     def ready(self) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlx_lm.tokenizer_utils import StreamingDetokenizer
+from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, StreamingDetokenizer
 
 from pippin.engine.sequence import Sequence
 from pippin.engine.types import TokenLogprob
@@ -24,6 +24,10 @@ class OutState:
     cut: int | None = None  # where a stop string starts, once found
 
 
+def _keep(text: str) -> str:
+    return text
+
+
 class OutputProcessor:
     def __init__(self, tokenizer, eos_ids: set[int], max_model_len: int) -> None:
         self.tokenizer = tokenizer
@@ -34,7 +38,12 @@ class OutputProcessor:
     def init(self, seq: Sequence) -> None:
         stops = seq.params.stop
         longest = max((len(s) for s in stops), default=0)
-        seq.out_state = OutState(self.tokenizer.detokenizer, longest)
+        detok = self.tokenizer.detokenizer
+        if isinstance(detok, BPEStreamingDetokenizer):
+            # mlx-lm drops the first token's leading space; OpenAI keeps it
+            # (a completion of "The capital of France is" starts with " Paris").
+            detok._maybe_trim_space = _keep  # type: ignore[method-assign]
+        seq.out_state = OutState(detok, longest)
 
     def append(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> None:
         """Record one sampled token and decide whether the sequence is done."""
