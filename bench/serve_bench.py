@@ -270,7 +270,7 @@ class Server:
         """User + system CPU seconds of the server process (all its threads), from /proc."""
         if self.proc is None:
             return None
-        return proc_cpu_seconds(self.proc.pid)
+        return tree_cpu_seconds(self.proc.pid)
 
 
 def proc_cpu_seconds(pid: int) -> float | None:
@@ -286,15 +286,30 @@ def proc_cpu_seconds(pid: int) -> float | None:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def system_busy_seconds() -> float | None:
+    """Busy CPU seconds of the whole machine (all cores), from /proc/stat."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            parts = f.readline().split()
+    except OSError:
+        return None
+    vals = [int(x) for x in parts[1:]]
+    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)  # idle + iowait
+    busy = sum(vals[:8]) - idle  # user nice system idle iowait irq softirq steal
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
 def tree_cpu_seconds(pid: int) -> float | None:
     """CPU seconds of a process and its live descendants (vllm-mlx may fork helpers)."""
     total = proc_cpu_seconds(pid)
     if total is None:
         return None
-    try:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        children = []
+    children: list[str] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children += (task / "children").read_text().split()
+        except OSError:
+            pass
     for c in children:
         sub = tree_cpu_seconds(int(c))
         if sub is not None:
@@ -646,6 +661,7 @@ class Window:
     server_cpu_s: float | None
     other_servers_cpu_s: float | None
     client_cpu_s: float
+    foreign_cpu_s: float | None
 
 
 async def run_window(
@@ -676,6 +692,7 @@ async def run_window(
                 next_idx += 1
                 results.append(await stream_request(client, url, body, chat, args.retries))
 
+        sys0 = system_busy_seconds()
         cpu0 = srv.cpu_seconds()
         others0 = [o.cpu_seconds() for o in others]
         client0 = time.process_time()
@@ -683,6 +700,7 @@ async def run_window(
         await asyncio.gather(*(worker(i) for i in range(concurrency)))
         wall = time.perf_counter() - t0
         client_cpu = time.process_time() - client0
+        sys1 = system_busy_seconds()
         cpu1 = srv.cpu_seconds()
         others1 = [o.cpu_seconds() for o in others]
     server_cpu = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
@@ -692,7 +710,20 @@ async def run_window(
             other_cpu = None
         else:
             other_cpu += b - a
-    return wall, results, {"server": server_cpu, "others": other_cpu, "client": client_cpu}
+    # Everything else on the machine (other users' jobs): busy CPU not ours.
+    foreign = None
+    if sys0 is not None and sys1 is not None and server_cpu is not None:
+        foreign = max(0.0, (sys1 - sys0) - server_cpu - (other_cpu or 0.0) - client_cpu)
+    return (
+        wall,
+        results,
+        {
+            "server": server_cpu,
+            "others": other_cpu,
+            "client": client_cpu,
+            "foreign": foreign,
+        },
+    )
 
 
 def summarize_window(
@@ -729,6 +760,7 @@ def summarize_window(
         server_cpu_s=cpu["server"],
         other_servers_cpu_s=cpu["others"],
         client_cpu_s=float(cpu["client"] or 0.0),
+        foreign_cpu_s=cpu["foreign"],
     )
 
 
@@ -771,6 +803,9 @@ def aggregate(windows: Sequence[Window]) -> dict[str, Any]:
             100.0 * sum(x for x in scpu if x is not None) / wall
             if wall and all(x is not None for x in scpu)
             else None
+        ),
+        "foreign_cpu_pct": (
+            100.0 * sum(w.foreign_cpu_s or 0.0 for w in windows) / wall if wall else None
         ),
         "idle_servers_cpu_pct": (
             100.0 * sum(w.other_servers_cpu_s or 0.0 for w in windows) / wall if wall else None
@@ -1129,7 +1164,8 @@ async def run_all(
                     f"ITL p50 {fmt((pct(w.itls, 50) or 0) * 1000, 2)} ms  "
                     f"ok {w.ok}/{w.requests}  short {w.short_outputs}  "
                     f"retries {w.connect_retries}  client CPU "
-                    f"{100 * w.client_cpu_s / w.wall_s:.0f}%"
+                    f"{100 * w.client_cpu_s / w.wall_s:.0f}%  foreign CPU "
+                    f"{fmt(w.foreign_cpu_s and 100 * w.foreign_cpu_s / w.wall_s, 0)}%"
                     + (f"  errors: {w.errors[0]}" if w.errors else ""),
                     flush=True,
                 )
@@ -1154,6 +1190,7 @@ async def run_all(
             print(
                 f"c={conc} {name}: client CPU {fmt(a['client_cpu_pct'])}%, server CPU "
                 f"{fmt(a['server_cpu_pct'])}%, idle servers {fmt(a['idle_servers_cpu_pct'])}%, "
+                f"other processes {fmt(a['foreign_cpu_pct'])}%, "
                 f"stop-finished {a['finish_stop']}, connect retries {a['connect_retries']}"
                 + (f", errors: {a['errors']}" if a["errors"] else "")
             )
