@@ -333,6 +333,8 @@ def _write_gguf(
     w.add_token_list(vocab["tokens"])
     w.add_token_types(vocab["types"])
     w.add_token_merges(vocab["merges"])
+    w.add_bos_token_id(vocab["tokens"].index("<|im_start|>"))
+    w.add_add_bos_token(False)
     w.add_eos_token_id(vocab["tokens"].index(EOS_TOKEN))
     w.add_chat_template(CHAT_TEMPLATE)
     kept = []

@@ -36,7 +36,7 @@ from .loader import ModelLoadError
 logger = logging.getLogger(__name__)
 
 # Bump when the cache layout or the conversion changes, so old entries are not reused.
-_CACHE_VERSION = 4
+_CACHE_VERSION = 5
 
 # Per llama.cpp architecture: the mlx-lm model type, and whether llama.cpp's converter permuted
 # q/k for its interleaved ("normal") RoPE, which mlx-lm then has to run as traditional RoPE.
@@ -79,7 +79,7 @@ _END_OF_TURN = (
 )
 # ggml types mx.load reads: F32, F16, Q4_0, Q4_1, Q8_0. It reads BF16 too, but as float16.
 _MLX_NATIVE = {0, 1, 2, 3, 8}
-_BF16 = 30
+_F32, _BF16 = 0, 30
 _SHARD_BYTES = 2 << 30
 # llama.cpp stores llama3-style RoPE scaling as a tensor of per-frequency factors, not metadata.
 _SKIPPED = {"rope_freqs.weight"}
@@ -152,10 +152,14 @@ def _convert(path: Path, folder: Path) -> dict[str, mx.array] | None:
             weights = mx.load(str(path))
         except (RuntimeError, ValueError):
             weights = None
-    # The dtype the model computes in on a GPU: the file's half type (its scales are float16),
-    # but Gemma's activations overflow float16.
-    bf16 = arch == "gemma3" or _BF16 in types
-    config["torch_dtype"] = "bfloat16" if bf16 else "float16"
+    # The dtype a GPU computes in: the file's own, where half means float16 (that of the
+    # quantisation scales) except for BF16 files and Gemma, whose activations overflow float16.
+    if types <= {_F32}:
+        config["torch_dtype"] = "float32"
+    elif arch == "gemma3" or _BF16 in types:
+        config["torch_dtype"] = "bfloat16"
+    else:
+        config["torch_dtype"] = "float16"
     if "rope_freqs.weight" in names:
         rope = next(t for t in tensors if t.name == "rope_freqs.weight")
         factors = dequantize(_tensor_bytes(path, rope), rope.ggml_type).reshape(rope.shape)
