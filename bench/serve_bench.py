@@ -654,6 +654,7 @@ class Window:
     ttfts: list[float]
     itls: list[float]
     e2es: list[float]
+    tpots: list[float]
     short_outputs: int
     finish_stop: int
     connect_retries: int
@@ -662,6 +663,7 @@ class Window:
     other_servers_cpu_s: float | None
     client_cpu_s: float
     foreign_cpu_s: float | None
+    busy_retries: int = 0
 
 
 async def run_window(
@@ -753,6 +755,13 @@ def summarize_window(
         ttfts=[r.ttft for r in ok if r.ttft is not None],
         itls=itls,
         e2es=[r.e2e for r in ok if r.e2e is not None],
+        # Time per output token after the first: robust to a server that sends (or a socket
+        # read that delivers) several tokens at once, which ITL counts as zero gaps.
+        tpots=[
+            (r.e2e - r.ttft) / (r.output_tokens - 1)
+            for r in ok
+            if r.e2e is not None and r.ttft is not None and r.output_tokens > 1
+        ],
         short_outputs=sum(1 for r in ok if r.output_tokens < max_tokens),
         finish_stop=sum(1 for r in ok if r.finish_reason == "stop"),
         connect_retries=sum(r.connect_retries for r in results),
@@ -786,11 +795,14 @@ def aggregate(windows: Sequence[Window]) -> dict[str, Any]:
     ttfts = [x for w in windows for x in w.ttfts]
     itls = [x for w in windows for x in w.itls]
     e2es = [x for w in windows for x in w.e2es]
+    tpots = [x for w in windows for x in w.tpots]
     wall = sum(w.wall_s for w in windows)
     scpu = [w.server_cpu_s for w in windows]
     out: dict[str, Any] = {
         "tok_per_s": statistics.median(tps) if tps else 0.0,
         "tok_per_s_reps": tps,
+        "windows": len(windows),
+        "busy_retries": sum(w.busy_retries for w in windows),
         "requests": sum(w.requests for w in windows),
         "ok": sum(w.ok for w in windows),
         "output_tokens": sum(w.output_tokens for w in windows),
@@ -811,7 +823,7 @@ def aggregate(windows: Sequence[Window]) -> dict[str, Any]:
             100.0 * sum(w.other_servers_cpu_s or 0.0 for w in windows) / wall if wall else None
         ),
     }
-    for name, xs in (("ttft", ttfts), ("itl", itls), ("e2e", e2es)):
+    for name, xs in (("ttft", ttfts), ("itl", itls), ("tpot", tpots), ("e2e", e2es)):
         for q in (50, 90, 99):
             v = pct(xs, q)
             out[f"{name}_p{q}_ms"] = None if v is None else v * 1000.0
@@ -882,9 +894,19 @@ def build_tables(
 ) -> str:
     peers = [n for n in names if n != "pippin"]
     has_pippin = "pippin" in names
-    header = ["conc", "server", "tok/s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "short/err"]
+    header = [
+        "conc",
+        "server",
+        "tok/s",
+        "TTFT p50",
+        "TTFT p99",
+        "ITL p50",
+        "ITL p99",
+        "TPOT p50",
+        "short/err",
+    ]
     if has_pippin:
-        header += ["pippin tok/s ×", "TTFT p50 ×", "ITL p50 ×"]
+        header += ["pippin tok/s ×", "TTFT p50 ×", "TPOT p50 ×"]
     rows: list[list[str]] = []
     for conc in sorted(summary):
         for name in names:
@@ -899,6 +921,7 @@ def build_tables(
                 fmt(a["ttft_p99_ms"]) + " ms",
                 fmt(a["itl_p50_ms"], 2) + " ms",
                 fmt(a["itl_p99_ms"], 2) + " ms",
+                fmt(a["tpot_p50_ms"], 2) + " ms",
                 f"{a['short_outputs']}/{a['requests'] - a['ok']}",
             ]
             if has_pippin:
@@ -907,7 +930,7 @@ def build_tables(
                     row += [
                         ratio(p["tok_per_s"], a["tok_per_s"]),
                         ratio(p["ttft_p50_ms"], a["ttft_p50_ms"]),
-                        ratio(p["itl_p50_ms"], a["itl_p50_ms"]),
+                        ratio(p["tpot_p50_ms"], a["tpot_p50_ms"]),
                     ]
                 else:
                     row += ["", "", ""]
@@ -922,6 +945,19 @@ def build_tables(
     out = ["  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
     out += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     return "\n".join(out)
+
+
+def foreign_note(summary: dict[int, dict[str, dict[str, Any]]]) -> str:
+    vals = [a["foreign_cpu_pct"] for by in summary.values() for a in by.values()]
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return ""
+    retried = sum(a["busy_retries"] for by in summary.values() for a in by.values())
+    return (
+        f"Other processes on the machine used {statistics.mean(vals):.0f}% of a core on "
+        f"average during the kept windows (max {max(vals):.0f}%); {retried} windows were "
+        "measured again because of them."
+    )
 
 
 def markdown_report(
@@ -951,8 +987,10 @@ def markdown_report(
         f"distinct), {args.max_tokens} output tokens, temperature {args.temperature}, "
         f"{args.repetitions} interleaved repetitions; tok/s is the median over repetitions, "
         "latency percentiles pool all requests. Ratios are pippin / peer (tok/s: higher is "
-        "better for pippin; latency: lower is). `short/err`: requests that ended before "
-        "max_tokens / failed.",
+        "better for pippin; latency: lower is). ITL: gaps between streamed content chunks; "
+        "TPOT: per request, (end to end - TTFT) / (output tokens - 1). `short/err`: requests "
+        "that ended before max_tokens (end token; only servers without ignore_eos) / failed. "
+        "Idle servers are paused (SIGSTOP) while another is measured. " + foreign_note(summary),
         "",
         build_tables(summary, names, markdown=True),
     ]
@@ -1027,6 +1065,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="leave idle servers running (by default they are SIGSTOPped while another is "
         "measured)",
     )
+    p.add_argument(
+        "--max-foreign-cpu",
+        type=float,
+        default=30.0,
+        help="a window during which processes not started by this run used more than this "
+        "percent of one core is measured again (the machine is shared)",
+    )
+    p.add_argument("--busy-retries", type=int, default=3, help="at most this many re-measures")
+    p.add_argument("--busy-wait", type=float, default=10.0, help="seconds before a re-measure")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="write the full results as JSON here")
     p.add_argument("--md", type=Path, help="write the Markdown snippet here")
@@ -1152,16 +1199,39 @@ async def run_all(
             order = servers[k:] + servers[:k]
             for pos, srv in enumerate(order):
                 others = [o for o in servers if o is not srv]
-                with paused_others(args, servers, srv):
-                    wall, results, cpu = await run_window(
-                        srv, others, args, ps, conc, args.max_tokens
+                attempt = 0
+                while True:
+                    if attempt:  # fresh prompts, so a retry does not hit a prefix cache
+                        ps_try = [
+                            prompts.make(f"r{rep}:c{conc}:{srv.name}:a{attempt}:{i}")[0]
+                            for i in range(n_req)
+                        ]
+                    else:
+                        ps_try = ps
+                    with paused_others(args, servers, srv):
+                        wall, results, cpu = await run_window(
+                            srv, others, args, ps_try, conc, args.max_tokens
+                        )
+                    foreign = cpu["foreign"]
+                    busy = foreign is not None and 100.0 * foreign / wall > args.max_foreign_cpu
+                    if not busy or attempt >= args.busy_retries:
+                        break
+                    attempt += 1
+                    print(
+                        f"rep {rep} c={conc:<3} {srv.name:<9} other processes took "
+                        f"{100.0 * foreign / wall:.0f}% CPU; measuring again in "
+                        f"{args.busy_wait:.0f} s ({attempt}/{args.busy_retries})",
+                        flush=True,
                     )
+                    await asyncio.sleep(args.busy_wait)
                 w = summarize_window(srv, conc, rep, pos, wall, results, cpu, args.max_tokens)
+                w.busy_retries = attempt
                 windows.append(w)
                 print(
                     f"rep {rep} c={conc:<3} {srv.name:<9} {w.tok_per_s:8.1f} tok/s  "
                     f"TTFT p50 {fmt(pct(w.ttfts, 50) and pct(w.ttfts, 50) * 1000)} ms  "
                     f"ITL p50 {fmt((pct(w.itls, 50) or 0) * 1000, 2)} ms  "
+                    f"TPOT p50 {fmt((pct(w.tpots, 50) or 0) * 1000, 2)} ms  "
                     f"ok {w.ok}/{w.requests}  short {w.short_outputs}  "
                     f"retries {w.connect_retries}  client CPU "
                     f"{100 * w.client_cpu_s / w.wall_s:.0f}%  foreign CPU "
@@ -1191,7 +1261,8 @@ async def run_all(
                 f"c={conc} {name}: client CPU {fmt(a['client_cpu_pct'])}%, server CPU "
                 f"{fmt(a['server_cpu_pct'])}%, idle servers {fmt(a['idle_servers_cpu_pct'])}%, "
                 f"other processes {fmt(a['foreign_cpu_pct'])}%, "
-                f"stop-finished {a['finish_stop']}, connect retries {a['connect_retries']}"
+                f"stop-finished {a['finish_stop']}, connect retries {a['connect_retries']}, "
+                f"windows re-measured {a['busy_retries']}"
                 + (f", errors: {a['errors']}" if a["errors"] else "")
             )
     md = markdown_report(args, fp, minfo, summary, names, skipped, command)
