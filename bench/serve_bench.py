@@ -21,6 +21,13 @@ Servers (``--servers``, comma separated):
 - ``vllm_mlx``: ``<vllm python> -m vllm_mlx.cli serve MODEL --port P --continuous-batching``,
   from a separate virtual environment (``--vllm-mlx-python``); skipped with a note if missing.
 
+Fairness on a small shared CPU: every server's MLX uses the same BLAS (``--blas``; pippin
+preloads OpenBLAS on Linux, so the peers get it too), idle servers are paused with SIGSTOP while
+another is measured, every window uses fresh prompts (no prefix-cache hits) that are the same
+for every server, and a window during which other processes on the machine took more than
+``--max-foreign-cpu`` percent of a core is measured again (``--busy-retries``). Client, server
+and foreign CPU are reported per window so that a client-side bottleneck would show.
+
 Output: a table on stdout, the full results as JSON (``--out``) and a Markdown snippet for
 docs/benchmarks.md (``--md``, also printed) with the command line and a machine fingerprint.
 """
@@ -1072,7 +1079,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="a window during which processes not started by this run used more than this "
         "percent of one core is measured again (the machine is shared)",
     )
-    p.add_argument("--busy-retries", type=int, default=3, help="at most this many re-measures")
+    p.add_argument("--busy-retries", type=int, default=1, help="at most this many re-measures")
     p.add_argument("--busy-wait", type=float, default=10.0, help="seconds before a re-measure")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="write the full results as JSON here")
