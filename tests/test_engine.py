@@ -259,3 +259,45 @@ def test_async_engine_concurrency_and_cancellation(tiny_models) -> None:
     stats = out["stats"]
     assert stats["blocks_free"] == stats["blocks_total"]
     assert stats["running"] == stats["waiting"] == 0
+
+
+def test_mixed_decode_and_prefill_step_updates_pool_in_place(tiny_models) -> None:
+    """A step with both a decode call and a prefill call must not copy the KV pools."""
+    loaded = _loaded(tiny_models("qwen3"))
+    config = _config(
+        num_blocks=10000, block_size=16, max_model_len=4096, max_num_batched_tokens=2048
+    )
+    core = EngineCore(loaded, config)
+    pool_bytes = sum(p.nbytes for p in core.runner.pools.values())
+    prompts = _prompts(loaded.model.args.vocab_size, 4, seed=21)
+    params = SamplingParams(max_tokens=8, temperature=1.0, ignore_eos=True)
+    core.add_request("a", prompts[0], params)
+    core.step()  # a is decoding now
+    for i in (1, 2, 3):
+        core.add_request(str(i), prompts[i], params)
+    mx.reset_peak_memory()
+    base = mx.get_active_memory()
+    core.step()  # a's decode and the others' prefill in one step
+    assert mx.get_peak_memory() - base < pool_bytes / 4
+
+
+def test_lone_sequence_longer_than_pool_ends_with_length(tiny_models) -> None:
+    loaded = _loaded(tiny_models("llama"))
+    core = EngineCore(loaded, _config(num_blocks=9, block_size=4, max_model_len=512))
+    assert core.max_model_len == 32  # capped to what the pool holds
+    core.add_request("r", list(range(3, 13)), SamplingParams(max_tokens=100, ignore_eos=True))
+    res = _run(core)["r"]
+    assert res["finish"][0][0] == "length" and len(res["ids"][0]) == 22
+
+
+def test_min_tokens_holds_back_stop_strings(tiny_models) -> None:
+    loaded = _loaded(tiny_models("llama"))
+    prompt = _prompts(loaded.model.args.vocab_size, 1, seed=23)[0]
+    core = EngineCore(loaded, _config())
+    core.add_request("plain", prompt, SamplingParams(max_tokens=30, temperature=0.0))
+    plain = _run(core)["plain"]
+    first_char = plain["text"][0][0]
+    params = SamplingParams(max_tokens=30, temperature=0.0, stop=[first_char], min_tokens=5)
+    core.add_request("min", prompt, params)
+    res = _run(core)["min"]
+    assert len(res["ids"][0]) >= 5

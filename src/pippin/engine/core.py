@@ -63,6 +63,8 @@ class EngineCore:
         self.runner = ModelRunner(loaded.model, config.block_size)
         self.num_blocks = self._num_blocks()
         self.runner.allocate(self.num_blocks)
+        # A lone sequence must always fit the pool, or it could never be resumed.
+        self.max_model_len = min(self.max_model_len, (self.num_blocks - 1) * config.block_size)
         # Recurrent state cannot be rebuilt from KV blocks, so such models share no prefix.
         caching = config.enable_prefix_caching and not self.runner.has_state_layers
         self.bm = BlockManager(self.num_blocks, config.block_size, caching)
@@ -154,11 +156,16 @@ class EngineCore:
 
         sampling: list[ScheduledSeq] = []
         logits_parts: list[mx.array] = []
-        for items in groups:
+        for g, items in enumerate(groups):
             logits = self.runner.forward(items, [it.seq.table.block_ids for it in items])
             if logits is not None:
                 logits_parts.append(logits)
                 sampling.extend(it for it in items if it.samples)
+            if g < len(groups) - 1:
+                # The next call scatters into the same pools. While this call's gathers
+                # still read them, MLX cannot update the pools in place and would copy
+                # every pool whole; evaluating first keeps the writes in place.
+                mx.eval(logits_parts, self.runner.arrays_to_eval(items))
 
         everything = [it for g in groups for it in g]
         result: SampleResult | None = None

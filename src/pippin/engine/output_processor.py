@@ -62,7 +62,7 @@ class OutputProcessor:
         else:
             if not (p.skip_special_tokens and token in self.special_ids):
                 st.detok.add_token(token)
-            if p.stop and self._find_stop(seq, st):
+            if p.stop and n_out >= p.min_tokens and self._find_stop(seq, st):
                 return
             if n_out >= p.max_tokens or seq.num_tokens >= self.max_model_len:
                 seq.finish_reason = "length"
