@@ -16,6 +16,7 @@ import mlx.core as mx
 from mlx.utils import tree_map
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models import qwen3
+from mlx_lm.sample_utils import make_sampler
 
 from pippin.engine.config import EngineConfig
 from pippin.engine.core import EngineCore
@@ -75,7 +76,7 @@ def run_pippin(model, prompts: list[list[int]], gen: int) -> float:
 
 def run_mlx_lm(model, prompts: list[list[int]], gen: int) -> float:
     gen_ = BatchGenerator(model, max_tokens=gen, completion_batch_size=len(prompts),
-                          prefill_batch_size=len(prompts))
+                          prefill_batch_size=len(prompts), sampler=make_sampler(temp=1.0))
     gen_.insert(prompts, [gen] * len(prompts))
     n = 0
     t0 = None

@@ -101,3 +101,16 @@ def test_completion_keeps_the_leading_space(client: openai.OpenAI, model: str) -
         model=model, prompt="The capital of France is", temperature=0, max_tokens=3
     )
     assert r.choices[0].text.startswith(" Paris")
+
+
+def test_tools_the_template_cannot_show_are_refused(client: openai.OpenAI, model: str) -> None:
+    # SmolLM2's template has no place for tools: silently dropping them would be a lie.
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=model, messages=QUESTION, tools=tools, max_tokens=2)
+    assert info.value.body["param"] == "tools"
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model=model, messages=QUESTION, tool_choice="auto", max_tokens=2
+        )
+    assert info.value.body["param"] == "tool_choice"

@@ -38,6 +38,10 @@ TOKENIZER_VOCAB_SIZE = 768
 # ChatML as Qwen writes it. Content may also be a list of {"type": "text"} parts, since
 # some clients send that shape and a test template should not be the thing that breaks.
 CHAT_TEMPLATE = (
+    # Tools are shown in a system block and past calls as <tool_call> JSON, as Qwen does.
+    "{%- if tools -%}{{- '<|im_start|>system\\n# Tools' -}}"
+    "{%- for t in tools -%}{{- '\\n' + (t | tojson) -}}{%- endfor -%}"
+    "{{- '<|im_end|>\\n' -}}{%- endif -%}"
     "{%- for message in messages -%}"
     "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
     "{%- if message['content'] is string -%}"
@@ -47,6 +51,9 @@ CHAT_TEMPLATE = (
     "{%- if part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
     "{%- endfor -%}"
     "{%- endif -%}"
+    "{%- for call in message.get('tool_calls') or [] -%}"
+    "{{- '<tool_call>' + (call['function'] | tojson) + '</tool_call>' -}}"
+    "{%- endfor -%}"
     "{{- '<|im_end|>\\n' -}}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"

@@ -154,6 +154,11 @@ def template_tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
                 param="function_call",
             )
         choice, choice_param = req.function_call, "function_call"
+    if req.tool_choice is not None and not req.tools:
+        # As OpenAI: a tool choice means nothing without tools.
+        raise bad_request(
+            "'tool_choice' is only allowed when 'tools' are specified.", param="tool_choice"
+        )
     if choice is not None and choice not in ("none", "auto"):
         # Forcing a call needs constrained decoding, which comes with tool-call parsing.
         raise unsupported_value(
@@ -431,6 +436,10 @@ async def create_chat_completion(request: Request) -> Any:
         raise unsupported_value(
             "verbosity", "This model cannot be steered by 'verbosity'; only 'medium' is accepted."
         )
+    if tools and "tools" not in state.template_source:
+        # The template would drop them without a word, and the model would never see them.
+        param = "tools" if req.tools else "functions"
+        raise unsupported_value(param, "This model's chat template does not support tools.")
     kwargs = template_kwargs(req, state.settings.default_chat_template_kwargs, info.reasoning_kwarg)
     if req.verbosity is not None and "verbosity" in state.template_source:
         kwargs["verbosity"] = req.verbosity

@@ -34,8 +34,11 @@ class LayerPool:
         self.spec = spec
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.k = mx.zeros((slots, spec.n_kv_heads, spec.k_dim), dtype=spec.dtype)
-        self.v = mx.zeros((slots, spec.n_kv_heads, spec.v_dim), dtype=spec.dtype)
+        # Head-major: a gather of blocks then yields [H, B, S, D] whose rows are
+        # contiguous, which attention reads several times faster than a slot-major
+        # gather's transpose.
+        self.k = mx.zeros((spec.n_kv_heads, slots, spec.k_dim), dtype=spec.dtype)
+        self.v = mx.zeros((spec.n_kv_heads, slots, spec.v_dim), dtype=spec.dtype)
 
     @property
     def nbytes(self) -> int:
@@ -57,7 +60,8 @@ class BatchLayout:
     block_tables: list[list[int]]
     block_size: int
     pad_len: int = 0  # L, the padded number of new tokens per row
-    kv_len: int = 0  # keys gathered per row
+    kv_len: int = 0  # the longest row's keys
+    kv_width: int = 0  # keys attention sees per row (padded rows are masked)
     offset: int | mx.array = 0
     write_slots: mx.array | None = None
     gather_blocks: mx.array | None = None
@@ -70,6 +74,9 @@ class BatchLayout:
         self.pad_len = L
         self.kv_len = max(s + n for s, n in zip(self.starts, self.lengths))
         nb = (self.kv_len + bs - 1) // bs
+        # One row reads exactly its keys (so the causal mode needs no mask array);
+        # several rows read whole blocks and the mask hides the rest.
+        self.kv_width = self.kv_len if B == 1 else nb * bs
         tables = np.zeros((B, nb), dtype=np.int32)
         slots = np.zeros((B, L), dtype=np.int32)
         for b, (start, n, table) in enumerate(zip(self.starts, self.lengths, self.block_tables)):
@@ -95,7 +102,7 @@ class BatchLayout:
         starts = mx.array(self.starts, dtype=mx.int32)[:, None, None]
         ends = starts + mx.array(self.lengths, dtype=mx.int32)[:, None, None]
         q = starts + mx.arange(L, dtype=mx.int32)[None, :, None]  # query positions
-        k = mx.arange(self.kv_len, dtype=mx.int32)[None, None, :]
+        k = mx.arange(self.kv_width, dtype=mx.int32)[None, None, :]
         m = (k <= q) & (k < ends)
         if window_size is not None:
             m = m & (k > q - window_size)
@@ -116,17 +123,20 @@ class PagedLayerCache:
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         lay, pool = self.layout, self.pool
         B, H, L, _ = keys.shape
-        pool.k[lay.write_slots] = keys.transpose(0, 2, 1, 3).reshape(B * L, H, -1)
-        pool.v[lay.write_slots] = values.transpose(0, 2, 1, 3).reshape(B * L, H, -1)
+        pool.k[:, lay.write_slots] = keys.transpose(1, 0, 2, 3).reshape(H, B * L, -1)
+        pool.v[:, lay.write_slots] = values.transpose(1, 0, 2, 3).reshape(H, B * L, -1)
         return self._gather(pool.k), self._gather(pool.v)
 
     def _gather(self, flat: mx.array) -> mx.array:
         lay = self.layout
-        blocks = flat.reshape(self.pool.num_blocks, lay.block_size, *flat.shape[1:])
-        dense = blocks[lay.gather_blocks]  # [B, nb, bs, H, D]
-        B, nb, bs, H, D = dense.shape
-        dense = dense.reshape(B, nb * bs, H, D)[:, : lay.kv_len]
-        return dense.transpose(0, 2, 1, 3)
+        H, _, D = flat.shape
+        blocks = flat.reshape(H, self.pool.num_blocks, lay.block_size, D)
+        dense = blocks[:, lay.gather_blocks]  # [H, B, nb, bs, D]
+        _, B, nb, bs, _ = dense.shape
+        dense = dense.reshape(H, B, nb * bs, D)
+        if lay.kv_width < nb * bs:
+            dense = dense[:, :, : lay.kv_width]
+        return dense.transpose(1, 0, 2, 3)
 
     def make_mask(
         self, N: int, return_array: bool = False, window_size: int | None = None
