@@ -471,6 +471,7 @@ async def create_chat_completion(request: Request) -> Any:
         state.defaults.get("max_tokens"),
         None,
         "messages",
+        "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens",
     )
     params = build_sampling_params(
         req,

@@ -60,8 +60,11 @@ def resolve_max_tokens(
     model_default: int | None,
     api_default: int | None,
     what: str,
+    param: str = "max_tokens",
 ) -> int:
-    """How many tokens to generate at most; 400 when the request cannot fit."""
+    """How many tokens to generate at most; 400 when the request cannot fit.
+
+    `param` names the field the request used (max_tokens or max_completion_tokens)."""
     room = limits.max_model_len - prompt_len
     if room < 1:
         raise context_exceeded(limits.max_model_len, prompt_len, what)
@@ -69,9 +72,9 @@ def resolve_max_tokens(
     if requested is not None:
         if cap is not None and requested > cap:
             raise bad_request(
-                f"max_tokens is too large: {requested}. This server allows at most {cap} "
+                f"{param} is too large: {requested}. This server allows at most {cap} "
                 "completion tokens per request.",
-                param="max_tokens",
+                param=param,
                 code="invalid_value",
             )
         if requested > room:
