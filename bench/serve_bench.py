@@ -343,14 +343,6 @@ def package_version(name: str, python: str | None = None) -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-OPENBLAS_CANDIDATES = (
-    "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0",
-    "/usr/lib/aarch64-linux-gnu/openblas-pthread/libopenblas.so.0",
-    "/usr/lib/x86_64-linux-gnu/libopenblas.so.0",
-    "/usr/lib/aarch64-linux-gnu/libopenblas.so.0",
-    "/usr/lib64/libopenblas.so.0",
-    "/usr/lib/libopenblas.so.0",
-)
 
 
 def resolve_blas(choice: str) -> str | None:
@@ -365,13 +357,11 @@ def resolve_blas(choice: str) -> str | None:
         return None
     if choice != "auto":
         return choice
+    sys.path.insert(0, str(REPO_ROOT / "src"))
     try:
-        sys.path.insert(0, str(REPO_ROOT / "src"))
-        from pippin.blas import find_openblas
+        from pippin.blas import find_openblas  # pure Python: imports no MLX
 
         return find_openblas()
-    except ImportError:
-        return next((c for c in OPENBLAS_CANDIDATES if Path(c).exists()), None)
     finally:
         sys.path.pop(0)
 
