@@ -160,6 +160,11 @@ class AsyncEngine:
                     self.core.add_request(rid, prompt, params)
                 except EngineError as e:
                     outs.append(RequestOutput(rid, [], len(prompt), 0, True, error=str(e)))
+                except Exception as e:  # a bug must fail this request, not the engine thread
+                    log.exception("adding a request failed")
+                    self.core.abort(rid)
+                    msg = f"engine error: {type(e).__name__}: {e}"
+                    outs.append(RequestOutput(rid, [], len(prompt), 0, True, error=msg))
             elif kind == "abort":
                 out = self.core.abort(arg)
                 if out is not None:
