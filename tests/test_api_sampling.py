@@ -199,6 +199,12 @@ def test_cli_settings_and_aliases() -> None:
     assert s.api_key is None and s.trust_remote_code is False
 
 
+def test_cache_memory_mb_sizes_the_pool() -> None:
+    args = build_parser().parse_args(["serve", "--cache-memory-mb", "64", "--offline"])
+    assert settings_from_args(args).engine.cache_memory_bytes == 64 * 1024 * 1024
+    assert args.offline
+
+
 def test_cli_defaults() -> None:
     s = settings_from_args(build_parser().parse_args(["serve", "--model", "x", "--dtype", "auto"]))
     assert s.model == "x" and s.dtype is None

@@ -301,3 +301,10 @@ def test_min_tokens_holds_back_stop_strings(tiny_models) -> None:
     core.add_request("min", prompt, params)
     res = _run(core)["min"]
     assert len(res["ids"][0]) >= 5
+
+
+def test_cache_memory_bytes_sizes_the_pool(tiny_models) -> None:
+    loaded = _loaded(tiny_models("llama"))
+    core = EngineCore(loaded, _config(num_blocks=None, cache_memory_bytes=4 * 1024 * 1024))
+    per_block = sum(p.nbytes for p in core.runner.pools.values()) // core.num_blocks
+    assert core.num_blocks == 4 * 1024 * 1024 // per_block

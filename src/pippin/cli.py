@@ -98,6 +98,12 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     )
     m.add_argument("--revision", help="branch, tag or commit to download for a Hub id")
     m.add_argument(
+        "--offline",
+        action="store_true",
+        help="never contact the Hugging Face Hub: Hub ids must already be in the local cache "
+        "(sets HF_HUB_OFFLINE=1, as vllm-mlx's flag of that name)",
+    )
+    m.add_argument(
         "--trust-remote-code",
         action="store_true",
         help="allow a model's own Python code to run while loading (off by default)",
@@ -165,6 +171,12 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         default=EngineConfig.cache_memory_percent,
         help="share of the machine's memory given to the KV block pool, as a fraction (0.2) "
         "or a percentage (20) (default: %(default)s)",
+    )
+    e.add_argument(
+        "--cache-memory-mb",
+        type=_positive_int,
+        help="KV block pool size in MiB, overriding --cache-memory-percent (as vllm-mlx's "
+        "flag of that name)",
     )
     e.add_argument(
         "--num-kv-blocks",
@@ -273,6 +285,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         block_size=args.block_size,
         num_blocks=args.num_kv_blocks,
         cache_memory_percent=args.cache_memory_percent,
+        cache_memory_bytes=args.cache_memory_mb * MIB if args.cache_memory_mb else None,
         enable_prefix_caching=args.prefix_caching,
         max_tokens_cap=args.max_tokens,
     )
@@ -291,6 +304,8 @@ def settings_from_args(args: argparse.Namespace) -> Any:
 
 
 def serve(args: argparse.Namespace) -> int:
+    if args.offline:
+        os.environ["HF_HUB_OFFLINE"] = "1"  # read by huggingface_hub when it is imported
     import uvicorn
 
     from pippin.server import create_app

@@ -17,6 +17,8 @@ class EngineConfig:
     num_blocks: int | None = None
     # Share of the machine's memory given to the KV pool.
     cache_memory_percent: float = 0.1
+    # Explicit KV pool size in bytes; overrides cache_memory_percent.
+    cache_memory_bytes: int | None = None
     enable_prefix_caching: bool = True
     # Server cap on max_tokens per request (None: up to the context).
     max_tokens_cap: int | None = None

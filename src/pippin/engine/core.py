@@ -84,7 +84,7 @@ class EngineCore:
             return max(cfg.num_blocks, 2)
         if per_block == 0:  # no attention layers: blocks only count tokens
             return ceiling
-        budget = int(_machine_memory() * cfg.cache_memory_percent)
+        budget = cfg.cache_memory_bytes or int(_machine_memory() * cfg.cache_memory_percent)
         n = min(budget // per_block, ceiling)
         min_blocks = self.max_model_len // cfg.block_size + 2
         return max(n, min_blocks)
