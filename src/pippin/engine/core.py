@@ -68,7 +68,12 @@ class EngineCore:
         # Recurrent state cannot be rebuilt from KV blocks, so such models share no prefix.
         caching = config.enable_prefix_caching and not self.runner.has_state_layers
         self.bm = BlockManager(self.num_blocks, config.block_size, caching)
-        self.scheduler = Scheduler(self.bm, config.max_num_seqs, config.max_num_batched_tokens)
+        self.scheduler = Scheduler(
+            self.bm, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len
+        )
+        # The step launched last and not yet turned into outputs.
+        self._inflight: tuple[list[ScheduledSeq], list[ScheduledSeq], SampleResult | None] | None
+        self._inflight = None
         self.eos_ids = set(loaded.eos_token_ids)
         self.outputs = OutputProcessor(loaded.tokenizer, self.eos_ids, self.max_model_len)
         self.requests: dict[str, Request] = {}
@@ -130,6 +135,7 @@ class EngineCore:
         return RequestOutput(request_id, outs, req.prompt_tokens, req.seqs[0].num_cached, True)
 
     def fail_all(self, message: str) -> list[RequestOutput]:
+        self._inflight = None
         outs = []
         for rid in list(self.requests):
             out = self.abort(rid)
@@ -141,13 +147,23 @@ class EngineCore:
         return outs
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or self._inflight is not None
 
     # -- one step ---------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """Launch the next step, then turn the previous one into outputs.
+
+        The host work of building step N+1 overlaps the device running step N: a
+        decode's input is read lazily from the previous step's sampled tokens. Where
+        sampling needs the previous token's value (penalties), the previous step is
+        finished first.
+        """
+        outs: list[RequestOutput] = []
+        if self._inflight is not None and self._needs_sync():
+            outs = self._finish_inflight()
         sched = self.scheduler.schedule()
         if sched.empty:
-            return []
+            return outs + self._finish_inflight()
         self.steps += 1
         groups: list[list[ScheduledSeq]] = []
         if sched.decodes:
@@ -177,14 +193,38 @@ class EngineCore:
                 a for a in (result.tokens, result.logprobs, result.top_ids, result.top_logprobs)
                 if a is not None
             )
-        mx.eval(to_eval)
-
+        mx.async_eval(to_eval)
         for it in everything:
-            seq = it.seq
-            seq.num_computed = it.start + it.length
-            self.bm.register_full_blocks(seq.table, seq.all_ids, seq.num_computed)
+            it.seq.num_computed = it.start + it.length
+        if result is not None:
+            for r, it in enumerate(sampling):
+                it.seq.pending.append((result.tokens, r))
+        outs += self._finish_inflight()
+        self._inflight = (everything, sampling, result)
+        return outs
+
+    def _needs_sync(self) -> bool:
+        # Penalties read the previous token's value, which the step in flight still holds.
+        return any(
+            s.params.repetition_penalty != 1.0
+            or s.params.presence_penalty
+            or s.params.frequency_penalty
+            for s in self.scheduler.running
+        )
+
+    def _finish_inflight(self) -> list[RequestOutput]:
+        if self._inflight is None:
+            return []
+        everything, sampling, result = self._inflight
+        self._inflight = None
         if result is not None:
             self._append_tokens(sampling, result)
+        for it in everything:
+            seq = it.seq
+            if not seq.finished:
+                # Only tokens known on the host can key a block.
+                known = min(seq.num_computed, seq.num_known)
+                self.bm.register_full_blocks(seq.table, seq.all_ids, known)
         return self._collect(sampling)
 
     def _group_prefills(self, prefills: list[ScheduledSeq]) -> list[list[ScheduledSeq]]:
@@ -211,6 +251,10 @@ class EngineCore:
         top_lp = result.top_logprobs.tolist() if result.top_logprobs is not None else None
         for r, it in enumerate(sampling):
             seq = it.seq
+            if seq.pending:
+                seq.pending.pop(0)
+            if seq.finished:
+                continue  # ended (stop, abort) while this step was in flight
             lp = None
             if seq.params.logprobs and lps is not None:
                 top: list[tuple[int, float]] = []
@@ -225,7 +269,7 @@ class EngineCore:
         for it in sampling:
             seq = it.seq
             req = self.requests.get(seq.request_id)
-            if req is None:
+            if req is None or seq.index in req.done:
                 continue
             text = self.outputs.take_text(seq)
             out = CompletionOutput(

@@ -75,9 +75,23 @@ class ModelRunner:
         layout = BatchLayout(starts, lengths, tables, self.block_size)
         L = layout.pad_len
         tokens = np.zeros((len(items), L), dtype=np.int32)
+        lazy: list[tuple[int, mx.array, int]] = []
         for b, it in enumerate(items):
-            ids = it.seq.all_ids
-            tokens[b, : it.length] = ids[it.start : it.start + it.length]
+            seq = it.seq
+            if seq.pending and it.start == seq.num_known:
+                # The input is the token the step in flight is sampling.
+                arr, row = seq.pending[-1]
+                lazy.append((b, arr, row))
+                continue
+            tokens[b, : it.length] = seq.all_ids[it.start : it.start + it.length]
+        inputs = mx.array(tokens)
+        groups: dict[int, tuple[mx.array, list[int], list[int]]] = {}
+        for b, arr, r in lazy:
+            groups.setdefault(id(arr), (arr, [], []))
+            groups[id(arr)][1].append(b)
+            groups[id(arr)][2].append(r)
+        for arr, dst, src in groups.values():
+            inputs[mx.array(dst), 0] = arr[mx.array(src)]
 
         caches: list[Any] = []
         for i, kind in enumerate(self.kinds):
@@ -85,7 +99,7 @@ class ModelRunner:
                 caches.append(PagedLayerCache(self.pools[i], layout))
             else:
                 caches.append(self._stack_state(i, items))
-        logits = self.model(mx.array(tokens), cache=caches)
+        logits = self.model(inputs, cache=caches)
 
         if self.state_sizes:
             for i in self.state_sizes:

@@ -64,7 +64,7 @@ class OutputProcessor:
                 st.detok.add_token(token)
             if p.stop and n_out >= p.min_tokens and self._find_stop(seq, st):
                 return
-            if n_out >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            if n_out >= p.max_tokens or seq.num_known >= self.max_model_len:
                 seq.finish_reason = "length"
 
     def _find_stop(self, seq: Sequence, st: OutState) -> bool:

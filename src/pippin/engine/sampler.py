@@ -41,7 +41,7 @@ def _scatter_rows(
             add_r.append(r)
             add_c.append(tok)
             add_v.append(bias)
-        if len(s.output_ids) < p.min_tokens:
+        if s.num_output < p.min_tokens:
             for tok in eos_ids | set(p.stop_token_ids):
                 add_r.append(r)
                 add_c.append(tok)
@@ -62,7 +62,7 @@ def _scatter_rows(
 def _seed_key(seq: Sequence) -> mx.array:
     # Depends only on the seed, the sequence's index and the step: same seed, same output.
     assert seq.params.seed is not None
-    mixed = (seq.params.seed * 1_000_003 + seq.index * 7_919 + len(seq.output_ids)) % (1 << 63)
+    mixed = (seq.params.seed * 1_000_003 + seq.index * 7_919 + seq.num_output) % (1 << 63)
     return mx.random.key(mixed)
 
 

@@ -45,9 +45,11 @@ class Scheduler:
         block_manager: BlockManager,
         max_num_seqs: int,
         max_num_batched_tokens: int,
+        max_model_len: int,
         prefix_extra: object = None,
     ) -> None:
         self.bm = block_manager
+        self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.budget = max_num_batched_tokens
         self.prefix_extra = prefix_extra
@@ -89,7 +91,9 @@ class Scheduler:
         budget = self.budget
 
         # 1. Running decodes, oldest first; preempt the newest when blocks run out.
-        decoding = [s for s in self.running if not s.is_prefilling]
+        decoding = [
+            s for s in self.running if not s.is_prefilling and not s.exhausted(self.max_model_len)
+        ]
         for seq in decoding:
             if seq.status is not Status.RUNNING:
                 continue  # preempted below in this same loop
@@ -116,6 +120,8 @@ class Scheduler:
         # 3. Admit waiting sequences in arrival order.
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if seq.pending:
+                break  # preempted with tokens in flight: its ids are not all known yet
             if seq.wait_for is not None:
                 if seq.wait_for.status is Status.RUNNING and seq.wait_for.is_prefilling:
                     break  # keep order: it will find the sibling's blocks next step

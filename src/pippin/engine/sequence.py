@@ -43,14 +43,33 @@ class Sequence:
     # Per-layer recurrent state for models whose layers keep more than KV.
     state: list[Any] | None = None
     num_preemptions: int = 0
+    # Tokens sampled by steps still in flight: (that step's token array, row), oldest
+    # first. The next step reads the newest lazily, so it can be built before the
+    # previous one has finished.
+    pending: list[tuple[Any, int]] = field(default_factory=list)
 
     @property
     def all_ids(self) -> list[int]:
+        """The tokens known on the host (in-flight ones are not)."""
         return self.prompt_ids + self.output_ids
 
     @property
-    def num_tokens(self) -> int:
+    def num_known(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids) + len(self.pending)
+
+    @property
+    def num_output(self) -> int:
+        return len(self.output_ids) + len(self.pending)
+
+    def exhausted(self, max_model_len: int) -> bool:
+        """Whether the tokens in flight already end it (by length), so it needs no step."""
+        return bool(self.pending) and (
+            self.num_output >= self.params.max_tokens or self.num_tokens >= max_model_len
+        )
 
     @property
     def is_prefilling(self) -> bool:
