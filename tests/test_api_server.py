@@ -102,6 +102,8 @@ def test_chat_stream_with_usage(client: openai.OpenAI) -> None:
     assert len({ch.id for ch in chunks}) == 1
     finals = [ch for ch in chunks if ch.choices and ch.choices[0].finish_reason]
     assert len(finals) == 1 and finals[0].choices[0].finish_reason == "length"
+    # As OpenAI: the finish reason rides alone, with an empty delta, after the text.
+    assert finals[0].choices[0].delta.content is None and finals[0] is chunks[-2]
     last = chunks[-1]
     assert last.choices == [] and last.usage is not None
     assert last.usage.completion_tokens == 10

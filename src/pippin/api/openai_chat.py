@@ -379,6 +379,7 @@ class ChatRun:
                     prompt_tokens, cached = out.prompt_tokens, out.cached_tokens
                     failed = failure(out)
                     choices = []
+                    finals = []
                     for c in out.outputs:
                         completion_tokens += len(c.token_ids)
                         failed = failed or failure(out, c)
@@ -390,20 +391,32 @@ class ChatRun:
                             if c.logprobs
                             else None
                         )
-                        if not delta and lp is None and c.finish_reason is None:
-                            continue  # text held back (partial character or stop string)
-                        choices.append(
-                            {
-                                "index": c.index,
-                                "delta": delta,
-                                "logprobs": lp,
-                                "finish_reason": c.finish_reason,
-                            }
-                        )
+                        if delta or lp is not None:
+                            choices.append(
+                                {
+                                    "index": c.index,
+                                    "delta": delta,
+                                    "logprobs": lp,
+                                    "finish_reason": None,
+                                }
+                            )
+                        if c.finish_reason is not None:
+                            # As OpenAI: the finish reason comes in a chunk of its own,
+                            # with an empty delta, after the last text.
+                            finals.append(
+                                {
+                                    "index": c.index,
+                                    "delta": {},
+                                    "logprobs": None,
+                                    "finish_reason": c.finish_reason,
+                                }
+                            )
                     if failed:
                         break
                     if choices:
                         yield self._chunk(choices)
+                    if finals:
+                        yield self._chunk(finals)
         except EngineError as exc:
             failed = server_error(f"The engine could not take this request: {exc}", "engine_error")
         except Exception as exc:  # never end a stream without saying why
