@@ -132,6 +132,10 @@ class AsyncEngine:
         with mx.stream(stream):
             while self._running:
                 core = self.core
+                if not core.has_work() or core.steps % 512 == 0:
+                    # Batch shapes change every step; without this MLX's buffer cache
+                    # keeps growing with buffers of shapes that never come back.
+                    mx.clear_cache()
                 self._drain(block=not core.has_work())
                 if not self._running:
                     break
