@@ -37,6 +37,7 @@ from pippin.api.protocol import (
     cancel_on_disconnect,
     clamp_logprob,
     closing,
+    framed_stream,
     parse_request,
     sse,
 )
@@ -363,74 +364,69 @@ class ChatRun:
             body["obfuscation"] = secrets.token_urlsafe(secrets.randbelow(12) + 1)
         return sse(body)
 
-    async def stream(self) -> AsyncIterator[str]:
-        n = self.params.n
-        for i in range(n):
+    def stream(self) -> AsyncIterator[str]:
+        tally = {"prompt": len(self.prompt_ids), "cached": 0, "completion": 0}
+
+        def usage() -> dict[str, Any] | None:
+            if not self.include_usage:
+                return None
+            body = self.header("chat.completion.chunk")
+            body["choices"] = []
+            body["usage"] = usage_dict(tally["prompt"], tally["completion"], tally["cached"])
+            return body
+
+        return framed_stream(self._events(tally), usage)
+
+    async def _events(self, tally: dict[str, int]) -> AsyncIterator[str]:
+        for i in range(self.params.n):
             first = {"role": "assistant", "content": ""}
             yield self._chunk(
                 [{"index": i, "delta": first, "logprobs": None, "finish_reason": None}]
             )
-        prompt_tokens, cached, completion_tokens = len(self.prompt_ids), 0, 0
-        failed: OpenAIError | None = None
-        try:
-            gen = self.engine.generate(self.prompt_ids, self.params, self.request_id)
-            async with closing(gen) as outputs:
-                async for out in outputs:
-                    prompt_tokens, cached = out.prompt_tokens, out.cached_tokens
-                    failed = failure(out)
-                    choices = []
-                    finals = []
-                    for c in out.outputs:
-                        completion_tokens += len(c.token_ids)
-                        failed = failed or failure(out, c)
-                        if failed:
-                            break
-                        delta = {"content": c.text} if c.text else {}
-                        lp = (
-                            {"content": format_logprobs(c.logprobs, self.render), "refusal": None}
-                            if c.logprobs
-                            else None
-                        )
-                        if delta or lp is not None:
-                            choices.append(
-                                {
-                                    "index": c.index,
-                                    "delta": delta,
-                                    "logprobs": lp,
-                                    "finish_reason": None,
-                                }
-                            )
-                        if c.finish_reason is not None:
-                            # As OpenAI: the finish reason comes in a chunk of its own,
-                            # with an empty delta, after the last text.
-                            finals.append(
-                                {
-                                    "index": c.index,
-                                    "delta": {},
-                                    "logprobs": None,
-                                    "finish_reason": c.finish_reason,
-                                }
-                            )
+        gen = self.engine.generate(self.prompt_ids, self.params, self.request_id)
+        async with closing(gen) as outputs:
+            async for out in outputs:
+                tally["prompt"], tally["cached"] = out.prompt_tokens, out.cached_tokens
+                choices = []
+                finals = []
+                for c in out.outputs:
+                    tally["completion"] += len(c.token_ids)
+                    failed = failure(out, c)
                     if failed:
-                        break
-                    if choices:
-                        yield self._chunk(choices)
-                    if finals:
-                        yield self._chunk(finals)
-        except EngineError as exc:
-            failed = server_error(f"The engine could not take this request: {exc}", "engine_error")
-        except Exception as exc:  # never end a stream without saying why
-            log.exception("stream failed")
-            failed = server_error(f"Internal server error ({type(exc).__name__}).")
-        if failed is not None:
-            # The stream has started (status 200), so the error travels as an event.
-            yield sse(failed.body())
-        elif self.include_usage:
-            body = self.header("chat.completion.chunk")
-            body["choices"] = []
-            body["usage"] = usage_dict(prompt_tokens, completion_tokens, cached)
-            yield sse(body)
-        yield sse("[DONE]")
+                        raise failed
+                    delta = {"content": c.text} if c.text else {}
+                    lp = (
+                        {"content": format_logprobs(c.logprobs, self.render), "refusal": None}
+                        if c.logprobs
+                        else None
+                    )
+                    if delta or lp is not None:
+                        choices.append(
+                            {
+                                "index": c.index,
+                                "delta": delta,
+                                "logprobs": lp,
+                                "finish_reason": None,
+                            }
+                        )
+                    if c.finish_reason is not None:
+                        # As OpenAI: the finish reason comes in a chunk of its own, with
+                        # an empty delta, after the last text.
+                        finals.append(
+                            {
+                                "index": c.index,
+                                "delta": {},
+                                "logprobs": None,
+                                "finish_reason": c.finish_reason,
+                            }
+                        )
+                failed = failure(out)
+                if failed:
+                    raise failed
+                if choices:
+                    yield self._chunk(choices)
+                if finals:
+                    yield self._chunk(finals)
 
 
 @router.post("/v1/chat/completions", response_model=None)

@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from pippin.api.errors import OpenAIError, bad_request, server_error, unsupported_param
+from pippin.api.errors import bad_request, unsupported_param
 from pippin.api.openai_chat import failure, usage_dict
 from pippin.api.openai_models import check_model, get_state, require_engine
 from pippin.api.protocol import (
@@ -26,6 +26,7 @@ from pippin.api.protocol import (
     cancel_on_disconnect,
     clamp_logprob,
     closing,
+    framed_stream,
     parse_request,
     sse,
 )
@@ -257,7 +258,25 @@ class CompletionRun:
             body["usage"] = None
         return sse(body)
 
-    async def stream(self) -> AsyncIterator[str]:
+    def stream(self) -> AsyncIterator[str]:
+        usage = {p: (len(pr.ids), 0) for p, pr in enumerate(self.prompts)}
+        tally = {"completion": 0}
+
+        def usage_chunk() -> dict[str, Any] | None:
+            if not self.include_usage:
+                return None
+            body = self.header()
+            body["choices"] = []
+            prompt_tokens = sum(u[0] for u in usage.values())
+            cached = sum(u[1] for u in usage.values())
+            body["usage"] = usage_dict(prompt_tokens, tally["completion"], cached)
+            return body
+
+        return framed_stream(self._events(usage, tally), usage_chunk)
+
+    async def _events(
+        self, usage: dict[int, tuple[int, int]], tally: dict[str, int]
+    ) -> AsyncIterator[str]:
         choices = self._new_choices()
         first = []
         for i, ch in enumerate(choices):
@@ -268,19 +287,15 @@ class CompletionRun:
                 )
         if first:
             yield self._chunk(first)
-        usage = {p: (len(pr.ids), 0) for p, pr in enumerate(self.prompts)}
-        completion_tokens = 0
-        failed: OpenAIError | None = None
-        try:
-            async for p, out in self._outputs():
+        async with closing(self._outputs()) as outputs:
+            async for p, out in outputs:
                 usage[p] = (out.prompt_tokens, out.cached_tokens)
-                failed = failure(out)
                 batch = []
                 for c in out.outputs:
-                    completion_tokens += len(c.token_ids)
-                    failed = failed or failure(out, c)
+                    tally["completion"] += len(c.token_ids)
+                    failed = failure(out, c)
                     if failed:
-                        break
+                        raise failed
                     i = p * self.n + c.index
                     lp = None
                     if c.logprobs and choices[i].logprobs is not None:
@@ -297,25 +312,11 @@ class CompletionRun:
                             "finish_reason": c.finish_reason,
                         }
                     )
+                failed = failure(out)
                 if failed:
-                    break
+                    raise failed
                 if batch:
                     yield self._chunk(batch)
-        except EngineError as exc:
-            failed = server_error(f"The engine could not take this request: {exc}", "engine_error")
-        except Exception as exc:  # never end a stream without saying why
-            log.exception("stream failed")
-            failed = server_error(f"Internal server error ({type(exc).__name__}).")
-        if failed is not None:
-            yield sse(failed.body())
-        elif self.include_usage:
-            body = self.header()
-            body["choices"] = []
-            prompt_tokens = sum(u[0] for u in usage.values())
-            cached = sum(u[1] for u in usage.values())
-            body["usage"] = usage_dict(prompt_tokens, completion_tokens, cached)
-            yield sse(body)
-        yield sse("[DONE]")
 
 
 @router.post("/v1/completions", response_model=None)

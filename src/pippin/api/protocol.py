@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 
-from pippin.api.errors import OpenAIError, from_validation_error
+from pippin.api.errors import OpenAIError, from_validation_error, server_error
+from pippin.engine.async_engine import EngineError
 
 # Parsing a big body (up to the body cap) takes long enough to stall other
 # requests, so above this size it runs in a worker thread.
@@ -383,6 +385,33 @@ async def closing(it: AsyncIterator[T]) -> AsyncIterator[AsyncIterator[T]]:
         aclose = getattr(it, "aclose", None)
         if aclose is not None:
             await aclose()
+
+
+async def framed_stream(
+    events: AsyncIterator[str], usage_chunk: Callable[[], dict[str, Any] | None]
+) -> AsyncIterator[str]:
+    """`events`, then the end every OpenAI stream has: an error event if it failed (the
+    status, 200, is already sent), else the usage chunk when one was asked for; then
+    [DONE]. A failure is an OpenAIError (or any exception) raised by `events`."""
+    failed: OpenAIError | None = None
+    try:
+        async with closing(events) as body:
+            async for event in body:
+                yield event
+    except OpenAIError as exc:
+        failed = exc
+    except EngineError as exc:
+        failed = server_error(f"The engine could not take this request: {exc}", "engine_error")
+    except Exception as exc:  # never end a stream without saying why
+        logging.getLogger(__name__).exception("stream failed")
+        failed = server_error(f"Internal server error ({type(exc).__name__}).")
+    if failed is not None:
+        yield sse(failed.body())
+    else:
+        usage = usage_chunk()
+        if usage is not None:
+            yield sse(usage)
+    yield sse("[DONE]")
 
 
 class ClientGone(OpenAIError):
