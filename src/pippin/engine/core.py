@@ -178,10 +178,11 @@ class EngineCore:
                 logits_parts.append(logits)
                 sampling.extend(it for it in items if it.samples)
             if g < len(groups) - 1:
-                # The next call scatters into the same pools. While this call's gathers
-                # still read them, MLX cannot update the pools in place and would copy
-                # every pool whole; evaluating first keeps the writes in place.
-                mx.eval(logits_parts, self.runner.arrays_to_eval(items))
+                # The next call scatters into the same pools. Built into one graph with
+                # this call's gathers, which still read them, MLX could not update the
+                # pools in place and would copy every pool whole; launching this call
+                # first keeps the writes in place (and overlaps building the next).
+                mx.async_eval(logits_parts, self.runner.arrays_to_eval(items))
 
         everything = [it for g in groups for it in g]
         result: SampleResult | None = None
