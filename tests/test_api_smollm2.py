@@ -114,3 +114,10 @@ def test_tools_the_template_cannot_show_are_refused(client: openai.OpenAI, model
             model=model, messages=QUESTION, tool_choice="auto", max_tokens=2
         )
     assert info.value.body["param"] == "tool_choice"
+
+
+def test_empty_completion_prompt_starts_a_new_document(client: openai.OpenAI, model: str) -> None:
+    # As OpenAI: an empty prompt is not an error; generation starts from a document start.
+    r = client.completions.create(model=model, prompt="", temperature=0, max_tokens=5)
+    assert r.usage.prompt_tokens == 1 and r.usage.completion_tokens >= 1
+    assert r.choices[0].finish_reason in ("stop", "length")

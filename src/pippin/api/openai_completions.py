@@ -64,10 +64,23 @@ def _tokenize(tokenizer: Any, prompt: Any, add_special: bool, echo: bool) -> lis
     out = []
     for item in items:
         if isinstance(item, str):
-            out.append(Prompt(list(tokenizer.encode(item, add_special_tokens=add_special)), item))
+            ids = list(tokenizer.encode(item, add_special_tokens=add_special))
+            if not ids:
+                # As OpenAI: an empty prompt generates from the start of a new document.
+                ids = _document_start(tokenizer)
+            out.append(Prompt(ids, item))
         else:
             out.append(Prompt(list(item), tokenizer.decode(item) if echo else ""))
     return out
+
+
+def _document_start(tokenizer: Any) -> list[int]:
+    """The token a document starts after: BOS, or the end-of-text separator GPT-style
+    vocabularies use between documents; none when the model has neither."""
+    for tid in (getattr(tokenizer, "bos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if isinstance(tid, int):
+            return [tid]
+    return []
 
 
 def _check_prompts(prompts: list[Prompt], limits: Limits) -> None:
