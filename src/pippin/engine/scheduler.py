@@ -130,9 +130,8 @@ class Scheduler:
             cached, hashes = self.bm.match_prefix(ids, self.prefix_extra)
             need = self.bm.blocks_for(len(ids)) - len(cached)
             if not self.bm.can_allocate(need, cached):
-                if not self.running:
-                    # Nothing will ever free blocks for it: the engine rejects it.
-                    break
+                # Wait for running sequences to free blocks; one that could never fit
+                # was refused at submission (the context is capped to the pool).
                 break
             self.waiting.popleft()
             self.bm.allocate(seq.table, len(ids), cached, hashes)
