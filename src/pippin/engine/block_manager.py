@@ -7,6 +7,7 @@ gathers of unused table entries read from it, so it is never handed out.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
@@ -143,16 +144,23 @@ class BlockManager:
         table.hashes = []
 
     def register_full_blocks(
-        self, table: BlockTable, token_ids: Seq[int], num_computed: int, extra: object = None
+        self,
+        table: BlockTable,
+        token_ids: Callable[[int, int], Seq[int]],
+        num_computed: int,
+        extra: object = None,
     ) -> None:
-        """Enter blocks that became full and computed into the prefix cache."""
+        """Enter blocks that became full and computed into the prefix cache.
+
+        `token_ids(start, end)` gives the sequence's tokens in [start, end): only the
+        new blocks' tokens are read, not the whole sequence, on every step."""
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
         full = min(num_computed // bs, len(table.block_ids))
         for i in range(len(table.hashes), full):
             parent = table.hashes[i - 1] if i else None
-            chunk = tuple(token_ids[i * bs : (i + 1) * bs])
+            chunk = tuple(token_ids(i * bs, (i + 1) * bs))
             h = chain_hash(parent, chunk, extra)
             table.hashes.append(h)
             bid = table.block_ids[i]

@@ -225,7 +225,7 @@ class EngineCore:
             if not seq.finished:
                 # Only tokens known on the host can key a block.
                 known = min(seq.num_computed, seq.num_known)
-                self.bm.register_full_blocks(seq.table, seq.all_ids, known)
+                self.bm.register_full_blocks(seq.table, seq.ids, known)
         return self._collect(sampling)
 
     def _group_prefills(self, prefills: list[ScheduledSeq]) -> list[list[ScheduledSeq]]:

@@ -83,7 +83,7 @@ class ModelRunner:
                 arr, row = seq.pending[-1]
                 lazy.append((b, arr, row))
                 continue
-            tokens[b, : it.length] = seq.all_ids[it.start : it.start + it.length]
+            tokens[b, : it.length] = seq.ids(it.start, it.start + it.length)
         inputs = mx.array(tokens)
         groups: dict[int, tuple[mx.array, list[int], list[int]]] = {}
         for b, arr, r in lazy:

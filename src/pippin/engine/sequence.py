@@ -53,6 +53,15 @@ class Sequence:
         """The tokens known on the host (in-flight ones are not)."""
         return self.prompt_ids + self.output_ids
 
+    def ids(self, start: int, end: int) -> list[int]:
+        """Known tokens in [start, end), without building the whole list as `all_ids` does."""
+        p = len(self.prompt_ids)
+        if end <= p:
+            return self.prompt_ids[start:end]
+        if start >= p:
+            return self.output_ids[start - p : end - p]
+        return self.prompt_ids[start:] + self.output_ids[: end - p]
+
     @property
     def num_known(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
