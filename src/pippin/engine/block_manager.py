@@ -169,11 +169,3 @@ class BlockManager:
                 block.hash = h
                 block.token_ids = chunk
                 self.hash_to_block[h] = bid
-
-    def reset_prefix_cache(self) -> None:
-        for bid in list(self.free):
-            block = self.blocks[bid]
-            if block.hash is not None:
-                self.hash_to_block.pop(block.hash, None)
-                block.hash = None
-                block.token_ids = ()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import time
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -38,7 +37,6 @@ class Request:
     request_id: str
     seqs: list[Sequence]
     prompt_tokens: int
-    aborted: bool = False
     done: set[int] = field(default_factory=set)
 
 
@@ -98,21 +96,16 @@ class EngineCore:
     def check(self, prompt_ids: list[int], params: SamplingParams) -> None:
         if not prompt_ids:
             raise EngineError("the prompt is empty")
+        # The context is capped to the pool, so a prompt that fits it fits the pool.
         if len(prompt_ids) >= self.max_model_len:
             raise EngineError(
                 f"the prompt has {len(prompt_ids)} tokens; the context is {self.max_model_len}"
             )
-        if self.bm.blocks_for(len(prompt_ids) + 1) > self.bm.num_usable:
-            raise EngineError(
-                f"the prompt needs {self.bm.blocks_for(len(prompt_ids) + 1)} KV blocks; "
-                f"the pool has {self.bm.num_usable}"
-            )
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         self.check(prompt_ids, params)
-        now = time.monotonic()
         seqs = [
-            Sequence(next(self._seq_ids), request_id, i, list(prompt_ids), params, now)
+            Sequence(next(self._seq_ids), request_id, i, list(prompt_ids), params)
             for i in range(max(params.n, 1))
         ]
         for s in seqs[1:]:
@@ -173,7 +166,7 @@ class EngineCore:
         sampling: list[ScheduledSeq] = []
         logits_parts: list[mx.array] = []
         for g, items in enumerate(groups):
-            logits = self.runner.forward(items, [it.seq.table.block_ids for it in items])
+            logits = self.runner.forward(items)
             if logits is not None:
                 logits_parts.append(logits)
                 sampling.extend(it for it in items if it.samples)
@@ -191,7 +184,8 @@ class EngineCore:
             logits = logits_parts[0] if len(logits_parts) == 1 else mx.concatenate(logits_parts)
             result = sample(logits, [it.seq for it in sampling], self.eos_ids)
             to_eval.extend(
-                a for a in (result.tokens, result.logprobs, result.top_ids, result.top_logprobs)
+                a
+                for a in (result.tokens, result.logprobs, result.top_ids, result.top_logprobs)
                 if a is not None
             )
         mx.async_eval(to_eval)

@@ -26,9 +26,9 @@ class ModelRunner:
     def __init__(self, model: nn.Module, block_size: int) -> None:
         self.model = model
         self.block_size = block_size
-        self.kinds: list[str] = []  # "kv" or "state", one per cache entry
-        self.specs: dict[int, LayerSpec] = {}
-        self.state_sizes: dict[int, int] = {}
+        self.num_caches = 0  # entries of the model's cache list, one per layer
+        self.specs: dict[int, LayerSpec] = {}  # attention layers
+        self.state_sizes: dict[int, int] = {}  # recurrent layers
         self._probe()
         self.pools: dict[int, LayerPool] = {}
 
@@ -44,18 +44,14 @@ class ModelRunner:
         """Run two tokens through the model's own caches to learn each layer's KV shape."""
         caches = make_prompt_cache(self.model)
         self.model(mx.array([[1, 2]]), cache=caches)
+        self.num_caches = len(caches)
         for i, c in enumerate(caches):
-            if isinstance(c, (KVCache, RotatingKVCache)) and type(c).__name__ in (
-                "KVCache",
-                "RotatingKVCache",
-            ):
+            if type(c) in (KVCache, RotatingKVCache):  # not subclasses: they mean other layouts
                 mx.eval(c.keys, c.values)
                 _, h, _, dk = c.keys.shape
                 self.specs[i] = LayerSpec(h, dk, c.values.shape[-1], c.keys.dtype)
-                self.kinds.append("kv")
             elif isinstance(c, ArraysCache):
                 self.state_sizes[i] = len(c.cache)
-                self.kinds.append("state")
             else:
                 raise UnsupportedModelError(
                     f"layer {i} uses a {type(c).__name__}, which the paged engine does not run yet"
@@ -67,11 +63,12 @@ class ModelRunner:
         self.pools = {i: LayerPool(s, num_blocks, self.block_size) for i, s in self.specs.items()}
         mx.eval([(p.k, p.v) for p in self.pools.values()])
 
-    def forward(self, items: list[ScheduledSeq], tables: list[list[int]]) -> mx.array | None:
+    def forward(self, items: list[ScheduledSeq]) -> mx.array | None:
         """Compute `items` (one row each) and return the logits of the rows that sample,
         in order, as [n, vocab]; None if no row samples."""
         starts = [it.start for it in items]
         lengths = [it.length for it in items]
+        tables = [it.seq.table.block_ids for it in items]
         layout = BatchLayout(starts, lengths, tables, self.block_size)
         L = layout.pad_len
         tokens = np.zeros((len(items), L), dtype=np.int32)
@@ -93,12 +90,12 @@ class ModelRunner:
         for arr, dst, src in groups.values():
             inputs[mx.array(dst), 0] = arr[mx.array(src)]
 
-        caches: list[Any] = []
-        for i, kind in enumerate(self.kinds):
-            if kind == "kv":
-                caches.append(PagedLayerCache(self.pools[i], layout))
-            else:
-                caches.append(self._stack_state(i, items))
+        caches: list[Any] = [
+            PagedLayerCache(self.pools[i], layout)
+            if i in self.pools
+            else self._stack_state(i, items)
+            for i in range(self.num_caches)
+        ]
         logits = self.model(inputs, cache=caches)
 
         if self.state_sizes:
@@ -106,7 +103,7 @@ class ModelRunner:
                 stacked: ArraysCache = caches[i]
                 for b, it in enumerate(items):
                     if it.seq.state is None:
-                        it.seq.state = [None] * len(self.kinds)
+                        it.seq.state = [None] * self.num_caches
                     it.seq.state[i] = [c[b : b + 1] for c in stacked.cache]
 
         rows = [b for b, it in enumerate(items) if it.samples]

@@ -46,9 +46,7 @@ class LayerPool:
 
 
 def bytes_per_block(specs: list[LayerSpec], block_size: int) -> int:
-    return sum(
-        block_size * s.n_kv_heads * (s.k_dim + s.v_dim) * s.dtype.size for s in specs
-    )
+    return sum(block_size * s.n_kv_heads * (s.k_dim + s.v_dim) * s.dtype.size for s in specs)
 
 
 @dataclass

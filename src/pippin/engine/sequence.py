@@ -23,7 +23,6 @@ class Sequence:
     index: int  # which of the request's n sequences
     prompt_ids: list[int]
     params: SamplingParams
-    arrival: float
     output_ids: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
     table: BlockTable = field(default_factory=BlockTable)
