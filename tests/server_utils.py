@@ -38,23 +38,20 @@ class Server:
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
+    def _sdk_kwargs(self, kw: dict[str, object]) -> dict[str, object]:
+        return {
+            "base_url": f"{self.url}/v1",
+            "api_key": self.api_key or "unused",
+            "max_retries": 0,
+            "timeout": 300,
+            **kw,
+        }
+
     def client(self, **kw: object) -> openai.OpenAI:
-        return openai.OpenAI(
-            base_url=f"{self.url}/v1",
-            api_key=self.api_key or "unused",
-            max_retries=0,
-            timeout=kw.pop("timeout", 300),  # type: ignore[arg-type]
-            **kw,  # type: ignore[arg-type]
-        )
+        return openai.OpenAI(**self._sdk_kwargs(kw))  # type: ignore[arg-type]
 
     def async_client(self, **kw: object) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(
-            base_url=f"{self.url}/v1",
-            api_key=self.api_key or "unused",
-            max_retries=0,
-            timeout=kw.pop("timeout", 300),  # type: ignore[arg-type]
-            **kw,  # type: ignore[arg-type]
-        )
+        return openai.AsyncOpenAI(**self._sdk_kwargs(kw))  # type: ignore[arg-type]
 
     def http(self, **kw: object) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers=self.headers(), timeout=300, **kw)  # type: ignore[arg-type]
