@@ -136,7 +136,7 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     e.add_argument(
         "--max-num-seqs",
         type=_positive_int,
-        default=256,
+        default=EngineConfig.max_num_seqs,
         help="most sequences decoded together in one batch (default: %(default)s)",
     )
     e.add_argument(
@@ -159,7 +159,7 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         "--chunked-prefill-tokens",
         dest="prefill_step_size",
         type=_non_negative_int,
-        default=2048,
+        default=EngineConfig.max_num_batched_tokens,
         help="tokens one scheduler step may process (prefill chunks plus decodes); long "
         "prompts are prefilled in chunks of this size so running decodes never stall for "
         "long (aliases: vLLM's --max-num-batched-tokens, vllm-mlx's --chunked-prefill-tokens, "
@@ -192,7 +192,7 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         "--paged-cache-block-size",
         dest="block_size",
         type=_positive_int,
-        default=16,
+        default=EngineConfig.block_size,
         help="tokens per KV block, the unit of prefix sharing (alias: vllm-mlx's "
         "--paged-cache-block-size) (default: %(default)s)",
     )
@@ -281,7 +281,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len,
         # 0 is vllm-mlx's "chunked prefill off"; pippin always chunks, at the default size.
-        max_num_batched_tokens=args.prefill_step_size or 2048,
+        max_num_batched_tokens=args.prefill_step_size or EngineConfig.max_num_batched_tokens,
         block_size=args.block_size,
         num_blocks=args.num_kv_blocks,
         cache_memory_percent=args.cache_memory_percent,
