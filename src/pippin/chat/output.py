@@ -1,0 +1,117 @@
+"""The output side of a chat: reasoning, answer text and tool calls, as they stream.
+
+`ParserChoice` is decided once per model (from its template and vocabulary, or the
+`--tool-call-parser` / `--reasoning-parser` flags); each request gets an
+`OutputParser`, which sends the text through the reasoning parser first and the
+answer part of it through the tool-call parser.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pippin.chat.reasoning import REASONING_PARSERS, ReasoningParser, detect_reasoning_parser
+from pippin.chat.tool_parsers import detect_tool_parser, get_tool_parser
+from pippin.chat.tool_parsers.base import ParsedDelta, ToolParser, random_call_id
+
+
+@dataclass(frozen=True)
+class ParserChoice:
+    tool: type[ToolParser] | None
+    reasoning: type[ReasoningParser] | None
+    # Special tokens the parsers must see in the text (the engine skips the others).
+    keep_token_ids: frozenset[int] = frozenset()
+
+    @classmethod
+    def for_model(
+        cls,
+        tokenizer: Any,
+        model_type: str,
+        template_source: str,
+        tool_parser: str | None = None,
+        reasoning_parser: str | None = None,
+    ) -> ParserChoice:
+        """`None` or "auto" detects; "none" turns a parser off; else a name."""
+        vocab: dict[str, int] = tokenizer.get_vocab()
+        tool: type[ToolParser] | None
+        if tool_parser in (None, "auto"):
+            tool = detect_tool_parser(template_source, model_type, vocab)
+        elif tool_parser == "none":
+            tool = None
+        else:
+            tool = get_tool_parser(tool_parser)
+        reasoning: type[ReasoningParser] | None = None
+        if tool is not None and tool.handles_reasoning:
+            reasoning = None
+        elif reasoning_parser in (None, "auto"):
+            name = detect_reasoning_parser(template_source, vocab)
+            reasoning = REASONING_PARSERS[name] if name else None
+        elif reasoning_parser != "none":
+            if reasoning_parser not in REASONING_PARSERS:
+                raise ValueError(
+                    f"Unknown reasoning parser {reasoning_parser!r}; choose one of "
+                    f"{', '.join(sorted(REASONING_PARSERS))}."
+                )
+            reasoning = REASONING_PARSERS[reasoning_parser]
+        markers: set[str] = set()
+        if tool is not None:
+            markers.update(tool.special_tokens)
+        if reasoning is not None:
+            markers.update(reasoning.special_tokens)
+        keep = frozenset(vocab[m] for m in markers if m in vocab)
+        return cls(tool, reasoning, keep)
+
+    def make(
+        self,
+        tools: Sequence[dict[str, Any]] | None,
+        prompt_text: str,
+        new_id: Callable[[], str] = random_call_id,
+    ) -> OutputParser:
+        """A parser for one output; tool calls are parsed only when the request has tools."""
+        reasoning = None
+        if self.reasoning is not None:
+            reasoning = self.reasoning(self.reasoning.open_in_prompt(prompt_text))
+        tool = None
+        if self.tool is not None and (tools or self.tool.handles_reasoning):
+            tool = self.tool(tools, new_id)
+        return OutputParser(reasoning, tool)
+
+
+class OutputParser:
+    def __init__(self, reasoning: ReasoningParser | None, tool: ToolParser | None) -> None:
+        self.reasoning = reasoning
+        self.tool = tool
+
+    @property
+    def called(self) -> bool:
+        return self.tool is not None and self.tool.called
+
+    @property
+    def in_reasoning(self) -> bool:
+        return self.reasoning is not None and self.reasoning.in_reasoning
+
+    def feed(self, text: str, token_ids: Sequence[int] = ()) -> ParsedDelta:
+        if self.reasoning is None:
+            return self._tools(text, token_ids)
+        thought, answer = self.reasoning.feed(text)
+        out = self._tools(answer, token_ids) if answer else ParsedDelta()
+        out.reasoning = thought + out.reasoning
+        return out
+
+    def finish(self) -> ParsedDelta:
+        out = ParsedDelta()
+        if self.reasoning is not None:
+            thought, answer = self.reasoning.finish()
+            out.reasoning = thought
+            if answer:
+                out.merge(self._tools(answer, ()))
+        if self.tool is not None:
+            out.merge(self.tool.finish())
+        return out
+
+    def _tools(self, text: str, token_ids: Sequence[int]) -> ParsedDelta:
+        if self.tool is None:
+            return ParsedDelta(content=text)
+        return self.tool.feed(text, token_ids)

@@ -1,0 +1,78 @@
+"""Formats that wrap JSON call objects in markers: hermes / Qwen, and its relatives.
+
+`TaggedJsonParser` is configured by class attributes: the markers that open a call
+section, the marker that closes it (or none: the section runs to the end), and
+whether the section holds a list of calls.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pippin.chat.tool_parsers.base import ToolParser, partial_marker
+from pippin.chat.tool_parsers.json_calls import DONE, ERROR, MORE, JsonCallReader
+
+_TEXT, _BODY, _END = 0, 1, 2
+
+
+class TaggedJsonParser(ToolParser):
+    starts: ClassVar[tuple[str, ...]] = ()
+    end: ClassVar[str] = ""
+    many: ClassVar[bool] = False  # the section holds a JSON list of calls
+    list_optional: ClassVar[bool] = True  # ...or a single object
+
+    def __init__(self, *a, **kw) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*a, **kw)
+        self.mode = _TEXT
+        self.marker = ""
+        self.reader: JsonCallReader | None = None
+
+    def _run(self, final: bool) -> None:
+        while True:
+            if self.mode == _TEXT:
+                m = self.scan_text(self.starts, final)
+                if m is None:
+                    return
+                self.marker = m
+                self.reader = JsonCallReader(self, self.many, self.list_optional)
+                self.mode = _BODY
+            if self.mode == _BODY:
+                assert self.reader is not None
+                used, status = self.reader.step(self.buf, final)
+                self.buf = self.buf[used:]
+                if status == MORE:
+                    return
+                if status == ERROR:
+                    if self.reader.calls == 0:
+                        self.text(self.marker)
+                    self.text(self.reader.raw)
+                    self.mode = _TEXT
+                    continue
+                assert status == DONE
+                self.mode = _END if self.end else _TEXT
+            if self.mode == _END:
+                stripped = self.buf.lstrip()
+                if stripped.startswith(self.end):
+                    self.buf = stripped[len(self.end) :]
+                    self.mode = _TEXT
+                    continue
+                if not final and (
+                    not stripped or partial_marker(stripped, (self.end,)) == len(stripped)
+                ):
+                    return
+                self.mode = _TEXT  # no closing marker: what follows is text
+
+
+class HermesParser(TaggedJsonParser):
+    """`<tool_call>{"name": ..., "arguments": ...}</tool_call>`: Hermes, Qwen 2.5 / 3."""
+
+    name = "hermes"
+    aliases = ("qwen", "qwen2_5", "json_tools")
+    starts = ("<tool_call>",)
+    end = "</tool_call>"
+    special_tokens = ("<tool_call>", "</tool_call>")
+    priority = 10  # generic: other formats also use <tool_call>
+
+    @classmethod
+    def matches(cls, template: str, model_type: str, vocab: set[str] | dict[str, int]) -> bool:
+        return "<tool_call>" in template
