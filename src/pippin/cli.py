@@ -223,6 +223,29 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         help="accepted for vllm-mlx compatibility; pippin's KV cache is always paged",
     )
 
+    o = p.add_argument_group("chat output")
+    o.add_argument(
+        "--tool-call-parser",
+        default="auto",
+        metavar="NAME",
+        help="format of the model's tool calls: 'auto' (from the chat template and model "
+        "type), 'none', or a parser name such as hermes, qwen3_coder, llama3_json, "
+        "mistral, deepseek_v3, kimi_k2, glm45, gemma4, gpt_oss (default: %(default)s)",
+    )
+    o.add_argument(
+        "--reasoning-parser",
+        default="auto",
+        metavar="NAME",
+        help="format of the model's reasoning: 'auto', 'none', or one of think, qwen3, "
+        "deepseek_r1, glm45, mistral, granite, gemma4 (default: %(default)s)",
+    )
+    o.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="accepted for vLLM compatibility; tool calls are always parsed when a "
+        "request has tools",
+    )
+
     d = p.add_argument_group(
         "sampling defaults",
         "used when a request leaves a field out; they take precedence over the model's "
@@ -289,8 +312,24 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         enable_prefix_caching=args.prefix_caching,
         max_tokens_cap=args.max_tokens,
     )
+    from pippin.chat.reasoning import REASONING_PARSERS
+    from pippin.chat.tool_parsers import registry
+
+    special = ("auto", "none")
+    if args.tool_call_parser not in special and args.tool_call_parser not in registry():
+        raise SystemExit(
+            f"pippin serve: unknown --tool-call-parser {args.tool_call_parser!r}; choose "
+            f"one of {', '.join([*special, *sorted(registry())])}"
+        )
+    if args.reasoning_parser not in special and args.reasoning_parser not in REASONING_PARSERS:
+        raise SystemExit(
+            f"pippin serve: unknown --reasoning-parser {args.reasoning_parser!r}; choose "
+            f"one of {', '.join([*special, *sorted(REASONING_PARSERS)])}"
+        )
     return ServerSettings(
         model=args.model or args.model_flag,
+        tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
         served_model_names=list(args.served_model_name or []),
         api_key=args.api_key or None,
         dtype=None if args.dtype == "auto" else args.dtype,

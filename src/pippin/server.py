@@ -25,6 +25,7 @@ from pippin.api import openai_chat, openai_completions, openai_models
 from pippin.api.errors import OpenAIError, install_error_handlers
 from pippin.api.protocol import TokenRenderer
 from pippin.api.sampling import Limits, merge_defaults
+from pippin.chat.output import ParserChoice
 from pippin.chat.template import TemplateInfo, inspect_template
 from pippin.engine.async_engine import AsyncEngine
 from pippin.engine.config import EngineConfig
@@ -51,6 +52,8 @@ class ServerSettings:
     # --default-temperature etc.: above the model's defaults, below the request.
     sampling_overrides: dict[str, Any] = field(default_factory=dict)
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    tool_call_parser: str = "auto"  # a parser name, "auto" or "none"
+    reasoning_parser: str = "auto"
 
 
 @dataclass
@@ -65,6 +68,7 @@ class ServerState:
     defaults: dict[str, Any] = field(default_factory=dict)
     template: TemplateInfo | None = None
     template_source: str = ""
+    parsers: ParserChoice | None = None
     token_renderer: Any = None
     fingerprint: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
@@ -83,6 +87,18 @@ class ServerState:
         tmpl = getattr(loaded.tokenizer, "chat_template", None)
         self.template_source = str(tmpl or "")
         self.token_renderer = TokenRenderer(loaded.tokenizer)
+        self.parsers = ParserChoice.for_model(
+            loaded.tokenizer,
+            str(loaded.config.get("model_type", "")),
+            self.template_source,
+            s.tool_call_parser,
+            s.reasoning_parser,
+        )
+        log.info(
+            "output parsers: tool calls %s, reasoning %s",
+            self.parsers.tool.name if self.parsers.tool else "none",
+            self.parsers.reasoning.name if self.parsers.reasoning else "none",
+        )
         # Changes whenever what produces the tokens changes (OpenAI's meaning).
         ident = f"{__version__}|{loaded.source}|{loaded.dtype}|{s.engine.block_size}"
         self.fingerprint = "fp_" + hashlib.sha256(ident.encode()).hexdigest()[:10]

@@ -7,9 +7,9 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -42,9 +42,14 @@ from pippin.api.protocol import (
     sse,
 )
 from pippin.api.sampling import build_sampling_params, resolve_max_tokens
+from pippin.chat.output import OutputParser
 from pippin.chat.template import ChatTemplateError, render_chat_async
+from pippin.chat.tool_parsers.base import ParsedDelta, collect_calls
 from pippin.engine.async_engine import AsyncEngine, EngineError
 from pippin.engine.types import CompletionOutput, RequestOutput, SamplingParams, TokenLogprob
+
+if TYPE_CHECKING:
+    from pippin.server import ServerState
 
 router = APIRouter()
 log = logging.getLogger(__name__)
@@ -281,10 +286,59 @@ def failure(out: RequestOutput, c: CompletionOutput | None = None) -> OpenAIErro
 
 @dataclass
 class _Choice:
-    text: list[str] = field(default_factory=list)
+    parser: OutputParser
+    parsed: ParsedDelta = field(default_factory=ParsedDelta)
     tokens: int = 0
     logprobs: list[dict[str, Any]] = field(default_factory=list)
     finish_reason: str | None = None
+
+
+def finish_reason(reason: str | None, parser: OutputParser) -> str:
+    # As OpenAI: a turn that ends in tool calls says so; a cut-off one stays "length".
+    if reason in (None, "stop") and parser.called:
+        return "tool_calls"
+    return reason or "stop"
+
+
+def message_body(parsed: ParsedDelta, parser: OutputParser) -> dict[str, Any]:
+    calls = collect_calls(parsed.calls)
+    content: str | None = parsed.content
+    if calls and not content.strip():
+        content = None  # as OpenAI: a message of tool calls only has no content
+    msg: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+    if parser.reasoning is not None or parsed.reasoning:
+        # vLLM's field and the newer name clients read; both, for either kind of client.
+        msg["reasoning_content"] = parsed.reasoning or None
+        msg["reasoning"] = parsed.reasoning or None
+    if calls:
+        msg["tool_calls"] = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments},
+            }
+            for c in calls
+        ]
+    return msg
+
+
+def delta_body(parsed: ParsedDelta) -> dict[str, Any]:
+    delta: dict[str, Any] = {}
+    if parsed.reasoning:
+        delta["reasoning_content"] = parsed.reasoning
+        delta["reasoning"] = parsed.reasoning
+    if parsed.content:
+        delta["content"] = parsed.content
+    if parsed.calls:
+        out = []
+        for c in parsed.calls:
+            if c.name is not None:  # a call's first delta: its id and name
+                fn = {"name": c.name, "arguments": c.arguments}
+                out.append({"index": c.index, "id": c.id, "type": "function", "function": fn})
+            else:
+                out.append({"index": c.index, "function": {"arguments": c.arguments}})
+        delta["tool_calls"] = out
+    return delta
 
 
 @dataclass
@@ -298,6 +352,8 @@ class ChatRun:
     model: str
     fingerprint: str
     render: TokenRenderer
+    # One output parser per choice: reasoning, content and tool calls.
+    new_parser: Callable[[], OutputParser]
     include_usage: bool = False
     obfuscate: bool = False
     service_tier: str | None = None
@@ -317,7 +373,7 @@ class ChatRun:
         return head
 
     async def collect(self) -> dict[str, Any]:
-        choices = [_Choice() for _ in range(self.params.n)]
+        choices = [_Choice(self.new_parser()) for _ in range(self.params.n)]
         prompt_tokens, cached = len(self.prompt_ids), 0
         gen = self.engine.generate(self.prompt_ids, self.params, self.request_id)
         async with closing(gen) as outputs:
@@ -331,21 +387,22 @@ class ChatRun:
                     if err:
                         raise err
                     ch = choices[c.index]
-                    ch.text.append(c.text)
+                    ch.parsed.merge(ch.parser.feed(c.text, c.token_ids))
                     ch.tokens += len(c.token_ids)
                     if c.logprobs:
                         ch.logprobs.extend(format_logprobs(c.logprobs, self.render))
                     if c.finish_reason is not None:
                         ch.finish_reason = c.finish_reason
+                        ch.parsed.merge(ch.parser.finish())
         body = self.header("chat.completion")
         body["choices"] = [
             {
                 "index": i,
-                "message": {"role": "assistant", "content": "".join(ch.text), "refusal": None},
+                "message": message_body(ch.parsed, ch.parser),
                 "logprobs": {"content": ch.logprobs, "refusal": None}
                 if self.params.logprobs
                 else None,
-                "finish_reason": ch.finish_reason or "stop",
+                "finish_reason": finish_reason(ch.finish_reason, ch.parser),
             }
             for i, ch in enumerate(choices)
         ]
@@ -378,6 +435,7 @@ class ChatRun:
         return framed_stream(self._events(tally), usage)
 
     async def _events(self, tally: dict[str, int]) -> AsyncIterator[str]:
+        parsers = [self.new_parser() for _ in range(self.params.n)]
         for i in range(self.params.n):
             first = {"role": "assistant", "content": ""}
             yield self._chunk(
@@ -394,7 +452,11 @@ class ChatRun:
                     failed = failure(out, c)
                     if failed:
                         raise failed
-                    delta = {"content": c.text} if c.text else {}
+                    parser = parsers[c.index]
+                    parsed = parser.feed(c.text, c.token_ids)
+                    if c.finish_reason is not None:
+                        parsed.merge(parser.finish())
+                    delta = delta_body(parsed)
                     lp = (
                         {"content": format_logprobs(c.logprobs, self.render), "refusal": None}
                         if c.logprobs
@@ -417,7 +479,7 @@ class ChatRun:
                                 "index": c.index,
                                 "delta": {},
                                 "logprobs": None,
-                                "finish_reason": c.finish_reason,
+                                "finish_reason": finish_reason(c.finish_reason, parser),
                             }
                         )
                 failed = failure(out)
@@ -427,6 +489,29 @@ class ChatRun:
                     yield self._chunk(choices)
                 if finals:
                     yield self._chunk(finals)
+
+
+def output_parsing(
+    state: ServerState,
+    tokenizer: Any,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    tools: list[dict[str, Any]] | None,
+    thinking_budget: int | None,
+    budget_param: str = "thinking_token_budget",
+) -> tuple[Callable[[], OutputParser], SamplingParams]:
+    """Output parsers for a chat request, and the sampling settings they need."""
+    choice = state.parsers
+    assert choice is not None
+    # Enough of the prompt's end to see whether the template opened a reasoning section.
+    tail = tokenizer.decode(prompt_ids[-32:])
+    thinking = None
+    if thinking_budget is not None:
+        thinking = choice.thinking_budget(thinking_budget, tail)
+        if thinking is None:
+            raise unsupported_param(budget_param, "This model has no reasoning section to limit.")
+    params = replace(params, keep_special_ids=choice.keep_token_ids, thinking=thinking)
+    return (lambda: choice.make(tools, tail)), params
 
 
 @router.post("/v1/chat/completions", response_model=None)
@@ -490,6 +575,9 @@ async def create_chat_completion(request: Request) -> Any:
         logprobs=bool(req.logprobs),
         top_logprobs=req.top_logprobs or 0,
     )
+    new_parser, params = output_parsing(
+        state, loaded.tokenizer, prompt_ids, params, tools, req.thinking_token_budget
+    )
     try:
         engine.check(prompt_ids, params)
     except EngineError as exc:
@@ -503,6 +591,7 @@ async def create_chat_completion(request: Request) -> Any:
         model=req.model,
         fingerprint=state.fingerprint,
         render=state.token_renderer,
+        new_parser=new_parser,
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
         obfuscate=bool(req.stream_options and req.stream_options.include_obfuscation),
         # There is one tier; it is reported when asked about, as OpenAI does.

@@ -277,6 +277,8 @@ class ChatCompletionRequest(SamplingFields):
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     # vLLM extensions.
     chat_template_kwargs: dict[str, Any] | None = None
+    # Reasoning tokens after which the model's reasoning section is closed for it.
+    thinking_token_budget: int | None = Field(None, ge=0)
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = None
 

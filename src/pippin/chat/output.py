@@ -15,6 +15,7 @@ from typing import Any
 from pippin.chat.reasoning import REASONING_PARSERS, ReasoningParser, detect_reasoning_parser
 from pippin.chat.tool_parsers import detect_tool_parser, get_tool_parser
 from pippin.chat.tool_parsers.base import ParsedDelta, ToolParser, random_call_id
+from pippin.engine.types import ThinkingBudget
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,9 @@ class ParserChoice:
     reasoning: type[ReasoningParser] | None
     # Special tokens the parsers must see in the text (the engine skips the others).
     keep_token_ids: frozenset[int] = frozenset()
+    # The reasoning section's markers as tokens, for a thinking budget.
+    think_start_id: int | None = None
+    think_end_ids: tuple[int, ...] = ()
 
     @classmethod
     def for_model(
@@ -61,7 +65,23 @@ class ParserChoice:
         if reasoning is not None:
             markers.update(reasoning.special_tokens)
         keep = frozenset(vocab[m] for m in markers if m in vocab)
-        return cls(tool, reasoning, keep)
+        start_id, end_ids = None, ()
+        if reasoning is not None:
+            start = tokenizer.encode(reasoning.start, add_special_tokens=False)
+            start_id = start[0] if start else None
+            end_ids = tuple(tokenizer.encode(reasoning.end, add_special_tokens=False))
+        return cls(tool, reasoning, keep, start_id, end_ids)
+
+    def thinking_budget(self, budget: int, prompt_text: str) -> ThinkingBudget | None:
+        """The engine's budget for this model's reasoning section; None if it has none."""
+        if self.reasoning is None or not self.think_end_ids:
+            return None
+        return ThinkingBudget(
+            budget,
+            self.think_end_ids,
+            self.think_start_id,
+            self.reasoning.open_in_prompt(prompt_text),
+        )
 
     def make(
         self,

@@ -25,6 +25,8 @@ class ReasoningParser:
         self.state = _IN if open_in_prompt else _BEFORE
         self.buf = ""
         self.strip = True  # leading whitespace of the next section is dropped
+        # The template opened the section, but the model may write its start marker again.
+        self.repeat = open_in_prompt
 
     @classmethod
     def open_in_prompt(cls, prompt_text: str) -> bool:
@@ -61,6 +63,18 @@ class ReasoningParser:
                 if not self.buf and not final:
                     return reasoning, content
                 self.strip = False
+            if self.state == _IN and self.repeat:
+                if (
+                    not final
+                    and len(self.buf) < len(self.start)
+                    and self.start.startswith(self.buf)
+                ):
+                    return reasoning, content
+                self.repeat = False
+                if self.buf.startswith(self.start):
+                    self.buf = self.buf[len(self.start) :]
+                    self.strip = True
+                    continue
             if self.state == _IN:
                 hit = find_marker(self.buf, (self.end,))
                 if hit is None:
@@ -82,6 +96,7 @@ class ThinkParser(ReasoningParser):
     """`<think>...</think>`: Qwen3, QwQ, DeepSeek-R1, GLM 4.5+, MiniMax, Kimi."""
 
     name = "think"
+    special_tokens = ("<think>", "</think>")
 
 
 class Qwen3ReasoningParser(ThinkParser):

@@ -51,6 +51,16 @@ def _machine_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def _budget_near(s: Sequence) -> bool:
+    tb = s.params.thinking
+    assert tb is not None
+    if s.forced:
+        return True
+    if s.think_state == 1:
+        return s.think_count + len(s.pending) + 1 >= tb.budget
+    return s.think_state == 0 and tb.budget <= 2
+
+
 class EngineCore:
     def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
         self.config = config
@@ -199,11 +209,13 @@ class EngineCore:
         return outs
 
     def _needs_sync(self) -> bool:
-        # Penalties read the previous token's value, which the step in flight still holds.
+        # Penalties read the previous token's value, which the step in flight still holds;
+        # so does a reasoning budget about to be spent (the model may end it itself).
         return any(
             s.params.repetition_penalty != 1.0
             or s.params.presence_penalty
             or s.params.frequency_penalty
+            or (s.params.thinking is not None and _budget_near(s))
             for s in self.scheduler.running
         )
 

@@ -44,6 +44,35 @@ class OutputProcessor:
             # (a completion of "The capital of France is" starts with " Paris").
             detok._maybe_trim_space = _keep  # type: ignore[method-assign]
         seq.out_state = OutState(detok, longest)
+        tb = seq.params.thinking
+        if tb is not None and tb.open:
+            self._enter_thinking(seq)
+
+    @staticmethod
+    def _enter_thinking(seq: Sequence) -> None:
+        tb = seq.params.thinking
+        assert tb is not None
+        seq.think_state, seq.think_count = 1, 0
+        if tb.budget <= 0:
+            seq.forced = list(tb.end_ids)
+
+    def _track_thinking(self, seq: Sequence, token: int) -> None:
+        tb = seq.params.thinking
+        assert tb is not None
+        if seq.forced and token == seq.forced[0]:
+            seq.forced.pop(0)
+        if seq.think_state == 0:
+            if token == tb.start_id:
+                self._enter_thinking(seq)
+            else:
+                seq.think_state = 2  # the section only opens at the start
+        elif seq.think_state == 1:
+            if token == tb.end_ids[-1]:
+                seq.think_state, seq.forced = 2, []
+                return
+            seq.think_count += 1
+            if seq.think_count >= tb.budget and not seq.forced:
+                seq.forced = list(tb.end_ids)
 
     def append(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> None:
         """Record one sampled token and decide whether the sequence is done."""
@@ -51,6 +80,8 @@ class OutputProcessor:
         p = seq.params
         seq.output_ids.append(token)
         seq.pending_ids.append(token)
+        if p.thinking is not None and seq.think_state != 2:
+            self._track_thinking(seq, token)
         if logprob is not None:
             seq.pending_logprobs.append(logprob)
         n_out = len(seq.output_ids)
@@ -60,7 +91,11 @@ class OutputProcessor:
         elif token in self.eos_ids and not p.ignore_eos and n_out >= p.min_tokens:
             seq.finish_reason = "stop"
         else:
-            if not (p.skip_special_tokens and token in self.special_ids):
+            if not (
+                p.skip_special_tokens
+                and token in self.special_ids
+                and token not in p.keep_special_ids
+            ):
                 st.detok.add_token(token)
             if p.stop and n_out >= p.min_tokens and self._find_stop(seq, st):
                 return

@@ -101,6 +101,12 @@ def sample(logits: mx.array, seqs: list[Sequence], eos_ids: set[int]) -> SampleR
         sampled = mx.argmax(x + noise, axis=-1)
         tokens = mx.where(mx.array(greedy), greedy_tokens, sampled)
 
+    forced = [bool(s.forced) for s in seqs]
+    if any(forced):  # a spent reasoning budget writes the section's end marker
+        tokens = mx.where(
+            mx.array(forced), mx.array([s.forced[0] if s.forced else 0 for s in seqs]), tokens
+        )
+
     want_lp = any(s.params.logprobs for s in seqs)
     if not want_lp:
         return SampleResult(tokens.astype(mx.int32), None, None, None)

@@ -46,6 +46,11 @@ class Sequence:
     # first. The next step reads the newest lazily, so it can be built before the
     # previous one has finished.
     pending: list[tuple[Any, int]] = field(default_factory=list)
+    # Reasoning budget: 0 before the section, 1 inside it, 2 after; tokens spent in it;
+    # and tokens that the next steps must produce (its end marker, once spent).
+    think_state: int = 0
+    think_count: int = 0
+    forced: list[int] = field(default_factory=list)
 
     @property
     def all_ids(self) -> list[int]:

@@ -30,6 +30,19 @@ class SamplingParams:
     min_tokens: int = 0
     n: int = 1
     skip_special_tokens: bool = True
+    # Special tokens that still reach the text: the markers the output parsers read.
+    keep_special_ids: frozenset[int] = frozenset()
+    thinking: ThinkingBudget | None = None
+
+
+@dataclass(frozen=True)
+class ThinkingBudget:
+    """Stop a reasoning section after `budget` tokens by writing its end marker."""
+
+    budget: int
+    end_ids: tuple[int, ...]  # forced once the budget is spent; the last one ends it
+    start_id: int | None = None  # opens the section when generated first
+    open: bool = False  # the prompt already opened the section
 
 
 @dataclass

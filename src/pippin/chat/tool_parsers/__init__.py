@@ -47,7 +47,7 @@ def detect_tool_parser(
     template_source: str, model_type: str, vocab: set[str] | dict[str, int]
 ) -> type[ToolParser] | None:
     """The format a model writes its tool calls in, from its chat template and config."""
-    candidates = sorted(set(registry().values()), key=lambda c: -c.priority)
+    candidates = sorted(dict.fromkeys(registry().values()), key=lambda c: -c.priority)
     for cls in candidates:
         if cls.matches(template_source, model_type, vocab):
             return cls

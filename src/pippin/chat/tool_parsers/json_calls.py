@@ -20,7 +20,8 @@ ARG_KEYS = ("arguments", "parameters", "args", "input")
 # The usual head of a call object; the arguments start where it ends.
 _HEAD = re.compile(
     r'\s*\{\s*"(?:' + "|".join(NAME_KEYS) + r')"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,'
-    r'\s*"(?:' + "|".join(ARG_KEYS) + r')"\s*:'
+    # The call opens only once its arguments start as an object (or a JSON string).
+    r'\s*"(?:' + "|".join(ARG_KEYS) + r')"\s*:(?=\s*[{"])'
 )
 _HEAD_MAX = 400  # the head is short; past this, wait for the whole object
 
@@ -135,10 +136,6 @@ class JsonCallReader:
         if self.args_jp is not None and not self.args_jp.done:
             used = self.args_jp.feed(chunk)
             self.args_text += chunk[:used]
-            head = self.args_text.lstrip()[:1]
-            if head and head not in '{"':
-                self.outer.error = True  # arguments must be an object
-                return n
             self._send_args()
         return n
 

@@ -20,15 +20,29 @@ class TaggedJsonParser(ToolParser):
     end: ClassVar[str] = ""
     many: ClassVar[bool] = False  # the section holds a JSON list of calls
     list_optional: ClassVar[bool] = True  # ...or a single object
+    # Calls may also come without markers when the output starts with one (and one bare
+    # call may follow another): what small models often write.
+    bare: ClassVar[bool] = False
 
     def __init__(self, *a, **kw) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*a, **kw)
         self.mode = _TEXT
         self.marker = ""
         self.reader: JsonCallReader | None = None
+        self.bare_ok = self.bare
 
     def _run(self, final: bool) -> None:
         while True:
+            if self.mode == _TEXT and self.bare_ok:
+                head = self.buf.lstrip()
+                if not head and not final:
+                    return
+                self.bare_ok = False
+                if head.startswith("[" if self.many else "{"):
+                    self.buf = head
+                    self.marker = ""
+                    self.reader = JsonCallReader(self, self.many, self.list_optional)
+                    self.mode = _BODY
             if self.mode == _TEXT:
                 m = self.scan_text(self.starts, final)
                 if m is None:
@@ -49,7 +63,9 @@ class TaggedJsonParser(ToolParser):
                     self.mode = _TEXT
                     continue
                 assert status == DONE
-                self.mode = _END if self.end else _TEXT
+                if not self.marker:
+                    self.bare_ok = True
+                self.mode = _END if self.end and self.marker else _TEXT
             if self.mode == _END:
                 stripped = self.buf.lstrip()
                 if stripped.startswith(self.end):
@@ -69,6 +85,7 @@ class HermesParser(TaggedJsonParser):
     name = "hermes"
     aliases = ("qwen", "qwen2_5", "json_tools")
     starts = ("<tool_call>",)
+    bare = True  # Qwen2.5-Coder often leaves the tags out
     end = "</tool_call>"
     special_tokens = ("<tool_call>", "</tool_call>")
     priority = 10  # generic: other formats also use <tool_call>
