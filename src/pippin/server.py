@@ -30,6 +30,7 @@ from pippin.chat.template import TemplateInfo, inspect_template
 from pippin.engine.async_engine import AsyncEngine
 from pippin.engine.config import EngineConfig
 from pippin.store.loaded import LoadedModel
+from pippin.structured.compiler import GrammarCompiler
 
 log = logging.getLogger("pippin.server")
 
@@ -69,6 +70,7 @@ class ServerState:
     template: TemplateInfo | None = None
     template_source: str = ""
     parsers: ParserChoice | None = None
+    grammars: GrammarCompiler | None = None  # structured output for this model
     token_renderer: Any = None
     fingerprint: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
@@ -98,6 +100,9 @@ class ServerState:
             "output parsers: tool calls %s, reasoning %s",
             self.parsers.tool.name if self.parsers.tool else "none",
             self.parsers.reasoning.name if self.parsers.reasoning else "none",
+        )
+        self.grammars = GrammarCompiler(
+            loaded.tokenizer, self.limits.vocab_size, loaded.eos_token_ids
         )
         # Changes whenever what produces the tokens changes (OpenAI's meaning).
         ident = f"{__version__}|{loaded.source}|{loaded.dtype}|{s.engine.block_size}"

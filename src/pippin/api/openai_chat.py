@@ -42,6 +42,7 @@ from pippin.api.protocol import (
     sse,
 )
 from pippin.api.sampling import build_sampling_params, resolve_max_tokens
+from pippin.api.structured_output import chat_constraint, forced_tool
 from pippin.chat.output import OutputParser
 from pippin.chat.template import ChatTemplateError, render_chat_async
 from pippin.chat.tool_parsers.base import ParsedDelta, collect_calls
@@ -165,12 +166,7 @@ def template_tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
         raise bad_request(
             "'tool_choice' is only allowed when 'tools' are specified.", param="tool_choice"
         )
-    if choice is not None and choice not in ("none", "auto"):
-        # Forcing a call needs constrained decoding, which comes with tool-call parsing.
-        raise unsupported_value(
-            choice_param,
-            f"{choice_param} {json.dumps(choice)} is not supported yet; use 'auto' or 'none'.",
-        )
+    forced_tool(choice, choice_param)  # refuses kinds that cannot be forced
     tools: list[dict[str, Any]] = []
     for j, t in enumerate(req.tools or []):
         if isinstance(t, CustomTool):
@@ -214,12 +210,6 @@ def reject_unsupported(req: ChatCompletionRequest) -> None:
         raise unsupported_param("moderation", "Moderation is not available.")
     if req.store:
         raise unsupported_value("store", "Completions are not stored; 'store' must be false.")
-    if req.response_format is not None and req.response_format.type != "text":
-        raise unsupported_value(
-            "response_format",
-            f"response_format type '{req.response_format.type}' is not supported yet; "
-            "only 'text' is.",
-        )
     if req.top_logprobs and not req.logprobs:
         raise bad_request("'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs")
     if req.stream_options is not None and not req.stream:
@@ -578,6 +568,10 @@ async def create_chat_completion(request: Request) -> Any:
     new_parser, params = output_parsing(
         state, loaded.tokenizer, prompt_ids, params, tools, req.thinking_token_budget
     )
+    tail = loaded.tokenizer.decode(prompt_ids[-32:])
+    constraint = await chat_constraint(state, req, tools, tail)
+    if constraint is not None:
+        params = replace(params, constraint=constraint)
     try:
         engine.check(prompt_ids, params)
     except EngineError as exc:

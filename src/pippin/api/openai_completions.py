@@ -36,6 +36,7 @@ from pippin.api.sampling import (
     context_exceeded,
     resolve_max_tokens,
 )
+from pippin.api.structured_output import completion_constraint
 from pippin.engine.async_engine import AsyncEngine, EngineError
 from pippin.engine.types import RequestOutput, SamplingParams, TokenLogprob
 
@@ -347,6 +348,7 @@ async def create_completion(request: Request) -> Any:
         _tokenize, loaded.tokenizer, req.prompt, add_special, bool(req.echo)
     )
     _check_prompts(prompts, limits)
+    constraint = await completion_constraint(state, req)
     params: list[SamplingParams] = []
     for pr in prompts:
         if req.max_tokens == 0:
@@ -372,6 +374,7 @@ async def create_completion(request: Request) -> Any:
             top_logprobs=req.logprobs or 0,
         )
         sp.max_tokens = max_tokens
+        sp.constraint = constraint
         if max_tokens:
             try:
                 engine.check(pr.ids, sp)

@@ -245,6 +245,12 @@ class SamplingFields(_Strict):
     stop_token_ids: list[int] | None = None
     min_tokens: int | None = Field(None, ge=0)
     skip_special_tokens: bool | None = None
+    # vLLM's structured output fields (one of them; see api/structured_output.py).
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: dict[str, Any] | None = None
 
 
 class ChatCompletionRequest(SamplingFields):

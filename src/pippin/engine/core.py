@@ -22,6 +22,7 @@ from pippin.engine.scheduler import ScheduledSeq, Scheduler
 from pippin.engine.sequence import Sequence
 from pippin.engine.types import CompletionOutput, RequestOutput, SamplingParams, TokenLogprob
 from pippin.store.loaded import LoadedModel
+from pippin.structured.decoding import GrammarMasks, split_constrained
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,17 @@ def _budget_near(s: Sequence) -> bool:
     return s.think_state == 0 and tb.budget <= 2
 
 
+Sampled = tuple[list[ScheduledSeq], SampleResult]
+
+
+def _arrays(result: SampleResult) -> list[mx.array]:
+    return [
+        a
+        for a in (result.tokens, result.logprobs, result.top_ids, result.top_logprobs)
+        if a is not None
+    ]
+
+
 class EngineCore:
     def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
         self.config = config
@@ -79,10 +91,11 @@ class EngineCore:
         self.scheduler = Scheduler(
             self.bm, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len
         )
-        # The step launched last and not yet turned into outputs.
-        self._inflight: tuple[list[ScheduledSeq], list[ScheduledSeq], SampleResult | None] | None
-        self._inflight = None
+        # The step launched last and not yet turned into outputs: its sequences, and
+        # its sampled rows in groups (the unconstrained ones, then the constrained ones).
+        self._inflight: tuple[list[ScheduledSeq], list[Sampled]] | None = None
         self.eos_ids = set(loaded.eos_token_ids)
+        self.grammar = GrammarMasks(self.eos_ids)
         self.outputs = OutputProcessor(loaded.tokenizer, self.eos_ids, self.max_model_len)
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
@@ -188,24 +201,36 @@ class EngineCore:
                 mx.async_eval(logits_parts, self.runner.arrays_to_eval(items))
 
         everything = [it for g in groups for it in g]
-        result: SampleResult | None = None
+        sampled: list[Sampled] = []
         to_eval: list = self.runner.arrays_to_eval(everything)
+        constrained: tuple[mx.array, list[ScheduledSeq]] | None = None
         if sampling:
             logits = logits_parts[0] if len(logits_parts) == 1 else mx.concatenate(logits_parts)
+            # Constrained rows wait for their masks, which need the tokens still in flight.
+            logits, sampling, constrained = split_constrained(logits, sampling)
+        if sampling:
             result = sample(logits, [it.seq for it in sampling], self.eos_ids)
-            to_eval.extend(
-                a
-                for a in (result.tokens, result.logprobs, result.top_ids, result.top_logprobs)
-                if a is not None
-            )
+            to_eval.extend(_arrays(result))
+            sampled.append((sampling, result))
         mx.async_eval(to_eval)
         for it in everything:
             it.seq.num_computed = it.start + it.length
-        if result is not None:
-            for r, it in enumerate(sampling):
+        for items, result in sampled:
+            for r, it in enumerate(items):
                 it.seq.pending.append((result.tokens, r))
         outs += self._finish_inflight()
-        self._inflight = (everything, sampling, result)
+        if constrained is not None:
+            # The device runs this step's model call meanwhile; the previous tokens are
+            # known now, so the masks can be computed.
+            c_logits, c_items = constrained
+            seqs = [it.seq for it in c_items]
+            allowed = self.grammar.allowed(seqs, c_logits.shape[-1])
+            result = sample(c_logits, seqs, self.eos_ids, allowed)
+            mx.async_eval(_arrays(result))
+            for r, it in enumerate(c_items):
+                it.seq.pending.append((result.tokens, r))
+            sampled.append((c_items, result))
+        self._inflight = (everything, sampled)
         return outs
 
     def _needs_sync(self) -> bool:
@@ -222,10 +247,11 @@ class EngineCore:
     def _finish_inflight(self) -> list[RequestOutput]:
         if self._inflight is None:
             return []
-        everything, sampling, result = self._inflight
+        everything, sampled = self._inflight
         self._inflight = None
-        if result is not None:
-            self._append_tokens(sampling, result)
+        for items, result in sampled:
+            self._append_tokens(items, result)
+        sampling = [it for items, _ in sampled for it in items]
         for it in everything:
             seq = it.seq
             if not seq.finished:

@@ -66,7 +66,10 @@ def _seed_key(seq: Sequence) -> mx.array:
     return mx.random.key(mixed)
 
 
-def sample(logits: mx.array, seqs: list[Sequence], eos_ids: set[int]) -> SampleResult:
+def sample(
+    logits: mx.array, seqs: list[Sequence], eos_ids: set[int], allowed: mx.array | None = None
+) -> SampleResult:
+    """`allowed`: [n, vocab] bool, the tokens a grammar lets each row produce."""
     n, vocab = logits.shape
     logits = logits.astype(mx.float32)
 
@@ -81,6 +84,8 @@ def sample(logits: mx.array, seqs: list[Sequence], eos_ids: set[int]) -> SampleR
         rr = mx.array([add_r[i] for i in valid])
         rc = mx.array([add_c[i] for i in valid])
         logits = logits.at[rr, rc].add(mx.array([add_v[i] for i in valid]))
+    if allowed is not None:
+        logits = mx.where(allowed, logits, NEG_INF)
 
     temps = [s.params.temperature for s in seqs]
     greedy = [t <= 0.0 for t in temps]

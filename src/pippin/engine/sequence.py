@@ -51,6 +51,8 @@ class Sequence:
     think_state: int = 0
     think_count: int = 0
     forced: list[int] = field(default_factory=list)
+    # Structured output: this sequence's grammar matcher (pippin.structured.decoding).
+    grammar: Any = None
 
     @property
     def all_ids(self) -> list[int]:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from pippin.structured.constraint import Constraint
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 
@@ -33,6 +36,8 @@ class SamplingParams:
     # Special tokens that still reach the text: the markers the output parsers read.
     keep_special_ids: frozenset[int] = frozenset()
     thinking: ThinkingBudget | None = None
+    # Structured output: a grammar the output must follow (token masks while sampling).
+    constraint: Constraint | None = None
 
 
 @dataclass(frozen=True)
