@@ -8,14 +8,15 @@ after the timeout). Compiled grammars are cached: requests reuse their schemas.
 from __future__ import annotations
 
 import asyncio
+import copy
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
 import llguidance
-import llguidance.hf
 from llguidance import LLMatcher
+from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from pippin.structured.constraint import Constraint
 from pippin.structured.spec import GrammarSpec, StructuredOutputError
@@ -23,6 +24,10 @@ from pippin.structured.spec import GrammarSpec, StructuredOutputError
 COMPILE_TIMEOUT_S = 10.0
 _CACHE_SIZE = 128
 _MAX_MESSAGE = 600
+
+
+class NoTokenizer(RuntimeError):
+    """The model's tokenizer cannot be read by llguidance."""
 
 
 class GrammarCompiler:
@@ -36,7 +41,7 @@ class GrammarCompiler:
         timeout: float = COMPILE_TIMEOUT_S,
     ) -> None:
         # mlx-lm's TokenizerWrapper holds the Hugging Face tokenizer.
-        self.hf = getattr(tokenizer, "_tokenizer", tokenizer)
+        self.hf = tokenizer._tokenizer if isinstance(tokenizer, TokenizerWrapper) else tokenizer
         self.vocab = dict(self.hf.get_vocab())
         # Masks cover the logits and every token id the tokenizer knows.
         self.n_vocab = max(vocab_size, max(self.vocab.values(), default=0) + 1)
@@ -65,14 +70,18 @@ class GrammarCompiler:
         """llguidance's view of the vocabulary; built on first use (about a second)."""
         with self._lock:
             if self._lltok is None:
-                try:
-                    self._lltok = llguidance.hf.from_tokenizer(
-                        self.hf, n_vocab=self.n_vocab, eos_token=self.eos_ids or None
+                backend = getattr(self.hf, "backend_tokenizer", None)
+                if backend is None:
+                    raise NoTokenizer(
+                        "Structured output needs a fast (Rust) tokenizer; this model has none."
                     )
-                except ValueError as exc:
-                    raise StructuredOutputError(
-                        "response_format", f"Structured output is not available: {exc}"
-                    ) from None
+                # As llguidance.hf.from_tokenizer does, for any transformers version.
+                backend = copy.copy(backend)
+                backend.no_padding()
+                backend.no_truncation()
+                self._lltok = llguidance.LLTokenizer(
+                    backend.to_str(), n_vocab=self.n_vocab, eos_token=self.eos_ids or None
+                )
             return self._lltok
 
     def build(self, spec: GrammarSpec) -> LLMatcher:
@@ -99,7 +108,10 @@ class GrammarCompiler:
 
     async def constraint(self, spec: GrammarSpec) -> Constraint:
         """Compile `spec` off the event loop; a StructuredOutputError if it cannot be."""
-        await asyncio.to_thread(self.tokenizer)  # once per model, not under the timeout
+        try:  # once per model, not under the timeout
+            await asyncio.to_thread(self.tokenizer)
+        except NoTokenizer as exc:
+            raise StructuredOutputError(spec.param, str(exc)) from None
         try:
             matcher = await asyncio.wait_for(asyncio.to_thread(self.build, spec), self.timeout)
         except asyncio.TimeoutError:
