@@ -322,7 +322,15 @@ def test_malformed_json(server: Server) -> None:
         ({"logit_bias": {"999999": 5}}, "logit_bias"),
         ({"reasoning_effort": "high"}, "reasoning_effort"),
         ({"verbosity": "low"}, "verbosity"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "nope"}},
+                }
+            },
+            "response_format.json_schema.schema",
+        ),
         ({"max_tokens": CAP + 1}, "max_tokens"),
     ],
 )
