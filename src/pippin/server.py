@@ -153,7 +153,7 @@ class ApiKeyMiddleware:
         else:
             await self.app(scope, receive, send)
             return
-        await err.response()(scope, receive, send)
+        await err.response(scope["path"])(scope, receive, send)
 
 
 def _too_large(limit: int) -> OpenAIError:
@@ -179,7 +179,7 @@ class BodyLimitMiddleware:
             return
         length = Headers(scope=scope).get("content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
-            await _too_large(self.max_bytes).response()(scope, receive, send)
+            await _too_large(self.max_bytes).response(scope["path"])(scope, receive, send)
             return
         seen = 0
 
