@@ -21,7 +21,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pippin import __version__
-from pippin.api import openai_chat, openai_completions, openai_models
+from pippin.api import anthropic_messages, openai_chat, openai_completions, openai_models
 from pippin.api.errors import OpenAIError, install_error_handlers
 from pippin.api.protocol import TokenRenderer
 from pippin.api.sampling import Limits, merge_defaults
@@ -248,6 +248,7 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
     app.include_router(openai_models.router)
     app.include_router(openai_chat.router)
     app.include_router(openai_completions.router)
+    app.include_router(anthropic_messages.router)
     # Added last = runs first: unauthenticated requests are refused before any body is read.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_body_bytes)
     app.add_middleware(

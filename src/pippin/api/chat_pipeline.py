@@ -16,7 +16,7 @@ from pippin.api.errors import OpenAIError, bad_request, server_error, unsupporte
 from pippin.api.protocol import closing
 from pippin.chat.output import OutputParser
 from pippin.chat.template import ChatTemplateError, render_chat_async
-from pippin.chat.tool_parsers.base import ParsedDelta
+from pippin.chat.tool_parsers.base import ParsedDelta, random_call_id
 from pippin.engine.async_engine import AsyncEngine
 from pippin.engine.types import CompletionOutput, RequestOutput, SamplingParams
 
@@ -67,6 +67,7 @@ def output_parsing(
     tools: list[dict[str, Any]] | None,
     thinking_budget: int | None,
     budget_param: str = "thinking_token_budget",
+    new_id: Callable[[], str] = random_call_id,
 ) -> tuple[Callable[[], OutputParser], SamplingParams]:
     """Output parsers for a chat request, and the sampling settings they need."""
     choice = state.parsers
@@ -79,7 +80,7 @@ def output_parsing(
         if thinking is None:
             raise unsupported_param(budget_param, "This model has no reasoning section to limit.")
     params = replace(params, keep_special_ids=choice.keep_token_ids, thinking=thinking)
-    return (lambda: choice.make(tools, tail)), params
+    return (lambda: choice.make(tools, tail, new_id)), params
 
 
 def engine_failure(out: RequestOutput, c: CompletionOutput | None = None) -> OpenAIError | None:
