@@ -23,6 +23,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from pippin.api.anthropic_protocol import (
+    ClearThinking,
+    ClearToolUses,
     CountTokensRequest,
     DocumentBlock,
     ImageBlock,
@@ -128,19 +130,48 @@ def template_messages(
 ) -> list[dict[str, Any]]:
     """Anthropic messages -> the plain dicts Hugging Face chat templates take."""
     out: list[dict[str, Any]] = []
-    sys_text = _system_text(system)
-    if sys_text:
-        out.append({"role": "system", "content": sys_text})
+    sys_parts = [_system_text(system)]
+    pending: list[str] = []  # system messages met mid-conversation
     for i, m in enumerate(messages):
         p = f"messages[{i}]"
-        if isinstance(m.content, str):
-            out.append({"role": m.role, "content": m.content})
+        if m.role == "system":
+            text = m.content if isinstance(m.content, str) else _texts(m.content, p)
+            # Before the first turn they extend the system prompt; later ones go with the
+            # next user turn, since most templates only take a system message first.
+            (pending if out else sys_parts).append(text)
             continue
-        if m.role == "user":
-            out.extend(_user_turn(m.content, p))
+        turn: list[dict[str, Any]]
+        if isinstance(m.content, str):
+            turn = [{"role": m.role, "content": m.content}]
+        elif m.role == "user":
+            turn = _user_turn(m.content, p)
         else:
-            out.append(_assistant_turn(m.content, p))
-    return out
+            turn = [_assistant_turn(m.content, p)]
+        if pending and m.role == "user":
+            _prepend_user(turn, "\n\n".join(pending))
+            pending = []
+        out.extend(turn)
+    if pending:
+        out.append({"role": "user", "content": "\n\n".join(pending)})
+    sys_text = "\n\n".join(t for t in sys_parts if t)
+    return ([{"role": "system", "content": sys_text}] if sys_text else []) + out
+
+
+def _texts(blocks: list[Any], p: str) -> str:
+    texts = []
+    for j, b in enumerate(blocks):
+        if not isinstance(b, TextBlock):
+            raise _error("System messages may only hold text blocks.", f"{p}.content[{j}]")
+        texts.append(b.text)
+    return "\n\n".join(texts)
+
+
+def _prepend_user(turn: list[dict[str, Any]], text: str) -> None:
+    for msg in turn:
+        if msg["role"] == "user":
+            msg["content"] = f"{text}\n\n{msg['content']}"
+            return
+    turn.append({"role": "user", "content": text})
 
 
 def _user_turn(blocks: list[Any], p: str) -> list[dict[str, Any]]:
@@ -235,7 +266,7 @@ def template_tools(req: MessagesRequest | CountTokensRequest) -> list[dict[str, 
 
 
 def reject_unsupported(req: MessagesRequest | CountTokensRequest) -> None:
-    for name in ("mcp_servers", "context_management", "output_format"):
+    for name in ("mcp_servers", "output_format"):
         if getattr(req, name) is not None:
             raise _error(f"{name}: not supported by this server.", name)
     if req.output_config is not None and req.output_config.format is not None:
@@ -262,9 +293,11 @@ def template_kwargs(
         kwargs["enable_thinking"] = on
     elif info.reasoning_kwarg == "reasoning_effort":
         kwargs["reasoning_effort"] = (effort or "high") if on else "low"
-    elif on and (state.parsers is None or state.parsers.reasoning is None):
-        param = "thinking.type" if thinking is not None else "output_config.effort"
-        raise _error("This model has no thinking mode.", param)
+    elif isinstance(thinking, ThinkingEnabled) and (
+        state.parsers is None or state.parsers.reasoning is None
+    ):
+        # "adaptive" and effort leave thinking to the model: one without it just answers.
+        raise _error("This model has no thinking mode.", "thinking.type")
     return kwargs
 
 
@@ -272,12 +305,93 @@ async def _prompt(
     state: ServerState, tokenizer: Any, req: MessagesRequest | CountTokensRequest
 ) -> tuple[list[int], list[dict[str, Any]] | None]:
     reject_unsupported(req)
-    messages = template_messages(req.system, req.messages)
     tools = template_tools(req)
+    kwargs = template_kwargs(state, req)
+    edits = req.context_management.edits if req.context_management else []
+    history = req.messages
+    for edit in edits:
+        if isinstance(edit, ClearThinking):
+            history = clear_thinking(history, edit)
     ids = await render_prompt(
-        state, tokenizer, messages, tools, template_kwargs(state, req), tools_param="tools"
+        state,
+        tokenizer,
+        template_messages(req.system, history),
+        tools,
+        kwargs,
+        tools_param="tools",
     )
+    for edit in edits:
+        if isinstance(edit, ClearToolUses):
+            trigger = edit.trigger.value if edit.trigger else 100_000
+            if len(ids) > trigger:
+                history = clear_tool_uses(history, edit)
+                ids = await render_prompt(
+                    state,
+                    tokenizer,
+                    template_messages(req.system, history),
+                    tools,
+                    kwargs,
+                    tools_param="tools",
+                )
     return ids, tools
+
+
+def clear_thinking(history: list[Any], edit: ClearThinking) -> list[Any]:
+    """Drop thinking from all but the last N assistant turns (context_management)."""
+    if edit.keep is None or edit.keep == "all":
+        return history if edit.keep == "all" else _without_thinking(history, 1)
+    return _without_thinking(history, edit.keep.value)
+
+
+def _without_thinking(history: list[Any], keep: int) -> list[Any]:
+    turns = [i for i, m in enumerate(history) if m.role == "assistant"]
+    drop = set(turns[: max(len(turns) - keep, 0)])
+    out = []
+    for i, m in enumerate(history):
+        if i in drop and not isinstance(m.content, str):
+            kept = [
+                b for b in m.content if not isinstance(b, ThinkingBlock | RedactedThinkingBlock)
+            ]
+            m = m.model_copy(update={"content": kept})
+        out.append(m)
+    return out
+
+
+_CLEARED = "[tool result cleared to save context]"
+
+
+def clear_tool_uses(history: list[Any], edit: ClearToolUses) -> list[Any]:
+    """Replace all but the last `keep` tool results (and optionally inputs) with a note."""
+    keep = edit.keep.value if edit.keep else 3
+    excluded = set(edit.exclude_tools or [])
+    names: dict[str, str] = {}
+    results: list[str] = []
+    for m in history:
+        for b in [] if isinstance(m.content, str) else m.content:
+            if isinstance(b, ToolUseBlock):
+                names[b.id] = b.name
+            elif isinstance(b, ToolResultBlock) and names.get(b.tool_use_id) not in excluded:
+                results.append(b.tool_use_id)
+    cleared = set(results[: max(len(results) - keep, 0)])
+    inputs = edit.clear_tool_inputs
+    out = []
+    for m in history:
+        if isinstance(m.content, str):
+            out.append(m)
+            continue
+        blocks = []
+        for b in m.content:
+            if isinstance(b, ToolResultBlock) and b.tool_use_id in cleared:
+                b = b.model_copy(update={"content": _CLEARED})
+            elif (
+                isinstance(b, ToolUseBlock)
+                and b.id in cleared
+                and (inputs is True or (isinstance(inputs, list) and b.name in inputs))
+            ):
+                b = b.model_copy(update={"input": {}})
+            blocks.append(b)
+        out.append(m.model_copy(update={"content": blocks}))
+    return out
 
 
 def sampling_params(state: ServerState, req: MessagesRequest, prompt_len: int) -> SamplingParams:

@@ -102,9 +102,17 @@ ContentBlock = Annotated[
 ]
 
 
+class OutputConfig(_Strict):
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+    format: dict[str, Any] | None = None
+
+
 class InputMessage(_Strict):
-    role: Literal["user", "assistant"]
+    # "system": instructions in the middle of a conversation (Claude Code sends them).
+    role: Literal["user", "assistant", "system"]
     content: str | list[ContentBlock]
+    # Per-turn control: the effort for the turns that follow (advisory, as effort is).
+    output_config: OutputConfig | None = None
 
 
 class Tool(_Strict):
@@ -114,6 +122,11 @@ class Tool(_Strict):
     type: Literal["custom"] | None = None
     cache_control: CacheControl | None = None
     strict: bool | None = None
+    # Tool-search and programmatic-calling fields: the tool is shown to the model as usual.
+    defer_loading: bool | None = None
+    input_examples: list[dict[str, Any]] | None = None
+    allowed_callers: list[str] | None = None
+    eager_input_streaming: bool | None = None
 
 
 class ServerTool(BaseModel):
@@ -171,9 +184,46 @@ Thinking = Annotated[
 ]
 
 
-class OutputConfig(_Strict):
-    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
-    format: dict[str, Any] | None = None
+class ThinkingTurns(_Strict):
+    type: Literal["thinking_turns"]
+    value: int = Field(ge=0)
+
+
+class ClearThinking(_Strict):
+    type: Literal["clear_thinking_20251015"]
+    keep: Literal["all"] | ThinkingTurns | None = None
+
+
+class InputTokens(_Strict):
+    type: Literal["input_tokens"]
+    value: int = Field(ge=1)
+
+
+class ToolUses(_Strict):
+    type: Literal["tool_uses"]
+    value: int = Field(ge=0)
+
+
+class ClearToolUses(_Strict):
+    type: Literal["clear_tool_uses_20250919"]
+    trigger: InputTokens | None = None
+    keep: ToolUses | None = None
+    clear_at_least: InputTokens | None = None
+    exclude_tools: list[str] | None = None
+    clear_tool_inputs: bool | list[str] | None = None
+
+
+ContextEdit = Annotated[
+    Union[  # noqa: UP007
+        Annotated[ClearThinking, Tag("@clear_thinking_20251015")],
+        Annotated[ClearToolUses, Tag("@clear_tool_uses_20250919")],
+    ],
+    _by("type", "clear_thinking_20251015", "clear_tool_uses_20250919"),
+]
+
+
+class ContextManagement(_Strict):
+    edits: list[ContextEdit] = Field(default_factory=list)
 
 
 class Diagnostics(_Strict):
@@ -210,7 +260,7 @@ class MessagesRequest(_Strict):
     # Parsed so they can be refused by name.
     container: Any = None
     mcp_servers: list[dict[str, Any]] | None = None
-    context_management: dict[str, Any] | None = None
+    context_management: ContextManagement | None = None
     output_format: dict[str, Any] | None = None
 
 
@@ -224,5 +274,5 @@ class CountTokensRequest(_Strict):
     output_config: OutputConfig | None = None
     cache_control: CacheControl | None = None
     mcp_servers: list[dict[str, Any]] | None = None
-    context_management: dict[str, Any] | None = None
+    context_management: ContextManagement | None = None
     output_format: dict[str, Any] | None = None
