@@ -101,9 +101,18 @@ def test_greedy_matches_mlx_lm_alone_and_batched(tiny_models, arch: str) -> None
             params = greedy
         else:
             params = SamplingParams(
-                max_tokens=GEN + i, temperature=0.7 + 0.05 * i, top_p=0.9, top_k=50,
-                min_p=0.02, seed=i, repetition_penalty=1.1, presence_penalty=0.2,
-                frequency_penalty=0.1, ignore_eos=True, logprobs=i % 3 == 0, top_logprobs=2,
+                max_tokens=GEN + i,
+                temperature=0.7 + 0.05 * i,
+                top_p=0.9,
+                top_k=50,
+                min_p=0.02,
+                seed=i,
+                repetition_penalty=1.1,
+                presence_penalty=0.2,
+                frequency_penalty=0.1,
+                ignore_eos=True,
+                logprobs=i % 3 == 0,
+                top_logprobs=2,
             )
         core.add_request(f"b{i}", p, params)
     res = _run(core)
@@ -235,8 +244,9 @@ def test_async_engine_concurrency_and_cancellation(tiny_models) -> None:
         assert engine.ready
 
         async def one(i: int) -> tuple[int, str | None]:
-            params = SamplingParams(max_tokens=30, temperature=0.0 if i % 2 else 0.9,
-                                    ignore_eos=True)
+            params = SamplingParams(
+                max_tokens=30, temperature=0.0 if i % 2 else 0.9, ignore_eos=True
+            )
             n = 0
             reason = None
             async for out in engine.generate(prompts[i], params, f"r{i}"):

@@ -16,6 +16,7 @@ from typing import Any
 
 from pippin import __version__
 from pippin.engine.config import EngineConfig
+from pippin.obs.logs import LOG_FORMATS
 
 log = logging.getLogger("pippin.cli")
 
@@ -130,6 +131,21 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         default="info",
         help="log level; prompts, keys and file paths are logged only at debug "
         "(default: %(default)s)",
+    )
+    s.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default="text",
+        help="text: one readable line per event; json: one JSON object per line. Either way "
+        "each API request gets one line with its id, endpoint, status, token counts and "
+        "timings (default: %(default)s)",
+    )
+    s.add_argument(
+        "--no-metrics",
+        dest="metrics",
+        action="store_false",
+        help="do not serve Prometheus metrics on /metrics (served by default, behind "
+        "--api-key like every route)",
     )
 
     e = p.add_argument_group("engine")
@@ -300,6 +316,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         engine=engine,
         sampling_overrides={k: v for k, v in overrides.items() if v is not None},
         default_chat_template_kwargs=args.default_chat_template_kwargs or {},
+        metrics=args.metrics,
     )
 
 
@@ -308,12 +325,11 @@ def serve(args: argparse.Namespace) -> int:
         os.environ["HF_HUB_OFFLINE"] = "1"  # read by huggingface_hub when it is imported
     import uvicorn
 
+    from pippin.obs.logs import setup_logging
     from pippin.server import create_app
 
     level = "debug" if args.log_level == "trace" else args.log_level
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    setup_logging(level, args.log_format)
     settings = settings_from_args(args)
     if settings.api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning(
@@ -325,6 +341,8 @@ def serve(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         log_level=args.log_level,
+        log_config=None,  # uvicorn's loggers go through ours (and its --log-format)
+        access_log=False,  # replaced by pippin's own line per request (pippin.request)
         # Streams can run for minutes; a stop signal should not wait for all of them.
         timeout_graceful_shutdown=10,
     )

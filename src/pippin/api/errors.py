@@ -16,6 +16,8 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from pippin.obs.http import note_error
+
 logger = logging.getLogger(__name__)
 
 # pydantic puts union member labels and our discriminator tags into error
@@ -55,6 +57,7 @@ class OpenAIError(Exception):
         }
 
     def response(self) -> JSONResponse:
+        note_error(self.code or self.type)
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
