@@ -1,4 +1,4 @@
-"""Command line: ``pippin serve [MODEL]`` and ``pippin --version``.
+"""Command line: ``pippin serve [MODEL]``, ``pippin bench`` and ``pippin --version``.
 
 Flag names follow pippin's own vocabulary; the names vLLM and vllm-mlx use for the
 same settings are accepted as aliases so existing launch scripts keep working. Flags
@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from pippin import __version__
+from pippin.bench.cli import add_bench_args
 from pippin.engine.config import EngineConfig
 from pippin.obs.logs import LOG_FORMATS
 
@@ -277,6 +278,15 @@ def build_parser() -> argparse.ArgumentParser:
         "(/v1/chat/completions, /v1/completions, /v1/models; /health and /version).",
     )
     _add_serve_args(serve)
+    bench = sub.add_parser(
+        "bench",
+        help="measure any OpenAI-compatible server over HTTP",
+        description="Load-test OpenAI-compatible servers (pippin or its peers) with streaming "
+        "requests: concurrency sweeps or Poisson request rates; prints TTFT, inter-token "
+        "latency, TPOT and end-to-end percentiles and aggregate tokens/s; with several --url, "
+        "runs them interleaved and reports ratios to the first.",
+    )
+    add_bench_args(bench)
     return parser
 
 
@@ -359,6 +369,10 @@ def main(argv: list[str] | None = None) -> int:
 
             maybe_reexec_with_openblas()
         return serve(args)
+    if args.command == "bench":
+        from pippin.bench.cli import run
+
+        return run(args)
     parser.print_help(sys.stderr)
     return 2
 

@@ -30,10 +30,12 @@ def total(samples: Samples, name: str, **labels: str) -> float | None:
     return sum(found) if found else None
 
 
-async def scrape(client: httpx.AsyncClient, base_url: str) -> Samples | None:
+async def scrape(
+    client: httpx.AsyncClient, base_url: str, headers: dict[str, str] | None = None
+) -> Samples | None:
     """The server's metrics, or None where it has no /metrics (or it is not Prometheus)."""
     try:
-        r = await client.get(f"{base_url}/metrics", timeout=10)
+        r = await client.get(f"{base_url}/metrics", headers=headers, timeout=10)
         if r.status_code != 200:
             return None
         return parse_metrics(r.text)
