@@ -52,7 +52,10 @@ def plot(rows: list[dict[str, Any]], mode: str, prefix: Path) -> list[Path]:
 
 def _finish(ax: Any, mode: str) -> None:
     if mode == "concurrency":
+        from matplotlib.ticker import ScalarFormatter
+
         ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(ScalarFormatter())
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
 

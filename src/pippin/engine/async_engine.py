@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 class AsyncEngine:
     """Interface (stable; the HTTP front relies on it):
 
-    - ``AsyncEngine(loaded, config)``; ``await start()``; ``await stop()``.
+    - ``AsyncEngine(loaded, config, observer=None)``; ``await start()``; ``await stop()``.
+      ``observer`` (an ``EngineObserver``) is told of requests and steps (metrics, logs).
     - ``ready``: True once the model is loaded and the engine thread runs.
     - ``max_model_len``: the context limit in tokens.
     - ``generate(prompt_token_ids, params, request_id)``: async iterator of
