@@ -1,4 +1,4 @@
-"""Command line: ``pippin serve [MODEL]`` and ``pippin --version``.
+"""Command line: ``pippin serve [MODEL]``, ``pippin bench`` and ``pippin --version``.
 
 Flag names follow pippin's own vocabulary; the names vLLM and vllm-mlx use for the
 same settings are accepted as aliases so existing launch scripts keep working. Flags
@@ -15,7 +15,9 @@ import sys
 from typing import Any
 
 from pippin import __version__
+from pippin.bench.cli import add_bench_args
 from pippin.engine.config import EngineConfig
+from pippin.obs.logs import LOG_FORMATS
 
 log = logging.getLogger("pippin.cli")
 
@@ -130,6 +132,21 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         default="info",
         help="log level; prompts, keys and file paths are logged only at debug "
         "(default: %(default)s)",
+    )
+    s.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default="text",
+        help="text: one readable line per event; json: one JSON object per line. Either way "
+        "each API request gets one line with its id, endpoint, status, token counts and "
+        "timings (default: %(default)s)",
+    )
+    s.add_argument(
+        "--no-metrics",
+        dest="metrics",
+        action="store_false",
+        help="do not serve Prometheus metrics on /metrics (served by default, behind "
+        "--api-key like every route)",
     )
 
     e = p.add_argument_group("engine")
@@ -284,6 +301,15 @@ def build_parser() -> argparse.ArgumentParser:
         "(/v1/chat/completions, /v1/completions, /v1/models; /health and /version).",
     )
     _add_serve_args(serve)
+    bench = sub.add_parser(
+        "bench",
+        help="measure any OpenAI-compatible server over HTTP",
+        description="Load-test OpenAI-compatible servers (pippin or its peers) with streaming "
+        "requests: concurrency sweeps or Poisson request rates; prints TTFT, inter-token "
+        "latency, TPOT and end-to-end percentiles and aggregate tokens/s; with several --url, "
+        "runs them interleaved and reports ratios to the first.",
+    )
+    add_bench_args(bench)
     return parser
 
 
@@ -339,6 +365,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         engine=engine,
         sampling_overrides={k: v for k, v in overrides.items() if v is not None},
         default_chat_template_kwargs=args.default_chat_template_kwargs or {},
+        metrics=args.metrics,
     )
 
 
@@ -347,12 +374,11 @@ def serve(args: argparse.Namespace) -> int:
         os.environ["HF_HUB_OFFLINE"] = "1"  # read by huggingface_hub when it is imported
     import uvicorn
 
+    from pippin.obs.logs import setup_logging
     from pippin.server import create_app
 
     level = "debug" if args.log_level == "trace" else args.log_level
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    setup_logging(level, args.log_format)
     settings = settings_from_args(args)
     if settings.api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning(
@@ -364,6 +390,8 @@ def serve(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         log_level=args.log_level,
+        log_config=None,  # uvicorn's loggers go through ours (and its --log-format)
+        access_log=False,  # replaced by pippin's own line per request (pippin.request)
         # Streams can run for minutes; a stop signal should not wait for all of them.
         timeout_graceful_shutdown=10,
     )
@@ -380,6 +408,10 @@ def main(argv: list[str] | None = None) -> int:
 
             maybe_reexec_with_openblas()
         return serve(args)
+    if args.command == "bench":
+        from pippin.bench.cli import run
+
+        return run(args)
     parser.print_help(sys.stderr)
     return 2
 

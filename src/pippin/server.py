@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request, Response
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -29,7 +29,12 @@ from pippin.chat.output import ParserChoice
 from pippin.chat.template import TemplateInfo, inspect_template
 from pippin.engine.async_engine import AsyncEngine
 from pippin.engine.config import EngineConfig
+from pippin.obs.http import ObservabilityMiddleware
+from pippin.obs.metrics import CONTENT_TYPE, Metrics
+from pippin.obs.observer import ServerObserver
 from pippin.store.loaded import LoadedModel
+from pippin.web import STATIC_PATHS
+from pippin.web import router as web_router
 
 log = logging.getLogger("pippin.server")
 
@@ -54,6 +59,8 @@ class ServerSettings:
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     tool_call_parser: str = "auto"  # a parser name, "auto" or "none"
     reasoning_parser: str = "auto"
+    # Serve Prometheus metrics on /metrics (--no-metrics turns them off).
+    metrics: bool = True
 
 
 @dataclass
@@ -72,6 +79,11 @@ class ServerState:
     token_renderer: Any = None
     fingerprint: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
+    metrics: Metrics | None = None
+    observer: ServerObserver = field(default_factory=lambda: ServerObserver(None))
+
+    def engine_stats(self) -> dict[str, int]:
+        return self.engine.stats() if self.engine is not None else {}
 
     def attach(self, loaded: LoadedModel, engine: AsyncEngine) -> None:
         s = self.settings
@@ -213,7 +225,7 @@ async def start_model(state: ServerState) -> None:
         trust_remote_code=s.trust_remote_code,
         revision=s.revision,
     )
-    engine = AsyncEngine(loaded, s.engine)
+    engine = AsyncEngine(loaded, s.engine, observer=state.observer)
     await engine.start()
     state.attach(loaded, engine)
     stats = engine.stats()
@@ -231,6 +243,9 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
     """The ASGI app. With ``load_model=False`` no model is loaded (routes answer 503),
     which is how request validation is tested without an engine."""
     state = ServerState(settings, model_names=list(settings.served_model_names))
+    if settings.metrics:
+        state.metrics = Metrics(state.engine_stats)
+        state.observer = ServerObserver(state.metrics)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -245,13 +260,29 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
     app = FastAPI(title="pippin", version=__version__, lifespan=lifespan)
     app.state.pippin = state
     install_error_handlers(app)
-    app.include_router(openai_models.router)
-    app.include_router(openai_chat.router)
-    app.include_router(openai_completions.router)
-    app.include_router(anthropic_messages.router)
+    routers = (
+        openai_models.router,
+        openai_chat.router,
+        openai_completions.router,
+        anthropic_messages.router,
+        web_router,
+    )
+    for router in routers:
+        app.include_router(router)
+    if state.metrics is not None:
+        metrics = state.metrics
+
+        @app.get("/metrics", include_in_schema=False)
+        async def prometheus_metrics(_: Request) -> Response:
+            return Response(metrics.exposition(), media_type=CONTENT_TYPE)
+
     # Added last = runs first: unauthenticated requests are refused before any body is read.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_body_bytes)
+    # The web page's files hold no data: the page asks for the key when the API needs it.
     app.add_middleware(
-        ApiKeyMiddleware, api_key=settings.api_key, open_paths=frozenset({"/health"})
+        ApiKeyMiddleware, api_key=settings.api_key, open_paths=frozenset({"/health"}) | STATIC_PATHS
     )
+    # Outermost: counts and logs every request, the refused ones too.
+    routes = [route for router in routers for route in router.routes]
+    app.add_middleware(ObservabilityMiddleware, metrics=state.metrics, routes=routes)
     return app

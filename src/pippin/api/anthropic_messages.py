@@ -45,6 +45,7 @@ from pippin.api.protocol import cancel_on_disconnect, closing, parse_request
 from pippin.chat.tool_parsers.base import ParsedDelta
 from pippin.engine.async_engine import EngineError
 from pippin.engine.types import SamplingParams
+from pippin.obs.http import note_error
 
 if TYPE_CHECKING:
     from pippin.server import ServerState
@@ -639,6 +640,7 @@ class MessageRun:
             )
             yield _event({"type": "message_stop"})
         except OpenAIError as exc:
+            note_error(exc.code or exc.type)
             yield _event(exc.anthropic_body())
         except EngineError as exc:
             yield _event(

@@ -16,6 +16,8 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from pippin.obs.http import note_error
+
 logger = logging.getLogger(__name__)
 
 # pydantic puts union member labels and our discriminator tags into error
@@ -63,6 +65,7 @@ class OpenAIError(Exception):
 
     def response(self, path: str = "") -> JSONResponse:
         """The error as the API at `path` writes errors (Anthropic's or OpenAI's)."""
+        note_error(self.code or self.type)
         if is_anthropic_path(path):
             status = 529 if self.status == 503 else self.status  # Anthropic's "overloaded"
             return JSONResponse(self.anthropic_body(), status_code=status, headers=self.headers)

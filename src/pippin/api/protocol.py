@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 
 from pippin.api.errors import OpenAIError, from_validation_error, server_error
 from pippin.engine.async_engine import EngineError
+from pippin.obs.http import note_error
 
 # Parsing a big body (up to the body cap) takes long enough to stall other
 # requests, so above this size it runs in a worker thread.
@@ -408,6 +409,7 @@ async def framed_stream(
         logging.getLogger(__name__).exception("stream failed")
         failed = server_error(f"Internal server error ({type(exc).__name__}).")
     if failed is not None:
+        note_error(failed.code or failed.type)
         yield sse(failed.body())
     else:
         usage = usage_chunk()

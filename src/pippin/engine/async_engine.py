@@ -11,6 +11,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,6 +19,7 @@ import mlx.core as mx
 
 from pippin.engine.config import EngineConfig
 from pippin.engine.core import EngineCore, EngineError
+from pippin.engine.observer import EngineObserver
 from pippin.engine.types import RequestOutput, SamplingParams
 from pippin.store.loaded import LoadedModel
 
@@ -29,7 +31,8 @@ log = logging.getLogger(__name__)
 class AsyncEngine:
     """Interface (stable; the HTTP front relies on it):
 
-    - ``AsyncEngine(loaded, config)``; ``await start()``; ``await stop()``.
+    - ``AsyncEngine(loaded, config, observer=None)``; ``await start()``; ``await stop()``.
+      ``observer`` (an ``EngineObserver``) is told of requests and steps (metrics, logs).
     - ``ready``: True once the model is loaded and the engine thread runs.
     - ``max_model_len``: the context limit in tokens.
     - ``generate(prompt_token_ids, params, request_id)``: async iterator of
@@ -42,9 +45,12 @@ class AsyncEngine:
     - ``stats()``: dict with running, waiting, blocks_total, blocks_free, ...
     """
 
-    def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
+    def __init__(
+        self, loaded: LoadedModel, config: EngineConfig, observer: EngineObserver | None = None
+    ) -> None:
         self.loaded = loaded
         self.config = config
+        self.observer = observer or EngineObserver()
         self.core: EngineCore | None = None
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._queues: dict[str, asyncio.Queue[RequestOutput]] = {}
@@ -95,6 +101,7 @@ class AsyncEngine:
         if request_id in self._queues:
             raise EngineError(f"request id {request_id!r} is already in use")
         self.check(prompt_token_ids, params)
+        watch = self.observer.request(request_id, len(prompt_token_ids))
         q: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self._queues[request_id] = q
         self._inbox.put(("add", (request_id, list(prompt_token_ids), params)))
@@ -102,12 +109,14 @@ class AsyncEngine:
         try:
             while True:
                 out = await q.get()
+                watch.output(out)
                 finished = out.finished
                 yield out
                 if finished:
                     break
         finally:
             self._queues.pop(request_id, None)
+            watch.end(finished)
             if not finished:
                 self.abort(request_id)
 
@@ -123,6 +132,7 @@ class AsyncEngine:
             stream = mx.new_stream(mx.default_device())
             with mx.stream(stream):
                 self.core = EngineCore(self.loaded, self.config)
+                self.core.observer = self.observer
         except BaseException as e:  # reported to start()
             self._start_error = e
             self._running = False
@@ -142,7 +152,9 @@ class AsyncEngine:
                 if not core.has_work():
                     continue
                 try:
+                    t0 = time.perf_counter()
                     outs = core.step()
+                    self.observer.step_done(time.perf_counter() - t0)
                 except Exception as e:
                     log.exception("engine step failed")
                     outs = core.fail_all(f"engine error: {type(e).__name__}: {e}")

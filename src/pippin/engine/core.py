@@ -15,6 +15,7 @@ import mlx.core as mx
 from pippin.engine.block_manager import BlockManager
 from pippin.engine.config import EngineConfig
 from pippin.engine.model_runner import ModelRunner
+from pippin.engine.observer import EngineObserver
 from pippin.engine.output_processor import OutputProcessor
 from pippin.engine.paged_cache import bytes_per_block
 from pippin.engine.sampler import SampleResult, sample
@@ -62,6 +63,8 @@ def _budget_near(s: Sequence) -> bool:
 
 
 class EngineCore:
+    observer = EngineObserver()  # the AsyncEngine sets its own
+
     def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
         self.config = config
         self.loaded = loaded
@@ -165,6 +168,7 @@ class EngineCore:
         if self._inflight is not None and self._needs_sync():
             outs = self._finish_inflight()
         sched = self.scheduler.schedule()
+        self.observer.scheduled(sched)
         if sched.empty:
             return outs + self._finish_inflight()
         self.steps += 1
