@@ -250,3 +250,36 @@ def test_images_are_refused_by_name(client: anthropic.Anthropic) -> None:
     with pytest.raises(anthropic.BadRequestError) as e:
         create(client, messages=[{"role": "user", "content": [image]}])
     assert "image" in str(e.value).lower()
+
+
+def test_openai_chat_reasoning_and_budget(server: Server) -> None:
+    # The same thinking model through chat completions: reasoning_content, then content.
+    client = server.client(api_key=KEY)
+    body = {"chat_template_kwargs": {"enable_thinking": True}, "thinking_token_budget": 5}
+    r = client.chat.completions.create(
+        model="tiny", messages=HELLO, max_tokens=20, temperature=0, extra_body=body
+    )
+    msg = r.choices[0].message.model_dump()
+    assert msg["reasoning_content"] and msg["reasoning"] == msg["reasoning_content"]
+    assert msg["content"] and r.choices[0].finish_reason == "length"
+    stream = client.chat.completions.create(
+        model="tiny", messages=HELLO, max_tokens=20, temperature=0, extra_body=body, stream=True
+    )
+    reasoning = content = ""
+    for chunk in stream:
+        for ch in chunk.choices:
+            d = ch.delta.model_dump()
+            if d.get("reasoning_content"):
+                assert not content  # all reasoning comes before the answer
+                reasoning += d["reasoning_content"]
+            content += d.get("content") or ""
+    assert (reasoning, content) == (msg["reasoning_content"], msg["content"])
+    # Thinking switched off by the template: no reasoning at all.
+    off = client.chat.completions.create(
+        model="tiny",
+        messages=HELLO,
+        max_tokens=8,
+        temperature=0,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    assert off.choices[0].message.model_dump()["reasoning_content"] is None
