@@ -21,7 +21,13 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pippin import __version__
-from pippin.api import anthropic_messages, openai_chat, openai_completions, openai_models
+from pippin.api import (
+    anthropic_messages,
+    openai_chat,
+    openai_completions,
+    openai_models,
+    openai_responses,
+)
 from pippin.api.errors import OpenAIError, install_error_handlers
 from pippin.api.protocol import TokenRenderer
 from pippin.api.sampling import Limits, merge_defaults
@@ -265,6 +271,7 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
         openai_chat.router,
         openai_completions.router,
         anthropic_messages.router,
+        openai_responses.router,
         web_router,
     )
     for router in routers:

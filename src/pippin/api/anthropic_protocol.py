@@ -51,6 +51,9 @@ class ToolUseBlock(_Strict):
     name: str
     input: dict[str, Any]
     cache_control: CacheControl | None = None
+    # Programmatic tool calling: who made the call, and the toolset of the tool.
+    caller: dict[str, Any] | None = None
+    toolset_name: str | None = None
 
 
 class ToolResultBlock(_Strict):
@@ -59,6 +62,7 @@ class ToolResultBlock(_Strict):
     content: str | list[Annotated[TextBlock | ImageBlock | DocumentBlock, Field()]] | None = None
     is_error: bool | None = None
     cache_control: CacheControl | None = None
+    toolset_name: str | None = None
 
 
 class ThinkingBlock(_Strict):

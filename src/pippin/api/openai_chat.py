@@ -77,7 +77,7 @@ def _join_text(content: str | list[Any] | None, param: str) -> str:
     return "\n".join(texts)
 
 
-def _arguments(raw: str) -> Any:
+def arguments_for_template(raw: str) -> Any:
     # HF chat templates expect tool-call arguments as a mapping (they `tojson` them).
     try:
         return json.loads(raw)
@@ -107,7 +107,7 @@ def template_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
                     "type": "function",
                     "function": {
                         "name": c.function.name,
-                        "arguments": _arguments(c.function.arguments),
+                        "arguments": arguments_for_template(c.function.arguments),
                     },
                 }
                 for c in m.tool_calls or []
@@ -118,7 +118,10 @@ def template_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
                     {
                         "id": f"call_{i}",
                         "type": "function",
-                        "function": {"name": fc.name, "arguments": _arguments(fc.arguments)},
+                        "function": {
+                            "name": fc.name,
+                            "arguments": arguments_for_template(fc.arguments),
+                        },
                     }
                 )
             if calls:

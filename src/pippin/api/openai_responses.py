@@ -32,7 +32,7 @@ from pippin.api.errors import (
     unsupported_param,
     unsupported_value,
 )
-from pippin.api.openai_chat import _arguments
+from pippin.api.openai_chat import arguments_for_template
 from pippin.api.openai_models import check_model, get_state, require_engine
 from pippin.api.protocol import SamplingFields, cancel_on_disconnect, parse_request
 from pippin.api.responses_protocol import (
@@ -295,7 +295,7 @@ class _Messages:
                 last = {"role": "assistant", "content": ""}
                 self.out.append(last)
             self._take_reasoning(last)
-            call = {"name": item.name, "arguments": _arguments(item.arguments)}
+            call = {"name": item.name, "arguments": arguments_for_template(item.arguments)}
             last.setdefault("tool_calls", []).append(
                 {"id": item.call_id, "type": "function", "function": call}
             )

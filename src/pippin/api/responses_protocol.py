@@ -84,6 +84,8 @@ class FunctionCallItem(_Strict):
     status: ItemStatus | None = None
     namespace: str | None = None
     caller: dict[str, Any] | None = None
+    # `async` on the wire: the call ran in the background of a program.
+    async_: bool | None = Field(None, alias="async")
 
 
 class FunctionCallOutputItem(_Strict):
