@@ -21,11 +21,12 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pippin import __version__
-from pippin.api import openai_chat, openai_completions, openai_models
+from pippin.api import openai_chat, openai_completions, openai_embeddings, openai_models, rerank
 from pippin.api.errors import OpenAIError, install_error_handlers
 from pippin.api.protocol import TokenRenderer
 from pippin.api.sampling import Limits, merge_defaults
 from pippin.chat.template import TemplateInfo, inspect_template
+from pippin.embed.config import EmbedSettings
 from pippin.engine.async_engine import AsyncEngine
 from pippin.engine.config import EngineConfig
 from pippin.store.loaded import LoadedModel
@@ -51,6 +52,8 @@ class ServerSettings:
     # --default-temperature etc.: above the model's defaults, below the request.
     sampling_overrides: dict[str, Any] = field(default_factory=dict)
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # Optional embedding and rerank models served beside the chat model.
+    embed: EmbedSettings = field(default_factory=EmbedSettings)
 
 
 @dataclass
@@ -68,6 +71,16 @@ class ServerState:
     token_renderer: Any = None
     fingerprint: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
+    # The embedding/rerank worker and the names of its models, by kind.
+    embed: Any = None
+    extra_names: dict[str, list[str]] = field(default_factory=dict)
+
+    def extra_model(self, name: str) -> Any:
+        """The embedding or rerank model served under ``name``, if any."""
+        for kind, names in self.extra_names.items():
+            if name in names and self.embed is not None:
+                return self.embed.models.get(kind)
+        return None
 
     def attach(self, loaded: LoadedModel, engine: AsyncEngine) -> None:
         s = self.settings
@@ -211,6 +224,38 @@ async def start_model(state: ServerState) -> None:
     )
 
 
+async def start_extra_models(state: ServerState) -> None:
+    """Load the embedding and rerank models onto their worker thread and name them."""
+    from pippin.embed.models import LoadOptions
+    from pippin.embed.worker import EmbedWorker
+    from pippin.store.loader import ModelLoadError
+
+    s = state.settings
+    opts = LoadOptions(
+        dtype=s.dtype,
+        trust_remote_code=s.trust_remote_code,
+        revision=s.revision,
+        truncate=s.embed.auto_truncate,
+        matryoshka=s.embed.matryoshka,
+    )
+    worker = EmbedWorker(s.embed, opts)
+    await worker.start()
+    state.embed = worker
+    taken = set(state.model_names)
+    for kind, model in worker.models.items():
+        wanted = s.embed.embedding_names if kind == "embedding" else s.embed.rerank_names
+        names = list(wanted) or [model.name]
+        clash = taken.intersection(names)
+        if clash:
+            raise ModelLoadError(
+                f"the {kind} model's name {sorted(clash)[0]!r} is already taken by another "
+                f"model; give it one with --{kind}-served-model-name"
+            )
+        taken.update(names)
+        state.extra_names[kind] = names
+        log.info("%s model '%s' ready (max %d tokens)", kind, names[0], model.max_len)
+
+
 def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
     """The ASGI app. With ``load_model=False`` no model is loaded (routes answer 503),
     which is how request validation is tested without an engine."""
@@ -218,11 +263,15 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        if load_model:
-            await start_model(state)
         try:
+            if load_model:
+                await start_model(state)
+                if settings.embed.enabled:
+                    await start_extra_models(state)
             yield
         finally:
+            if state.embed is not None:
+                await state.embed.stop()
             if state.engine is not None:
                 await state.engine.stop()
 
@@ -232,6 +281,8 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
     app.include_router(openai_models.router)
     app.include_router(openai_chat.router)
     app.include_router(openai_completions.router)
+    app.include_router(openai_embeddings.router)
+    app.include_router(rerank.router)
     # Added last = runs first: unauthenticated requests are refused before any body is read.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_body_bytes)
     app.add_middleware(
