@@ -121,7 +121,6 @@ class CrossEncoder(Reranker):
     def __init__(self, *args: Any, activation: str, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.activation = activation
-        self.uses_type_ids = True
 
     def forward(self, ids: mx.array, type_ids: mx.array | None, lengths: mx.array) -> mx.array:
         valid = mx.arange(ids.shape[1])[None] < lengths[:, None]
@@ -257,6 +256,9 @@ def _load_encoder(
         text = TextEncoder(hf.backend_tokenizer, _max_len(hf, args.max_tokens, None), opts.truncate)
         common = {"name": name, "source": source, "vocab_size": args.vocab_size}
         model = CrossEncoder(net, text, activation=activation, **common)
+        # Token types only where the tokenizer gives them to the model, as transformers does.
+        names = getattr(hf, "model_input_names", None) or []
+        model.uses_type_ids = "token_type_ids" in names and args.type_vocab_size > 1
     model.pad_id = args.pad_token_id
     return model
 
