@@ -130,6 +130,7 @@ def _add_embed_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--embedding-batch-tokens",
         type=_positive_int,
+        metavar="N",
         default=EmbedSettings.max_batch_tokens,
         help="padded tokens in one embedding/rerank forward pass; bounds how long one "
         "pass holds the device (default: %(default)s)",
@@ -137,6 +138,7 @@ def _add_embed_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--embedding-batch-size",
         type=_positive_int,
+        metavar="N",
         default=EmbedSettings.max_batch_size,
         help="most inputs in one embedding/rerank forward pass (default: %(default)s)",
     )
