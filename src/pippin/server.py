@@ -25,14 +25,17 @@ from pippin.api import (
     anthropic_messages,
     openai_chat,
     openai_completions,
+    openai_embeddings,
     openai_models,
     openai_responses,
+    rerank,
 )
 from pippin.api.errors import OpenAIError, install_error_handlers
 from pippin.api.protocol import TokenRenderer
 from pippin.api.sampling import Limits, merge_defaults
 from pippin.chat.output import ParserChoice
 from pippin.chat.template import TemplateInfo, inspect_template
+from pippin.embed.config import EmbedSettings
 from pippin.engine.async_engine import AsyncEngine
 from pippin.engine.config import EngineConfig
 from pippin.obs.http import ObservabilityMiddleware
@@ -67,6 +70,8 @@ class ServerSettings:
     reasoning_parser: str = "auto"
     # Serve Prometheus metrics on /metrics (--no-metrics turns them off).
     metrics: bool = True
+    # Optional embedding and rerank models served beside the chat model.
+    embed: EmbedSettings = field(default_factory=EmbedSettings)
 
 
 @dataclass
@@ -90,6 +95,17 @@ class ServerState:
 
     def engine_stats(self) -> dict[str, int]:
         return self.engine.stats() if self.engine is not None else {}
+
+    # The embedding/rerank worker and the names of its models, by kind.
+    embed: Any = None
+    extra_names: dict[str, list[str]] = field(default_factory=dict)
+
+    def extra_model(self, name: str) -> Any:
+        """The embedding or rerank model served under ``name``, if any."""
+        for kind, names in self.extra_names.items():
+            if name in names and self.embed is not None:
+                return self.embed.models.get(kind)
+        return None
 
     def attach(self, loaded: LoadedModel, engine: AsyncEngine) -> None:
         s = self.settings
@@ -245,6 +261,38 @@ async def start_model(state: ServerState) -> None:
     )
 
 
+async def start_extra_models(state: ServerState) -> None:
+    """Load the embedding and rerank models onto their worker thread and name them."""
+    from pippin.embed.models import LoadOptions
+    from pippin.embed.worker import EmbedWorker
+    from pippin.store.loader import ModelLoadError
+
+    s = state.settings
+    opts = LoadOptions(
+        dtype=s.dtype,
+        trust_remote_code=s.trust_remote_code,
+        revision=s.revision,
+        truncate=s.embed.auto_truncate,
+        matryoshka=s.embed.matryoshka,
+    )
+    worker = EmbedWorker(s.embed, opts)
+    await worker.start()
+    state.embed = worker
+    taken = set(state.model_names)
+    for kind, model in worker.models.items():
+        wanted = s.embed.embedding_names if kind == "embedding" else s.embed.rerank_names
+        names = list(wanted) or [model.name]
+        clash = taken.intersection(names)
+        if clash:
+            raise ModelLoadError(
+                f"the {kind} model's name {sorted(clash)[0]!r} is already taken by another "
+                f"model; give it one with --{kind}-served-model-name"
+            )
+        taken.update(names)
+        state.extra_names[kind] = names
+        log.info("%s model '%s' ready (max %d tokens)", kind, names[0], model.max_len)
+
+
 def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
     """The ASGI app. With ``load_model=False`` no model is loaded (routes answer 503),
     which is how request validation is tested without an engine."""
@@ -255,11 +303,15 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        if load_model:
-            await start_model(state)
         try:
+            if load_model:
+                await start_model(state)
+                if settings.embed.enabled:
+                    await start_extra_models(state)
             yield
         finally:
+            if state.embed is not None:
+                await state.embed.stop()
             if state.engine is not None:
                 await state.engine.stop()
 
@@ -272,6 +324,8 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
         openai_completions.router,
         anthropic_messages.router,
         openai_responses.router,
+        openai_embeddings.router,
+        rerank.router,
         web_router,
     )
     for router in routers:

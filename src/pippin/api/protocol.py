@@ -298,6 +298,35 @@ class CompletionRequest(SamplingFields):
     add_special_tokens: bool | None = None
 
 
+class EmbeddingRequest(_Strict):
+    model: str
+    input: PromptInput
+    encoding_format: Literal["float", "base64"] | None = None
+    dimensions: int | None = Field(None, ge=1)
+    user: str | None = None
+
+
+class RerankDocument(BaseModel):
+    """A document given as an object (Cohere v1): ranked by ``text``; its other keys are
+    the client's own and come back unchanged with ``return_documents``."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    text: str
+
+
+class RerankRequest(_Strict):
+    """Cohere (v1 and v2), Jina and vLLM rerank requests."""
+
+    model: str | None = None
+    query: str
+    documents: list[str | RerankDocument]
+    top_n: int | None = Field(None, ge=1)
+    return_documents: bool | None = None
+    max_tokens_per_doc: int | None = Field(None, ge=1)
+    rank_fields: list[str] | None = None
+    max_chunks_per_doc: int | None = None
+
+
 RequestT = TypeVar("RequestT", bound=BaseModel)
 
 
