@@ -213,6 +213,22 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         help="turn the prefix cache off (vLLM and vllm-mlx spellings)",
     )
     e.add_argument(
+        "--kv-bits",
+        type=int,
+        choices=(4, 8),
+        help="store the KV cache quantised to this many bits (mx.quantize, affine, with "
+        "attention over the quantised keys and values): 8 bits fits about 1.9x the tokens "
+        "of bfloat16 KV, 4 bits about 3.6x; default: the model's dtype",
+    )
+    e.add_argument(
+        "--kv-group-size",
+        type=int,
+        choices=(32, 64, 128),
+        default=EngineConfig.kv_group_size,
+        help="elements sharing one scale and bias in quantised KV; must divide the head "
+        "dimension (default: %(default)s)",
+    )
+    e.add_argument(
         "--continuous-batching",
         action="store_true",
         help="accepted for vllm-mlx compatibility; pippin always batches continuously",
@@ -221,6 +237,34 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         "--use-paged-cache",
         action="store_true",
         help="accepted for vllm-mlx compatibility; pippin's KV cache is always paged",
+    )
+
+    c = p.add_argument_group(
+        "prefix cache tiers",
+        "under the in-memory prefix cache: an SSD tier that keeps evicted blocks across "
+        "evictions and restarts, and prompts cached at start-up",
+    )
+    c.add_argument(
+        "--ssd-cache-dir",
+        metavar="DIR",
+        help="spill KV blocks evicted from memory to files in DIR (with an SQLite index) "
+        "and read them back when a prompt starts with them, also after a restart; "
+        "cached blocks still in memory are written at shutdown. Blocks of another model, "
+        "dtype or KV layout are never read. Default: off",
+    )
+    c.add_argument(
+        "--ssd-cache-max-gb",
+        type=_positive_float,
+        default=EngineConfig.ssd_cache_max_gb,
+        help="size cap of the SSD tier in GiB; least recently used blocks are deleted "
+        "beyond it (default: %(default)s)",
+    )
+    c.add_argument(
+        "--warm-prompts",
+        metavar="FILE",
+        help="a JSON list of prompts to prefill at start-up, before /health turns ready: "
+        "texts (as completions prompts), chat request bodies (objects with 'messages', "
+        "'tools', ...) or completions bodies (objects with 'prompt')",
     )
 
     o = p.add_argument_group("chat output")
@@ -281,7 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
         "serve",
         help="serve a model over HTTP",
         description="Serve one model over HTTP with the OpenAI API "
-        "(/v1/chat/completions, /v1/completions, /v1/models; /health and /version).",
+        "(/v1/chat/completions, /v1/completions, /v1/models; /health and /version; the "
+        "prefix cache's GET /v1/cache/stats and DELETE /v1/cache).",
     )
     _add_serve_args(serve)
     return parser
@@ -311,6 +356,10 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         cache_memory_bytes=args.cache_memory_mb * MIB if args.cache_memory_mb else None,
         enable_prefix_caching=args.prefix_caching,
         max_tokens_cap=args.max_tokens,
+        kv_bits=args.kv_bits,
+        kv_group_size=args.kv_group_size,
+        ssd_cache_dir=args.ssd_cache_dir,
+        ssd_cache_max_gb=args.ssd_cache_max_gb,
     )
     from pippin.chat.reasoning import REASONING_PARSERS
     from pippin.chat.tool_parsers import registry
@@ -339,6 +388,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         engine=engine,
         sampling_overrides={k: v for k, v in overrides.items() if v is not None},
         default_chat_template_kwargs=args.default_chat_template_kwargs or {},
+        warm_prompts=args.warm_prompts,
     )
 
 

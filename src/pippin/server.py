@@ -21,7 +21,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pippin import __version__
-from pippin.api import openai_chat, openai_completions, openai_models
+from pippin.api import cache_control, openai_chat, openai_completions, openai_models
 from pippin.api.errors import OpenAIError, install_error_handlers
 from pippin.api.protocol import TokenRenderer
 from pippin.api.sampling import Limits, merge_defaults
@@ -54,6 +54,8 @@ class ServerSettings:
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     tool_call_parser: str = "auto"  # a parser name, "auto" or "none"
     reasoning_parser: str = "auto"
+    # --warm-prompts: a JSON file of prompts prefilled before the server turns ready.
+    warm_prompts: str | None = None
 
 
 @dataclass
@@ -100,7 +102,10 @@ class ServerState:
             self.parsers.reasoning.name if self.parsers.reasoning else "none",
         )
         # Changes whenever what produces the tokens changes (OpenAI's meaning).
-        ident = f"{__version__}|{loaded.source}|{loaded.dtype}|{s.engine.block_size}"
+        ident = (
+            f"{__version__}|{loaded.source}|{loaded.dtype}|{s.engine.block_size}"
+            f"|{s.engine.kv_bits}|{s.engine.kv_group_size}"
+        )
         self.fingerprint = "fp_" + hashlib.sha256(ident.encode()).hexdigest()[:10]
 
 
@@ -233,9 +238,14 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
     state = ServerState(settings, model_names=list(settings.served_model_names))
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if load_model:
             await start_model(state)
+            if settings.warm_prompts:
+                # Still inside the lifespan: /health answers only once they are cached.
+                from pippin.api.warm_prompts import warm_up
+
+                await warm_up(app, state, settings.warm_prompts)
         try:
             yield
         finally:
@@ -248,6 +258,7 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
     app.include_router(openai_models.router)
     app.include_router(openai_chat.router)
     app.include_router(openai_completions.router)
+    app.include_router(cache_control.router)
     # Added last = runs first: unauthenticated requests are refused before any body is read.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_body_bytes)
     app.add_middleware(
