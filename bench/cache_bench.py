@@ -1,9 +1,9 @@
 """Prefix cache tiers: TTFT of a long shared prefix cold, from memory, and from the SSD
 tier after a restart, over HTTP.
 
-For each repetition a fresh prefix of about ``--prefix-tokens`` tokens (random words) is
-sent three times, each time with another short question after it, as a streaming
-completions request:
+For each repetition a fresh prefix of exactly ``--prefix-tokens`` tokens (random token
+ids, so the count does not depend on the tokenizer) is sent three times, each time with
+another short suffix after it, as a streaming completions request:
 
 - **cold**: the first request; nothing is cached.
 - **memory hit**: the same prefix again on the same server.
@@ -33,20 +33,16 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from server_utils import Server, run_server  # noqa: E402
 
-WORDS = (
-    "agent tool call system prompt schema weather city river mountain account invoice "
-    "query result table column index search file folder network request response token "
-    "model cache memory disk block layer value key vector matrix function return error "
-    "retry timeout user assistant message context window budget plan step check note"
-).split()
+# Token ids every model's vocabulary has (clear of the special ids at the start).
+ID_RANGE = (300, 5000)
 
 
-def make_prefix(seed: int, words: int) -> str:
+def make_ids(seed: int, n: int) -> list[int]:
     rng = random.Random(seed)
-    return " ".join(rng.choice(WORDS) for _ in range(words))
+    return [rng.randrange(*ID_RANGE) for _ in range(n)]
 
 
-def ttft(server: Server, model: str, prompt: str) -> tuple[float, int, int]:
+def ttft(server: Server, model: str, prompt: str | list[int]) -> tuple[float, int, int]:
     """(seconds to the first text chunk, prompt tokens, cached tokens)."""
     body = {
         "model": model,
@@ -88,27 +84,26 @@ def main() -> int:
     ssd = args.ssd_cache_dir or tempfile.mkdtemp(prefix="pippin-ssd-bench-")
     serve_args = [*([args.model] if args.model else []), "--ssd-cache-dir", ssd]
     serve_args += ["--max-model-len", str(args.prefix_tokens + 512), *args.server_args.split()]
-    # ~1.2 tokens per word for these words; trimmed to the target by the server's count.
-    prefixes = [make_prefix(1000 + r, int(args.prefix_tokens / 1.25)) for r in range(args.reps)]
+    prefixes = [make_ids(1000 + r, args.prefix_tokens) for r in range(args.reps)]
     rows: dict[str, list[tuple[float, int, int]]] = {"cold": [], "memory": [], "ssd": []}
 
     with run_server(*serve_args) as server:
         model = server.http().get("/v1/models").json()["data"][0]["id"]
         ttft(server, model, "warm up the process")  # first-call costs are not the cache's
         for r, prefix in enumerate(prefixes):
-            rows["cold"].append(ttft(server, model, f"{prefix}\nQuestion {r}a: why?"))
-            rows["memory"].append(ttft(server, model, f"{prefix}\nQuestion {r}b: how?"))
+            rows["cold"].append(ttft(server, model, prefix + make_ids(r * 10 + 1, 8)))
+            rows["memory"].append(ttft(server, model, prefix + make_ids(r * 10 + 2, 8)))
         mem_stats = server.http().get("/v1/cache/stats").json()
     t0 = time.perf_counter()
     with run_server(*serve_args) as server:
         restart_s = time.perf_counter() - t0
         ttft(server, model, "warm up the process")
         for r, prefix in enumerate(prefixes):
-            rows["ssd"].append(ttft(server, model, f"{prefix}\nQuestion {r}c: when?"))
+            rows["ssd"].append(ttft(server, model, prefix + make_ids(r * 10 + 3, 8)))
         ssd_stats = server.http().get("/v1/cache/stats").json()
 
     med = {k: statistics.median(x[0] for x in v) for k, v in rows.items()}
-    print(f"prefix ~{args.prefix_tokens} tokens, {args.reps} reps, model {model}")
+    print(f"prefix {args.prefix_tokens} tokens, {args.reps} reps, model {model}")
     print("| case | TTFT median | × cold | prompt tokens | cached tokens |")
     print("|---|---|---|---|---|")
     for k, label in (("cold", "cold"), ("memory", "memory hit"), ("ssd", "SSD hit after restart")):

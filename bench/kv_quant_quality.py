@@ -38,19 +38,18 @@ PROMPTS = [
 
 
 def run(core: EngineCore, prompts: list[list[int]], n: int) -> list[tuple[list[int], list[float]]]:
+    """All prompts as one batch; greedy tokens and their logprobs per prompt."""
     params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, logprobs=True)
-    out = []
+    ids: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
+    lps: dict[str, list[float]] = {f"r{i}": [] for i in range(len(prompts))}
     for i, p in enumerate(prompts):
         core.add_request(f"r{i}", p, params)
-        ids: list[int] = []
-        lps: list[float] = []
-        while core.has_work():
-            for o in core.step():
-                for c in o.outputs:
-                    ids += c.token_ids
-                    lps += [lp.logprob for lp in c.logprobs or []]
-        out.append((ids, lps))
-    return out
+    while core.has_work():
+        for o in core.step():
+            for c in o.outputs:
+                ids[o.request_id] += c.token_ids
+                lps[o.request_id] += [lp.logprob for lp in c.logprobs or []]
+    return [(ids[k], lps[k]) for k in ids]
 
 
 def main() -> int:

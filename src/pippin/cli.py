@@ -255,6 +255,7 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     c.add_argument(
         "--ssd-cache-max-gb",
         type=_positive_float,
+        metavar="GB",
         default=EngineConfig.ssd_cache_max_gb,
         help="size cap of the SSD tier in GiB; least recently used blocks are deleted "
         "beyond it (default: %(default)s)",

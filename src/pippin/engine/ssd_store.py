@@ -196,7 +196,7 @@ class SsdStore:
         """Queue a block for writing; False (and counted) when it is not taken."""
         if self.known(key) or self._closed:
             return False
-        if self.degraded is not None and time.monotonic() < self._retry_at and not block:
+        if self.degraded is not None and time.monotonic() < self._retry_at:
             self.skipped_degraded += 1
             return False
         job = _WriteJob(key, token_ids, parts, self._generation)
