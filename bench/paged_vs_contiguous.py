@@ -45,36 +45,25 @@ class _Tok:
 
 def build(hidden: int, layers: int, vocab: int, dtype: mx.Dtype) -> qwen3.Model:
     args = qwen3.ModelArgs(
-        model_type="qwen3",
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        intermediate_size=hidden * 3,
-        num_attention_heads=hidden // 64 or 1,
-        rms_norm_eps=1e-6,
-        vocab_size=vocab,
-        num_key_value_heads=max(hidden // 128, 1),
-        max_position_embeddings=4096,
-        rope_theta=1e6,
-        head_dim=64,
-        tie_word_embeddings=True,
+        model_type="qwen3", hidden_size=hidden, num_hidden_layers=layers,
+        intermediate_size=hidden * 3, num_attention_heads=hidden // 64 or 1,
+        rms_norm_eps=1e-6, vocab_size=vocab, num_key_value_heads=max(hidden // 128, 1),
+        max_position_embeddings=4096, rope_theta=1e6, head_dim=64, tie_word_embeddings=True,
     )
     model = qwen3.Model(args)
-    model.update(
-        tree_map(lambda p: (mx.random.normal(p.shape) * 0.02).astype(dtype), model.parameters())
-    )
+    model.update(tree_map(lambda p: (mx.random.normal(p.shape) * 0.02).astype(dtype),
+                          model.parameters()))
     mx.eval(model.parameters())
     return model
 
 
 def run_pippin(model, prompts: list[list[int]], gen: int) -> float:
     loaded = LoadedModel(model=model, tokenizer=_Tok(), config={}, source="", name="")
-    core = EngineCore(
-        loaded, EngineConfig(num_blocks=4096, max_model_len=4096, max_num_batched_tokens=8192)
-    )
+    core = EngineCore(loaded, EngineConfig(num_blocks=4096, max_model_len=4096,
+                                           max_num_batched_tokens=8192))
     for i, p in enumerate(prompts):
-        core.add_request(
-            str(i), p, SamplingParams(max_tokens=gen, temperature=1.0, ignore_eos=True)
-        )
+        core.add_request(str(i), p, SamplingParams(max_tokens=gen, temperature=1.0,
+                                                   ignore_eos=True))
     while any(s.is_prefilling for s in core.scheduler.running) or core.scheduler.waiting:
         core.step()
     t0 = time.perf_counter()
@@ -86,13 +75,8 @@ def run_pippin(model, prompts: list[list[int]], gen: int) -> float:
 
 
 def run_mlx_lm(model, prompts: list[list[int]], gen: int) -> float:
-    gen_ = BatchGenerator(
-        model,
-        max_tokens=gen,
-        completion_batch_size=len(prompts),
-        prefill_batch_size=len(prompts),
-        sampler=make_sampler(temp=1.0),
-    )
+    gen_ = BatchGenerator(model, max_tokens=gen, completion_batch_size=len(prompts),
+                          prefill_batch_size=len(prompts), sampler=make_sampler(temp=1.0))
     gen_.insert(prompts, [gen] * len(prompts))
     n = 0
     t0 = None
@@ -119,10 +103,8 @@ def main() -> None:
     a = ap.parse_args()
     model = build(a.hidden, a.layers, a.vocab, getattr(mx, a.dtype))
     random.seed(0)
-    print(
-        f"device={mx.default_device()} hidden={a.hidden} layers={a.layers} "
-        f"prompt={a.prompt} gen={a.gen}"
-    )
+    print(f"device={mx.default_device()} hidden={a.hidden} layers={a.layers} "
+          f"prompt={a.prompt} gen={a.gen}")
     print("batch | mlx-lm BatchGenerator tok/s | pippin engine tok/s | ratio")
     for b in a.batch:
         prompts = [[random.randrange(a.vocab) for _ in range(a.prompt)] for _ in range(b)]

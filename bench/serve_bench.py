@@ -343,6 +343,8 @@ def package_version(name: str, python: str | None = None) -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
+
+
 def resolve_blas(choice: str) -> str | None:
     """The BLAS library every server's MLX should use on Linux CPU, or None for MLX's own.
 
