@@ -305,6 +305,22 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         help="turn the prefix cache off (vLLM and vllm-mlx spellings)",
     )
     e.add_argument(
+        "--kv-bits",
+        type=int,
+        choices=(4, 8),
+        help="store the KV cache quantised to this many bits (mx.quantize, affine, with "
+        "attention over the quantised keys and values): 8 bits fits about 1.9x the tokens "
+        "of bfloat16 KV, 4 bits about 3.6x; default: the model's dtype",
+    )
+    e.add_argument(
+        "--kv-group-size",
+        type=int,
+        choices=(32, 64, 128),
+        default=EngineConfig.kv_group_size,
+        help="elements sharing one scale and bias in quantised KV; must divide the head "
+        "dimension (default: %(default)s)",
+    )
+    e.add_argument(
         "--continuous-batching",
         action="store_true",
         help="accepted for vllm-mlx compatibility; pippin always batches continuously",
@@ -313,6 +329,35 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         "--use-paged-cache",
         action="store_true",
         help="accepted for vllm-mlx compatibility; pippin's KV cache is always paged",
+    )
+
+    c = p.add_argument_group(
+        "prefix cache tiers",
+        "under the in-memory prefix cache: an SSD tier that keeps evicted blocks across "
+        "evictions and restarts, and prompts cached at start-up",
+    )
+    c.add_argument(
+        "--ssd-cache-dir",
+        metavar="DIR",
+        help="spill KV blocks evicted from memory to files in DIR (with an SQLite index) "
+        "and read them back when a prompt starts with them, also after a restart; "
+        "cached blocks still in memory are written at shutdown. Blocks of another model, "
+        "dtype or KV layout are never read. Default: off",
+    )
+    c.add_argument(
+        "--ssd-cache-max-gb",
+        type=_positive_float,
+        metavar="GB",
+        default=EngineConfig.ssd_cache_max_gb,
+        help="size cap of the SSD tier in GiB; least recently used blocks are deleted "
+        "beyond it (default: %(default)s)",
+    )
+    c.add_argument(
+        "--warm-prompts",
+        metavar="FILE",
+        help="a JSON list of prompts to prefill at start-up, before /health turns ready: "
+        "texts (as completions prompts), chat request bodies (objects with 'messages', "
+        "'tools', ...) or completions bodies (objects with 'prompt')",
     )
 
     o = p.add_argument_group("chat output")
@@ -373,8 +418,9 @@ def build_parser() -> argparse.ArgumentParser:
         "serve",
         help="serve a model over HTTP",
         description="Serve one model over HTTP with the OpenAI API "
-        "(/v1/chat/completions, /v1/completions, /v1/models; /health and /version), "
-        "optionally with an embedding model (/v1/embeddings) and a reranker (/v1/rerank).",
+        "(/v1/chat/completions, /v1/completions, /v1/models; /health and /version; the "
+        "prefix cache's GET /v1/cache/stats and DELETE /v1/cache), optionally with an "
+        "embedding model (/v1/embeddings) and a reranker (/v1/rerank).",
     )
     _add_serve_args(serve)
     bench = sub.add_parser(
@@ -414,6 +460,10 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         cache_memory_bytes=args.cache_memory_mb * MIB if args.cache_memory_mb else None,
         enable_prefix_caching=args.prefix_caching,
         max_tokens_cap=args.max_tokens,
+        kv_bits=args.kv_bits,
+        kv_group_size=args.kv_group_size,
+        ssd_cache_dir=args.ssd_cache_dir,
+        ssd_cache_max_gb=args.ssd_cache_max_gb,
     )
     from pippin.chat.reasoning import REASONING_PARSERS
     from pippin.chat.tool_parsers import registry
@@ -453,6 +503,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             max_batch_tokens=args.embedding_batch_tokens,
             max_batch_size=args.embedding_batch_size,
         ),
+        warm_prompts=args.warm_prompts,
     )
 
 

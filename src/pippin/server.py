@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from pippin import __version__
 from pippin.api import (
     anthropic_messages,
+    cache_control,
     openai_chat,
     openai_completions,
     openai_embeddings,
@@ -72,6 +73,8 @@ class ServerSettings:
     metrics: bool = True
     # Optional embedding and rerank models served beside the chat model.
     embed: EmbedSettings = field(default_factory=EmbedSettings)
+    # --warm-prompts: a JSON file of prompts prefilled before the server turns ready.
+    warm_prompts: str | None = None
 
 
 @dataclass
@@ -134,7 +137,10 @@ class ServerState:
             self.parsers.reasoning.name if self.parsers.reasoning else "none",
         )
         # Changes whenever what produces the tokens changes (OpenAI's meaning).
-        ident = f"{__version__}|{loaded.source}|{loaded.dtype}|{s.engine.block_size}"
+        ident = (
+            f"{__version__}|{loaded.source}|{loaded.dtype}|{s.engine.block_size}"
+            f"|{s.engine.kv_bits}|{s.engine.kv_group_size}"
+        )
         self.fingerprint = "fp_" + hashlib.sha256(ident.encode()).hexdigest()[:10]
 
 
@@ -302,12 +308,17 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
         state.observer = ServerObserver(state.metrics)
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         try:
             if load_model:
                 await start_model(state)
                 if settings.embed.enabled:
                     await start_extra_models(state)
+                if settings.warm_prompts:
+                    # Still inside the lifespan: /health answers only once they are cached.
+                    from pippin.api.warm_prompts import warm_up
+
+                    await warm_up(app, state, settings.warm_prompts)
             yield
         finally:
             if state.embed is not None:
@@ -326,6 +337,7 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
         openai_responses.router,
         openai_embeddings.router,
         rerank.router,
+        cache_control.router,
         web_router,
     )
     for router in routers:

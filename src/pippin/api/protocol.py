@@ -246,6 +246,8 @@ class SamplingFields(_Strict):
     stop_token_ids: list[int] | None = None
     min_tokens: int | None = Field(None, ge=0)
     skip_special_tokens: bool | None = None
+    # Requests with different salts never share cached KV (multi-tenant isolation).
+    cache_salt: str | None = Field(None, min_length=1)
 
 
 class ChatCompletionRequest(SamplingFields):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from pippin.engine.block_manager import BlockManager
+from pippin.engine.cache_tiers import CacheTiers
 from pippin.engine.config import EngineConfig
 from pippin.engine.model_runner import ModelRunner
 from pippin.engine.observer import EngineObserver
@@ -71,7 +72,9 @@ class EngineCore:
         self.max_model_len = (
             config.max_model_len or loaded.max_position_embeddings or DEFAULT_MAX_MODEL_LEN
         )
-        self.runner = ModelRunner(loaded.model, config.block_size)
+        self.runner = ModelRunner(
+            loaded.model, config.block_size, config.kv_bits, config.kv_group_size
+        )
         self.num_blocks = self._num_blocks()
         self.runner.allocate(self.num_blocks)
         # A lone sequence must always fit the pool, or it could never be resumed.
@@ -79,8 +82,13 @@ class EngineCore:
         # Recurrent state cannot be rebuilt from KV blocks, so such models share no prefix.
         caching = config.enable_prefix_caching and not self.runner.has_state_layers
         self.bm = BlockManager(self.num_blocks, config.block_size, caching)
+        self.tiers = CacheTiers.create(config, self.runner, self.bm, loaded)
         self.scheduler = Scheduler(
-            self.bm, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len
+            self.bm,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            self.max_model_len,
+            tiers=self.tiers,
         )
         # The step launched last and not yet turned into outputs.
         self._inflight: tuple[list[ScheduledSeq], list[ScheduledSeq], SampleResult | None] | None

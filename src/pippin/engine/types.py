@@ -33,6 +33,8 @@ class SamplingParams:
     # Special tokens that still reach the text: the markers the output parsers read.
     keep_special_ids: frozenset[int] = frozenset()
     thinking: ThinkingBudget | None = None
+    # Requests with different salts never share KV (vLLM's cache_salt).
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True)
