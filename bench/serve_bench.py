@@ -1,5 +1,9 @@
 """Serving benchmark: pippin side by side with its peers, over HTTP, in one run.
 
+`pippin bench` measures servers that are already running (any OpenAI-compatible URL); this
+script also builds the model, starts pippin and its peers, pauses the idle ones and checks
+for foreign CPU use. It times requests with `pippin bench`'s client (`pippin.bench.client`).
+
 Starts every server up front on the same model (one after another, waiting for each to answer
 its health route), then measures them one at a time so they never compete for the CPU, with the
 order rotated between windows. For each repetition, for each concurrency, for each server it runs
@@ -59,6 +63,12 @@ from typing import Any
 import httpx
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT / "src"))
+# The request timing and percentiles are `pippin bench`'s; this script adds starting the
+# peers, pausing idle ones and checking for foreign CPU use around them.
+from pippin.bench.client import RequestResult, stream_request  # noqa: E402
+from pippin.bench.stats import percentile as pct  # noqa: E402
+
 DEFAULT_VLLM_MLX_PYTHON = "/tmp/vllm-mlx-venv/bin/python"
 ALL_SERVERS = ("pippin", "mlx_lm", "vllm_mlx")
 
@@ -505,119 +515,9 @@ def stop_server(srv: Server) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass
-class RequestResult:
-    ok: bool
-    start: float
-    ttft: float | None = None
-    e2e: float | None = None
-    itls: list[float] = field(default_factory=list)
-    chunks: int = 0
-    usage_tokens: int | None = None
-    finish_reason: str | None = None
-    connect_retries: int = 0
-    error: str | None = None
-
-    @property
-    def output_tokens(self) -> int:
-        return self.usage_tokens if self.usage_tokens is not None else self.chunks
-
-
-RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError)
-
-
-async def stream_request(
-    client: httpx.AsyncClient,
-    url: str,
-    body: bytes,
-    chat: bool,
-    max_retries: int,
-) -> RequestResult:
-    """Send one streaming request and time its SSE content chunks.
-
-    Parsing is kept minimal to spend little client CPU: raw bytes are split on newlines and only
-    ``data:`` lines are decoded. A request is retried only if nothing was received yet (a reset
-    or refused connect); the retry counts in its latency.
-    """
-    perf = time.perf_counter
-    res = RequestResult(ok=False, start=perf())
-    loads = json.loads
-    headers = {"content-type": "application/json", "accept": "text/event-stream"}
-    attempt = 0
-    while True:
-        got_bytes = False
-        try:
-            async with client.stream("POST", url, content=body, headers=headers) as resp:
-                if resp.status_code != 200:
-                    text = (await resp.aread())[:300].decode(errors="replace")
-                    res.error = f"HTTP {resp.status_code}: {text}"
-                    res.e2e = perf() - res.start
-                    return res
-                last: float | None = None
-                buf = b""
-                done = False
-                async for raw in resp.aiter_raw():
-                    now = perf()
-                    got_bytes = True
-                    buf += raw
-                    if b"\n" not in raw:
-                        continue
-                    lines = buf.split(b"\n")
-                    buf = lines.pop()
-                    for line in lines:
-                        if not line.startswith(b"data:"):
-                            continue
-                        payload = line[5:].strip()
-                        if payload == b"[DONE]":
-                            done = True
-                            continue
-                        obj = loads(payload)
-                        if "error" in obj and obj["error"]:
-                            res.error = f"stream error: {str(obj['error'])[:200]}"
-                            continue
-                        usage = obj.get("usage")
-                        if usage:
-                            res.usage_tokens = usage.get("completion_tokens")
-                        choices = obj.get("choices")
-                        if not choices:
-                            continue
-                        c = choices[0]
-                        if chat:
-                            delta = c.get("delta") or {}
-                            text = delta.get("content") or delta.get("reasoning_content")
-                        else:
-                            text = c.get("text")
-                        if text:
-                            res.chunks += 1
-                            if last is None:
-                                res.ttft = now - res.start
-                            else:
-                                res.itls.append(now - last)
-                            last = now
-                        if c.get("finish_reason"):
-                            res.finish_reason = c["finish_reason"]
-                res.e2e = perf() - res.start
-                res.ok = res.error is None and (done or res.finish_reason is not None)
-                if not res.ok and res.error is None:
-                    res.error = "stream ended without [DONE] or finish_reason"
-                return res
-        except RETRYABLE as e:
-            if got_bytes or attempt >= max_retries:
-                res.error = f"{type(e).__name__}: {e}"
-                res.e2e = perf() - res.start
-                return res
-            attempt += 1
-            res.connect_retries += 1
-            await asyncio.sleep(min(0.005 * attempt, 0.1))
-        except httpx.HTTPError as e:
-            res.error = f"{type(e).__name__}: {e}"
-            res.e2e = perf() - res.start
-            return res
-
-
 def request_body(
     srv: Server, args: argparse.Namespace, prompt: str, max_tokens: int
-) -> tuple[str, bytes]:
+) -> tuple[str, dict[str, Any]]:
     body: dict[str, Any] = {
         "model": srv.model_field,
         "stream": True,
@@ -632,7 +532,7 @@ def request_body(
         path = "/v1/completions"
         body["prompt"] = prompt
     body.update(srv.extra_body)
-    return srv.base + path, json.dumps(body).encode()
+    return srv.base + path, body
 
 
 @dataclass
@@ -670,7 +570,6 @@ async def run_window(
     max_tokens: int,
 ) -> tuple[float, list[RequestResult], dict[str, float | None]]:
     """Closed loop: ``concurrency`` clients take prompts from a shared list until it is empty."""
-    chat = args.endpoint == "chat"
     bodies = [request_body(srv, args, p, max_tokens) for p in prompts]
     results: list[RequestResult] = []
     next_idx = 0
@@ -687,7 +586,7 @@ async def run_window(
             while next_idx < len(bodies):
                 url, body = bodies[next_idx]
                 next_idx += 1
-                results.append(await stream_request(client, url, body, chat, args.retries))
+                results.append(await stream_request(client, url, body, None, args.retries))
 
         sys0 = system_busy_seconds()
         cpu0 = srv.cpu_seconds()
@@ -771,17 +670,6 @@ def summarize_window(
 # --------------------------------------------------------------------------------------------
 # Statistics and reports
 # --------------------------------------------------------------------------------------------
-
-
-def pct(xs: Sequence[float], q: float) -> float | None:
-    """Percentile with linear interpolation (q in 0..100)."""
-    if not xs:
-        return None
-    s = sorted(xs)
-    k = (len(s) - 1) * q / 100.0
-    lo = int(k)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
 def aggregate(windows: Sequence[Window]) -> dict[str, Any]:

@@ -69,12 +69,19 @@ def test_tool_call_round_trip(client: openai.OpenAI) -> None:
             "content": json.dumps({"city": "Paris", "temperature_c": 31, "sky": "sunny"}),
         },
     ]
+    # With the tools still shown, this 0.5B model repeats its call before answering;
+    # tool_choice "none" asks for the answer (the tools are then not shown at all).
     answer = client.chat.completions.create(
-        model=model, messages=messages, tools=TOOLS, temperature=0, max_tokens=60
+        model=model,
+        messages=messages,
+        tools=TOOLS,
+        tool_choice="none",
+        temperature=0,
+        max_tokens=60,
     )
     final = answer.choices[0]
     assert final.finish_reason == "stop" and not final.message.tool_calls
-    assert "31" in final.message.content
+    assert "31" in final.message.content  # the tool's result reached the model
 
 
 def test_tool_call_streamed(client: openai.OpenAI) -> None:
@@ -120,3 +127,54 @@ def test_tool_choice_none_gives_text(client: openai.OpenAI) -> None:
     )
     assert r.choices[0].finish_reason in ("stop", "length")
     assert not r.choices[0].message.tool_calls
+
+
+ANTHROPIC_TOOLS = [
+    {
+        "name": t["function"]["name"],
+        "description": t["function"]["description"],
+        "input_schema": t["function"]["parameters"],
+    }
+    for t in TOOLS
+]
+
+
+def test_anthropic_tool_loop(server: Server) -> None:
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    kw: dict[str, Any] = {"model": "claude-local", "max_tokens": 100, "tools": ANTHROPIC_TOOLS}
+    first = client.messages.create(messages=QUESTION, extra_body={"temperature": 0}, **kw)
+    assert first.stop_reason == "tool_use"
+    (use,) = [b for b in first.content if b.type == "tool_use"]
+    assert use.name == "get_weather" and use.id.startswith("toolu_")
+    assert "paris" in use.input["city"].lower()
+
+    # Streamed: the same call, its input built from input_json_delta events.
+    with client.messages.stream(messages=QUESTION, extra_body={"temperature": 0}, **kw) as s:
+        deltas = [e for e in s if e.type == "content_block_delta"]
+        streamed = s.get_final_message()
+    assert any(e.delta.type == "input_json_delta" for e in deltas)
+    assert [b.input for b in streamed.content if b.type == "tool_use"] == [use.input]
+
+    history = [
+        *QUESTION,
+        {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": use.id,
+                    "content": json.dumps({"city": "Paris", "temperature_c": 31, "sky": "sunny"}),
+                }
+            ],
+        },
+    ]
+    answer = client.messages.create(
+        messages=history, tool_choice={"type": "none"}, extra_body={"temperature": 0}, **kw
+    )
+    assert answer.stop_reason == "end_turn"
+    assert "31" in "".join(b.text for b in answer.content if b.type == "text")
+    # The second turn starts with the first one's prompt: its KV is reused.
+    assert answer.usage.cache_read_input_tokens > 0

@@ -1,4 +1,4 @@
-"""Command line: ``pippin serve [MODEL]`` and ``pippin --version``.
+"""Command line: ``pippin serve [MODEL]``, ``pippin bench`` and ``pippin --version``.
 
 Flag names follow pippin's own vocabulary; the names vLLM and vllm-mlx use for the
 same settings are accepted as aliases so existing launch scripts keep working. Flags
@@ -15,7 +15,10 @@ import sys
 from typing import Any
 
 from pippin import __version__
+from pippin.bench.cli import add_bench_args
+from pippin.embed.config import EmbedSettings
 from pippin.engine.config import EngineConfig
+from pippin.obs.logs import LOG_FORMATS
 
 log = logging.getLogger("pippin.cli")
 
@@ -67,6 +70,80 @@ def _json_object(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError("must be a JSON object")
     return value
+
+
+def _matryoshka(text: str) -> tuple[int, ...]:
+    if text.strip().lower() == "any":
+        return ()
+    try:
+        dims = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError("must be 'any' or a comma-separated list") from None
+    if not dims or dims[0] < 1:
+        raise argparse.ArgumentTypeError("widths must be positive integers")
+    return dims
+
+
+def _add_embed_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "embedding and reranking",
+        "optional models served beside the chat model on /v1/embeddings and /v1/rerank",
+    )
+    g.add_argument(
+        "--embedding-model",
+        metavar="MODEL",
+        help="embedding model for /v1/embeddings: a folder or Hub id of a BERT-family "
+        "encoder (BERT, RoBERTa, XLM-RoBERTa) or an mlx-lm decoder (e.g. Qwen3-Embedding); "
+        "pooling and normalisation come from its sentence-transformers files",
+    )
+    g.add_argument(
+        "--embedding-served-model-name",
+        nargs="+",
+        metavar="NAME",
+        help="name(s) of the embedding model in the 'model' field; default: its folder name",
+    )
+    g.add_argument(
+        "--rerank-model",
+        metavar="MODEL",
+        help="rerank model for /v1/rerank, /v2/rerank and /rerank: a BERT or XLM-RoBERTa "
+        "cross-encoder (*ForSequenceClassification, one label) or a Qwen3-Reranker-style "
+        "decoder (scored by its 'yes'/'no' logits)",
+    )
+    g.add_argument(
+        "--rerank-served-model-name",
+        nargs="+",
+        metavar="NAME",
+        help="name(s) of the rerank model in the 'model' field; default: its folder name",
+    )
+    g.add_argument(
+        "--auto-truncate",
+        action="store_true",
+        help="cut embedding and rerank inputs longer than the model takes (as "
+        "sentence-transformers does); without it they are refused with a 400",
+    )
+    g.add_argument(
+        "--matryoshka-dimensions",
+        type=_matryoshka,
+        metavar="DIMS",
+        help="widths the embedding model may be shortened to with 'dimensions': 'any' or "
+        "a list like 64,128,256; default: config.json's matryoshka_dimensions or "
+        "is_matryoshka, else 'dimensions' is refused",
+    )
+    g.add_argument(
+        "--embedding-batch-tokens",
+        type=_positive_int,
+        metavar="N",
+        default=EmbedSettings.max_batch_tokens,
+        help="padded tokens in one embedding/rerank forward pass; bounds how long one "
+        "pass holds the device (default: %(default)s)",
+    )
+    g.add_argument(
+        "--embedding-batch-size",
+        type=_positive_int,
+        metavar="N",
+        default=EmbedSettings.max_batch_size,
+        help="most inputs in one embedding/rerank forward pass (default: %(default)s)",
+    )
 
 
 def _add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -130,6 +207,21 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         default="info",
         help="log level; prompts, keys and file paths are logged only at debug "
         "(default: %(default)s)",
+    )
+    s.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default="text",
+        help="text: one readable line per event; json: one JSON object per line. Either way "
+        "each API request gets one line with its id, endpoint, status, token counts and "
+        "timings (default: %(default)s)",
+    )
+    s.add_argument(
+        "--no-metrics",
+        dest="metrics",
+        action="store_false",
+        help="do not serve Prometheus metrics on /metrics (served by default, behind "
+        "--api-key like every route)",
     )
 
     e = p.add_argument_group("engine")
@@ -213,6 +305,22 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         help="turn the prefix cache off (vLLM and vllm-mlx spellings)",
     )
     e.add_argument(
+        "--kv-bits",
+        type=int,
+        choices=(4, 8),
+        help="store the KV cache quantised to this many bits (mx.quantize, affine, with "
+        "attention over the quantised keys and values): 8 bits fits about 1.9x the tokens "
+        "of bfloat16 KV, 4 bits about 3.6x; default: the model's dtype",
+    )
+    e.add_argument(
+        "--kv-group-size",
+        type=int,
+        choices=(32, 64, 128),
+        default=EngineConfig.kv_group_size,
+        help="elements sharing one scale and bias in quantised KV; must divide the head "
+        "dimension (default: %(default)s)",
+    )
+    e.add_argument(
         "--continuous-batching",
         action="store_true",
         help="accepted for vllm-mlx compatibility; pippin always batches continuously",
@@ -221,6 +329,35 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         "--use-paged-cache",
         action="store_true",
         help="accepted for vllm-mlx compatibility; pippin's KV cache is always paged",
+    )
+
+    c = p.add_argument_group(
+        "prefix cache tiers",
+        "under the in-memory prefix cache: an SSD tier that keeps evicted blocks across "
+        "evictions and restarts, and prompts cached at start-up",
+    )
+    c.add_argument(
+        "--ssd-cache-dir",
+        metavar="DIR",
+        help="spill KV blocks evicted from memory to files in DIR (with an SQLite index) "
+        "and read them back when a prompt starts with them, also after a restart; "
+        "cached blocks still in memory are written at shutdown. Blocks of another model, "
+        "dtype or KV layout are never read. Default: off",
+    )
+    c.add_argument(
+        "--ssd-cache-max-gb",
+        type=_positive_float,
+        metavar="GB",
+        default=EngineConfig.ssd_cache_max_gb,
+        help="size cap of the SSD tier in GiB; least recently used blocks are deleted "
+        "beyond it (default: %(default)s)",
+    )
+    c.add_argument(
+        "--warm-prompts",
+        metavar="FILE",
+        help="a JSON list of prompts to prefill at start-up, before /health turns ready: "
+        "texts (as completions prompts), chat request bodies (objects with 'messages', "
+        "'tools', ...) or completions bodies (objects with 'prompt')",
     )
 
     o = p.add_argument_group("chat output")
@@ -281,9 +418,21 @@ def build_parser() -> argparse.ArgumentParser:
         "serve",
         help="serve a model over HTTP",
         description="Serve one model over HTTP with the OpenAI API "
-        "(/v1/chat/completions, /v1/completions, /v1/models; /health and /version).",
+        "(/v1/chat/completions, /v1/completions, /v1/models; /health and /version; the "
+        "prefix cache's GET /v1/cache/stats and DELETE /v1/cache), optionally with an "
+        "embedding model (/v1/embeddings) and a reranker (/v1/rerank).",
     )
     _add_serve_args(serve)
+    bench = sub.add_parser(
+        "bench",
+        help="measure any OpenAI-compatible server over HTTP",
+        description="Load-test OpenAI-compatible servers (pippin or its peers) with streaming "
+        "requests: concurrency sweeps or Poisson request rates; prints TTFT, inter-token "
+        "latency, TPOT and end-to-end percentiles and aggregate tokens/s; with several --url, "
+        "runs them interleaved and reports ratios to the first.",
+    )
+    add_bench_args(bench)
+    _add_embed_args(serve)
     return parser
 
 
@@ -311,6 +460,10 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         cache_memory_bytes=args.cache_memory_mb * MIB if args.cache_memory_mb else None,
         enable_prefix_caching=args.prefix_caching,
         max_tokens_cap=args.max_tokens,
+        kv_bits=args.kv_bits,
+        kv_group_size=args.kv_group_size,
+        ssd_cache_dir=args.ssd_cache_dir,
+        ssd_cache_max_gb=args.ssd_cache_max_gb,
     )
     from pippin.chat.reasoning import REASONING_PARSERS
     from pippin.chat.tool_parsers import registry
@@ -339,6 +492,18 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         engine=engine,
         sampling_overrides={k: v for k, v in overrides.items() if v is not None},
         default_chat_template_kwargs=args.default_chat_template_kwargs or {},
+        metrics=args.metrics,
+        embed=EmbedSettings(
+            embedding_model=args.embedding_model,
+            embedding_names=list(args.embedding_served_model_name or []),
+            rerank_model=args.rerank_model,
+            rerank_names=list(args.rerank_served_model_name or []),
+            auto_truncate=args.auto_truncate,
+            matryoshka=args.matryoshka_dimensions,
+            max_batch_tokens=args.embedding_batch_tokens,
+            max_batch_size=args.embedding_batch_size,
+        ),
+        warm_prompts=args.warm_prompts,
     )
 
 
@@ -347,12 +512,11 @@ def serve(args: argparse.Namespace) -> int:
         os.environ["HF_HUB_OFFLINE"] = "1"  # read by huggingface_hub when it is imported
     import uvicorn
 
+    from pippin.obs.logs import setup_logging
     from pippin.server import create_app
 
     level = "debug" if args.log_level == "trace" else args.log_level
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    setup_logging(level, args.log_format)
     settings = settings_from_args(args)
     if settings.api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning(
@@ -364,6 +528,8 @@ def serve(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         log_level=args.log_level,
+        log_config=None,  # uvicorn's loggers go through ours (and its --log-format)
+        access_log=False,  # replaced by pippin's own line per request (pippin.request)
         # Streams can run for minutes; a stop signal should not wait for all of them.
         timeout_graceful_shutdown=10,
     )
@@ -380,6 +546,10 @@ def main(argv: list[str] | None = None) -> int:
 
             maybe_reexec_with_openblas()
         return serve(args)
+    if args.command == "bench":
+        from pippin.bench.cli import run
+
+        return run(args)
     parser.print_help(sys.stderr)
     return 2
 

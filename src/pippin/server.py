@@ -16,21 +16,36 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request, Response
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pippin import __version__
-from pippin.api import openai_chat, openai_completions, openai_models
+from pippin.api import (
+    anthropic_messages,
+    cache_control,
+    openai_chat,
+    openai_completions,
+    openai_embeddings,
+    openai_models,
+    openai_responses,
+    rerank,
+)
 from pippin.api.errors import OpenAIError, install_error_handlers
 from pippin.api.protocol import TokenRenderer
 from pippin.api.sampling import Limits, merge_defaults
 from pippin.chat.output import ParserChoice
 from pippin.chat.template import TemplateInfo, inspect_template
+from pippin.embed.config import EmbedSettings
 from pippin.engine.async_engine import AsyncEngine
 from pippin.engine.config import EngineConfig
+from pippin.obs.http import ObservabilityMiddleware
+from pippin.obs.metrics import CONTENT_TYPE, Metrics
+from pippin.obs.observer import ServerObserver
 from pippin.store.loaded import LoadedModel
 from pippin.structured.compiler import GrammarCompiler
+from pippin.web import STATIC_PATHS
+from pippin.web import router as web_router
 
 log = logging.getLogger("pippin.server")
 
@@ -55,6 +70,12 @@ class ServerSettings:
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     tool_call_parser: str = "auto"  # a parser name, "auto" or "none"
     reasoning_parser: str = "auto"
+    # Serve Prometheus metrics on /metrics (--no-metrics turns them off).
+    metrics: bool = True
+    # Optional embedding and rerank models served beside the chat model.
+    embed: EmbedSettings = field(default_factory=EmbedSettings)
+    # --warm-prompts: a JSON file of prompts prefilled before the server turns ready.
+    warm_prompts: str | None = None
 
 
 @dataclass
@@ -74,6 +95,22 @@ class ServerState:
     token_renderer: Any = None
     fingerprint: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
+    metrics: Metrics | None = None
+    observer: ServerObserver = field(default_factory=lambda: ServerObserver(None))
+
+    def engine_stats(self) -> dict[str, int]:
+        return self.engine.stats() if self.engine is not None else {}
+
+    # The embedding/rerank worker and the names of its models, by kind.
+    embed: Any = None
+    extra_names: dict[str, list[str]] = field(default_factory=dict)
+
+    def extra_model(self, name: str) -> Any:
+        """The embedding or rerank model served under ``name``, if any."""
+        for kind, names in self.extra_names.items():
+            if name in names and self.embed is not None:
+                return self.embed.models.get(kind)
+        return None
 
     def attach(self, loaded: LoadedModel, engine: AsyncEngine) -> None:
         s = self.settings
@@ -105,7 +142,10 @@ class ServerState:
             loaded.tokenizer, self.limits.vocab_size, loaded.eos_token_ids
         )
         # Changes whenever what produces the tokens changes (OpenAI's meaning).
-        ident = f"{__version__}|{loaded.source}|{loaded.dtype}|{s.engine.block_size}"
+        ident = (
+            f"{__version__}|{loaded.source}|{loaded.dtype}|{s.engine.block_size}"
+            f"|{s.engine.kv_bits}|{s.engine.kv_group_size}"
+        )
         self.fingerprint = "fp_" + hashlib.sha256(ident.encode()).hexdigest()[:10]
 
 
@@ -158,7 +198,7 @@ class ApiKeyMiddleware:
         else:
             await self.app(scope, receive, send)
             return
-        await err.response()(scope, receive, send)
+        await err.response(scope["path"])(scope, receive, send)
 
 
 def _too_large(limit: int) -> OpenAIError:
@@ -184,7 +224,7 @@ class BodyLimitMiddleware:
             return
         length = Headers(scope=scope).get("content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
-            await _too_large(self.max_bytes).response()(scope, receive, send)
+            await _too_large(self.max_bytes).response(scope["path"])(scope, receive, send)
             return
         seen = 0
 
@@ -218,7 +258,7 @@ async def start_model(state: ServerState) -> None:
         trust_remote_code=s.trust_remote_code,
         revision=s.revision,
     )
-    engine = AsyncEngine(loaded, s.engine)
+    engine = AsyncEngine(loaded, s.engine, observer=state.observer)
     await engine.start()
     state.attach(loaded, engine)
     stats = engine.stats()
@@ -232,30 +272,95 @@ async def start_model(state: ServerState) -> None:
     )
 
 
+async def start_extra_models(state: ServerState) -> None:
+    """Load the embedding and rerank models onto their worker thread and name them."""
+    from pippin.embed.models import LoadOptions
+    from pippin.embed.worker import EmbedWorker
+    from pippin.store.loader import ModelLoadError
+
+    s = state.settings
+    opts = LoadOptions(
+        dtype=s.dtype,
+        trust_remote_code=s.trust_remote_code,
+        revision=s.revision,
+        truncate=s.embed.auto_truncate,
+        matryoshka=s.embed.matryoshka,
+    )
+    worker = EmbedWorker(s.embed, opts)
+    await worker.start()
+    state.embed = worker
+    taken = set(state.model_names)
+    for kind, model in worker.models.items():
+        wanted = s.embed.embedding_names if kind == "embedding" else s.embed.rerank_names
+        names = list(wanted) or [model.name]
+        clash = taken.intersection(names)
+        if clash:
+            raise ModelLoadError(
+                f"the {kind} model's name {sorted(clash)[0]!r} is already taken by another "
+                f"model; give it one with --{kind}-served-model-name"
+            )
+        taken.update(names)
+        state.extra_names[kind] = names
+        log.info("%s model '%s' ready (max %d tokens)", kind, names[0], model.max_len)
+
+
 def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
     """The ASGI app. With ``load_model=False`` no model is loaded (routes answer 503),
     which is how request validation is tested without an engine."""
     state = ServerState(settings, model_names=list(settings.served_model_names))
+    if settings.metrics:
+        state.metrics = Metrics(state.engine_stats)
+        state.observer = ServerObserver(state.metrics)
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        if load_model:
-            await start_model(state)
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         try:
+            if load_model:
+                await start_model(state)
+                if settings.embed.enabled:
+                    await start_extra_models(state)
+                if settings.warm_prompts:
+                    # Still inside the lifespan: /health answers only once they are cached.
+                    from pippin.api.warm_prompts import warm_up
+
+                    await warm_up(app, state, settings.warm_prompts)
             yield
         finally:
+            if state.embed is not None:
+                await state.embed.stop()
             if state.engine is not None:
                 await state.engine.stop()
 
     app = FastAPI(title="pippin", version=__version__, lifespan=lifespan)
     app.state.pippin = state
     install_error_handlers(app)
-    app.include_router(openai_models.router)
-    app.include_router(openai_chat.router)
-    app.include_router(openai_completions.router)
+    routers = (
+        openai_models.router,
+        openai_chat.router,
+        openai_completions.router,
+        anthropic_messages.router,
+        openai_responses.router,
+        openai_embeddings.router,
+        rerank.router,
+        cache_control.router,
+        web_router,
+    )
+    for router in routers:
+        app.include_router(router)
+    if state.metrics is not None:
+        metrics = state.metrics
+
+        @app.get("/metrics", include_in_schema=False)
+        async def prometheus_metrics(_: Request) -> Response:
+            return Response(metrics.exposition(), media_type=CONTENT_TYPE)
+
     # Added last = runs first: unauthenticated requests are refused before any body is read.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_body_bytes)
+    # The web page's files hold no data: the page asks for the key when the API needs it.
     app.add_middleware(
-        ApiKeyMiddleware, api_key=settings.api_key, open_paths=frozenset({"/health"})
+        ApiKeyMiddleware, api_key=settings.api_key, open_paths=frozenset({"/health"}) | STATIC_PATHS
     )
+    # Outermost: counts and logs every request, the refused ones too.
+    routes = [route for router in routers for route in router.routes]
+    app.add_middleware(ObservabilityMiddleware, metrics=state.metrics, routes=routes)
     return app

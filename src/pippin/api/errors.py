@@ -16,6 +16,8 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from pippin.obs.http import note_error
+
 logger = logging.getLogger(__name__)
 
 # pydantic puts union member labels and our discriminator tags into error
@@ -54,8 +56,36 @@ class OpenAIError(Exception):
             }
         }
 
-    def response(self) -> JSONResponse:
+    def anthropic_body(self) -> dict[str, Any]:
+        kind = _ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500 else None)
+        return {
+            "type": "error",
+            "error": {"type": kind or "invalid_request_error", "message": self.message},
+        }
+
+    def response(self, path: str = "") -> JSONResponse:
+        """The error as the API at `path` writes errors (Anthropic's or OpenAI's)."""
+        note_error(self.code or self.type)
+        if is_anthropic_path(path):
+            status = 529 if self.status == 503 else self.status  # Anthropic's "overloaded"
+            return JSONResponse(self.anthropic_body(), status_code=status, headers=self.headers)
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def is_anthropic_path(path: str) -> bool:
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
@@ -148,15 +178,15 @@ def from_validation_error(exc: ValidationError | RequestValidationError) -> Open
 def install_error_handlers(app: FastAPI) -> None:
     """Every error leaves the app as an OpenAI error body (no FastAPI 422s)."""
 
-    async def on_openai_error(_: Request, exc: Exception) -> JSONResponse:
+    async def on_openai_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, OpenAIError)
-        return exc.response()
+        return exc.response(request.url.path)
 
-    async def on_validation_error(_: Request, exc: Exception) -> JSONResponse:
+    async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError | ValidationError)
-        return from_validation_error(exc).response()
+        return from_validation_error(exc).response(request.url.path)
 
-    async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
+    async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         status = exc.status_code
         code = {404: "not_found", 405: "method_not_allowed"}.get(status)
@@ -167,13 +197,14 @@ def install_error_handlers(app: FastAPI) -> None:
             code=code,
             headers=getattr(exc, "headers", None),
         )
-        return err.response()
+        return err.response(request.url.path)
 
-    async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         # The traceback goes to the log (no request content in it); the client
         # gets the exception class only, never internals such as file paths.
         logger.exception("unhandled error while serving a request")
-        return server_error(f"Internal server error ({type(exc).__name__}).").response()
+        err = server_error(f"Internal server error ({type(exc).__name__}).")
+        return err.response(request.url.path)
 
     app.add_exception_handler(OpenAIError, on_openai_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)

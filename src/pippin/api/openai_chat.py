@@ -8,16 +8,15 @@ import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from pippin.api.chat_pipeline import engine_failure, output_parsing, render_prompt
 from pippin.api.errors import (
-    OpenAIError,
     bad_request,
-    server_error,
     unsupported_param,
     unsupported_value,
 )
@@ -44,13 +43,9 @@ from pippin.api.protocol import (
 from pippin.api.sampling import build_sampling_params, resolve_max_tokens
 from pippin.api.structured_output import chat_constraint, forced_tool
 from pippin.chat.output import OutputParser
-from pippin.chat.template import ChatTemplateError, render_chat_async
 from pippin.chat.tool_parsers.base import ParsedDelta, collect_calls
 from pippin.engine.async_engine import AsyncEngine, EngineError
-from pippin.engine.types import CompletionOutput, RequestOutput, SamplingParams, TokenLogprob
-
-if TYPE_CHECKING:
-    from pippin.server import ServerState
+from pippin.engine.types import SamplingParams, TokenLogprob
 
 router = APIRouter()
 log = logging.getLogger(__name__)
@@ -83,7 +78,7 @@ def _join_text(content: str | list[Any] | None, param: str) -> str:
     return "\n".join(texts)
 
 
-def _arguments(raw: str) -> Any:
+def arguments_for_template(raw: str) -> Any:
     # HF chat templates expect tool-call arguments as a mapping (they `tojson` them).
     try:
         return json.loads(raw)
@@ -113,7 +108,7 @@ def template_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
                     "type": "function",
                     "function": {
                         "name": c.function.name,
-                        "arguments": _arguments(c.function.arguments),
+                        "arguments": arguments_for_template(c.function.arguments),
                     },
                 }
                 for c in m.tool_calls or []
@@ -124,7 +119,10 @@ def template_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
                     {
                         "id": f"call_{i}",
                         "type": "function",
-                        "function": {"name": fc.name, "arguments": _arguments(fc.arguments)},
+                        "function": {
+                            "name": fc.name,
+                            "arguments": arguments_for_template(fc.arguments),
+                        },
                     }
                 )
             if calls:
@@ -263,17 +261,6 @@ def usage_dict(prompt_tokens: int, completion_tokens: int, cached: int) -> dict[
     }
 
 
-def failure(out: RequestOutput, c: CompletionOutput | None = None) -> OpenAIError | None:
-    """The error a failed or server-aborted output stands for, if any."""
-    if out.error is not None or (c is not None and c.finish_reason == "error"):
-        return server_error(
-            f"The engine failed this request: {out.error or 'unknown error'}", "engine_error"
-        )
-    if c is not None and c.finish_reason == "abort":
-        return server_error("The request was aborted by the server.", "request_aborted", 503)
-    return None
-
-
 @dataclass
 class _Choice:
     parser: OutputParser
@@ -369,11 +356,11 @@ class ChatRun:
         async with closing(gen) as outputs:
             async for out in outputs:
                 prompt_tokens, cached = out.prompt_tokens, out.cached_tokens
-                err = failure(out)
+                err = engine_failure(out)
                 if err:
                     raise err
                 for c in out.outputs:
-                    err = failure(out, c)
+                    err = engine_failure(out, c)
                     if err:
                         raise err
                     ch = choices[c.index]
@@ -439,7 +426,7 @@ class ChatRun:
                 finals = []
                 for c in out.outputs:
                     tally["completion"] += len(c.token_ids)
-                    failed = failure(out, c)
+                    failed = engine_failure(out, c)
                     if failed:
                         raise failed
                     parser = parsers[c.index]
@@ -472,36 +459,13 @@ class ChatRun:
                                 "finish_reason": finish_reason(c.finish_reason, parser),
                             }
                         )
-                failed = failure(out)
+                failed = engine_failure(out)
                 if failed:
                     raise failed
                 if choices:
                     yield self._chunk(choices)
                 if finals:
                     yield self._chunk(finals)
-
-
-def output_parsing(
-    state: ServerState,
-    tokenizer: Any,
-    prompt_ids: list[int],
-    params: SamplingParams,
-    tools: list[dict[str, Any]] | None,
-    thinking_budget: int | None,
-    budget_param: str = "thinking_token_budget",
-) -> tuple[Callable[[], OutputParser], SamplingParams]:
-    """Output parsers for a chat request, and the sampling settings they need."""
-    choice = state.parsers
-    assert choice is not None
-    # Enough of the prompt's end to see whether the template opened a reasoning section.
-    tail = tokenizer.decode(prompt_ids[-32:])
-    thinking = None
-    if thinking_budget is not None:
-        thinking = choice.thinking_budget(thinking_budget, tail)
-        if thinking is None:
-            raise unsupported_param(budget_param, "This model has no reasoning section to limit.")
-    params = replace(params, keep_special_ids=choice.keep_token_ids, thinking=thinking)
-    return (lambda: choice.make(tools, tail)), params
 
 
 @router.post("/v1/chat/completions", response_model=None)
@@ -520,10 +484,6 @@ async def create_chat_completion(request: Request) -> Any:
         raise unsupported_value(
             "verbosity", "This model cannot be steered by 'verbosity'; only 'medium' is accepted."
         )
-    if tools and "tools" not in state.template_source:
-        # The template would drop them without a word, and the model would never see them.
-        param = "tools" if req.tools else "functions"
-        raise unsupported_value(param, "This model's chat template does not support tools.")
     kwargs = template_kwargs(req, state.settings.default_chat_template_kwargs, info.reasoning_kwarg)
     if req.verbosity is not None and "verbosity" in state.template_source:
         kwargs["verbosity"] = req.verbosity
@@ -532,18 +492,16 @@ async def create_chat_completion(request: Request) -> Any:
         if req.add_generation_prompt is None
         else req.add_generation_prompt
     )
-    try:
-        prompt_ids = await render_chat_async(
-            loaded.tokenizer,
-            messages,
-            tools=tools,
-            add_generation_prompt=add_gen,
-            continue_final_message=bool(req.continue_final_message),
-            template_kwargs=kwargs,
-        )
-    except ChatTemplateError as exc:
-        param = "chat_template_kwargs" if "chat_template_kwargs" in str(exc) else "messages"
-        raise bad_request(str(exc), param=param) from None
+    prompt_ids = await render_prompt(
+        state,
+        loaded.tokenizer,
+        messages,
+        tools,
+        kwargs,
+        add_generation_prompt=add_gen,
+        continue_final_message=bool(req.continue_final_message),
+        tools_param="tools" if req.tools else "functions",
+    )
 
     requested = (
         req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens

@@ -17,8 +17,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from pippin.api.chat_pipeline import engine_failure
 from pippin.api.errors import bad_request, unsupported_param
-from pippin.api.openai_chat import failure, usage_dict
+from pippin.api.openai_chat import usage_dict
 from pippin.api.openai_models import check_model, get_state, require_engine
 from pippin.api.protocol import (
     CompletionRequest,
@@ -234,11 +235,11 @@ class CompletionRun:
         usage = {p: (len(pr.ids), 0) for p, pr in enumerate(self.prompts)}
         async for p, out in self._outputs():
             usage[p] = (out.prompt_tokens, out.cached_tokens)
-            err = failure(out)
+            err = engine_failure(out)
             if err:
                 raise err
             for c in out.outputs:
-                err = failure(out, c)
+                err = engine_failure(out, c)
                 if err:
                     raise err
                 ch = choices[p * self.n + c.index]
@@ -307,7 +308,7 @@ class CompletionRun:
                 batch = []
                 for c in out.outputs:
                     tally["completion"] += len(c.token_ids)
-                    failed = failure(out, c)
+                    failed = engine_failure(out, c)
                     if failed:
                         raise failed
                     i = p * self.n + c.index
@@ -326,7 +327,7 @@ class CompletionRun:
                             "finish_reason": c.finish_reason,
                         }
                     )
-                failed = failure(out)
+                failed = engine_failure(out)
                 if failed:
                     raise failed
                 if batch:

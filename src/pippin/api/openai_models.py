@@ -15,6 +15,8 @@ from pippin import __version__
 from pippin.api.errors import OpenAIError, server_error
 
 if TYPE_CHECKING:
+    from pippin.embed.models import Kind, ServedModel
+    from pippin.embed.worker import EmbedWorker
     from pippin.engine.async_engine import AsyncEngine
     from pippin.server import ServerState
     from pippin.store.loaded import LoadedModel
@@ -26,8 +28,9 @@ def get_state(request: Request) -> ServerState:
     return request.app.state.pippin
 
 
-def check_model(state: ServerState, name: str) -> None:
-    if name not in state.model_names:
+def check_model(state: ServerState, name: str, names: list[str] | None = None) -> None:
+    """404 unless ``name`` is one of ``names`` (default: the chat model's names)."""
+    if name not in (state.model_names if names is None else names):
         raise OpenAIError(
             404,
             f"The model '{name}' does not exist or you do not have access to it.",
@@ -43,6 +46,32 @@ def require_engine(state: ServerState) -> tuple[AsyncEngine, LoadedModel]:
     return engine, loaded
 
 
+def require_extra_model(
+    state: ServerState, kind: Kind, name: str | None
+) -> tuple[EmbedWorker, ServedModel]:
+    """The embedding or rerank model a request names (None: the only one served)."""
+    names = state.extra_names.get(kind, [])
+    if not names:
+        raise OpenAIError(
+            404,
+            f"This server serves no {kind} model (start it with --{kind}-model).",
+            param="model",
+            code="model_not_found",
+        )
+    if name is not None:
+        check_model(state, name, names)
+    worker = state.embed
+    if worker is None or not worker.ready or kind not in worker.models:
+        raise server_error(
+            f"The {kind} model is not ready; try again shortly.", "model_not_ready", 503
+        )
+    return worker, worker.models[kind]
+
+
+def _all_names(state: ServerState) -> list[str]:
+    return state.model_names + [n for names in state.extra_names.values() for n in names]
+
+
 def _model_card(state: ServerState, name: str) -> dict[str, Any]:
     card: dict[str, Any] = {
         "id": name,
@@ -50,7 +79,10 @@ def _model_card(state: ServerState, name: str) -> dict[str, Any]:
         "created": state.created,
         "owned_by": "pippin",
     }
-    if state.engine is not None and state.engine.ready:
+    extra = state.extra_model(name)
+    if extra is not None:
+        card["max_model_len"] = extra.max_len
+    elif state.engine is not None and state.engine.ready:
         card["max_model_len"] = state.engine.max_model_len  # as vLLM reports it
     return card
 
@@ -58,20 +90,22 @@ def _model_card(state: ServerState, name: str) -> dict[str, Any]:
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
     state = get_state(request)
-    return {"object": "list", "data": [_model_card(state, n) for n in state.model_names]}
+    return {"object": "list", "data": [_model_card(state, n) for n in _all_names(state)]}
 
 
 @router.get("/v1/models/{model_id:path}")
 async def retrieve_model(model_id: str, request: Request) -> dict[str, Any]:
     state = get_state(request)
-    check_model(state, model_id)
+    check_model(state, model_id, _all_names(state))
     return _model_card(state, model_id)
 
 
 @router.get("/health")
 async def health(request: Request) -> JSONResponse:
-    engine = get_state(request).engine
-    if engine is not None and engine.ready:
+    state = get_state(request)
+    engine = state.engine
+    embed_ok = state.embed is None or state.embed.ready
+    if engine is not None and engine.ready and embed_ok:
         return JSONResponse({"status": "ok"})
     return JSONResponse({"status": "unavailable"}, status_code=503)
 

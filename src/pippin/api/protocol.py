@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 
 from pippin.api.errors import OpenAIError, from_validation_error, server_error
 from pippin.engine.async_engine import EngineError
+from pippin.obs.http import note_error
 
 # Parsing a big body (up to the body cap) takes long enough to stall other
 # requests, so above this size it runs in a worker thread.
@@ -251,6 +252,8 @@ class SamplingFields(_Strict):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     structured_outputs: dict[str, Any] | None = None
+    # Requests with different salts never share cached KV (multi-tenant isolation).
+    cache_salt: str | None = Field(None, min_length=1)
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -301,6 +304,35 @@ class CompletionRequest(SamplingFields):
     suffix: str | None = None
     # vLLM extension: add the tokenizer's BOS etc. to string prompts.
     add_special_tokens: bool | None = None
+
+
+class EmbeddingRequest(_Strict):
+    model: str
+    input: PromptInput
+    encoding_format: Literal["float", "base64"] | None = None
+    dimensions: int | None = Field(None, ge=1)
+    user: str | None = None
+
+
+class RerankDocument(BaseModel):
+    """A document given as an object (Cohere v1): ranked by ``text``; its other keys are
+    the client's own and come back unchanged with ``return_documents``."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    text: str
+
+
+class RerankRequest(_Strict):
+    """Cohere (v1 and v2), Jina and vLLM rerank requests."""
+
+    model: str | None = None
+    query: str
+    documents: list[str | RerankDocument]
+    top_n: int | None = Field(None, ge=1)
+    return_documents: bool | None = None
+    max_tokens_per_doc: int | None = Field(None, ge=1)
+    rank_fields: list[str] | None = None
+    max_chunks_per_doc: int | None = None
 
 
 RequestT = TypeVar("RequestT", bound=BaseModel)
@@ -414,6 +446,7 @@ async def framed_stream(
         logging.getLogger(__name__).exception("stream failed")
         failed = server_error(f"Internal server error ({type(exc).__name__}).")
     if failed is not None:
+        note_error(failed.code or failed.type)
         yield sse(failed.body())
     else:
         usage = usage_chunk()

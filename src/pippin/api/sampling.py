@@ -176,4 +176,5 @@ def build_sampling_params(
         min_tokens=min_tokens,
         n=req.n or 1,
         skip_special_tokens=True if req.skip_special_tokens is None else req.skip_special_tokens,
+        cache_salt=req.cache_salt,
     )

@@ -11,13 +11,15 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
-from typing import Any
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 import mlx.core as mx
 
 from pippin.engine.config import EngineConfig
 from pippin.engine.core import EngineCore, EngineError
+from pippin.engine.observer import EngineObserver
 from pippin.engine.types import RequestOutput, SamplingParams
 from pippin.store.loaded import LoadedModel
 
@@ -25,11 +27,17 @@ __all__ = ["AsyncEngine", "EngineError"]
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+# How long the engine thread sleeps when requests wait only for blocks read from disk
+# (the reader wakes it sooner).
+_PROMOTION_WAIT_S = 0.05
+
 
 class AsyncEngine:
     """Interface (stable; the HTTP front relies on it):
 
-    - ``AsyncEngine(loaded, config)``; ``await start()``; ``await stop()``.
+    - ``AsyncEngine(loaded, config, observer=None)``; ``await start()``; ``await stop()``.
+      ``observer`` (an ``EngineObserver``) is told of requests and steps (metrics, logs).
     - ``ready``: True once the model is loaded and the engine thread runs.
     - ``max_model_len``: the context limit in tokens.
     - ``generate(prompt_token_ids, params, request_id)``: async iterator of
@@ -40,11 +48,15 @@ class AsyncEngine:
       cannot take raises ``EngineError`` on the first iteration.
     - ``abort(request_id)``.
     - ``stats()``: dict with running, waiting, blocks_total, blocks_free, ...
+    - ``cache_stats()``, ``clear_cache(tier)``: the prefix cache's tiers (engine thread).
     """
 
-    def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
+    def __init__(
+        self, loaded: LoadedModel, config: EngineConfig, observer: EngineObserver | None = None
+    ) -> None:
         self.loaded = loaded
         self.config = config
+        self.observer = observer or EngineObserver()
         self.core: EngineCore | None = None
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._queues: dict[str, asyncio.Queue[RequestOutput]] = {}
@@ -95,6 +107,7 @@ class AsyncEngine:
         if request_id in self._queues:
             raise EngineError(f"request id {request_id!r} is already in use")
         self.check(prompt_token_ids, params)
+        watch = self.observer.request(request_id, len(prompt_token_ids))
         q: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self._queues[request_id] = q
         self._inbox.put(("add", (request_id, list(prompt_token_ids), params)))
@@ -102,12 +115,14 @@ class AsyncEngine:
         try:
             while True:
                 out = await q.get()
+                watch.output(out)
                 finished = out.finished
                 yield out
                 if finished:
                     break
         finally:
             self._queues.pop(request_id, None)
+            watch.end(finished)
             if not finished:
                 self.abort(request_id)
 
@@ -117,44 +132,77 @@ class AsyncEngine:
     def stats(self) -> dict[str, int]:
         return self.core.stats() if self.core is not None else {}
 
+    async def call(self, fn: Callable[[EngineCore], T]) -> T:
+        """Run `fn(core)` on the engine thread, between steps, and return its result."""
+        if not self.ready:
+            raise EngineError("the engine is not running")
+        assert self._loop is not None
+        fut: asyncio.Future[T] = self._loop.create_future()
+        self._inbox.put(("call", (fn, fut)))
+        return await fut
+
+    async def cache_stats(self) -> dict[str, Any]:
+        return await self.call(lambda core: core.tiers.stats())
+
+    async def clear_cache(self, tier: str | None = None) -> dict[str, int]:
+        return await self.call(lambda core: core.tiers.clear(tier))
+
     # -- engine thread ----------------------------------------------------
     def _run(self) -> None:
         try:
             stream = mx.new_stream(mx.default_device())
             with mx.stream(stream):
                 self.core = EngineCore(self.loaded, self.config)
+                self.core.observer = self.observer
         except BaseException as e:  # reported to start()
             self._start_error = e
             self._running = False
             self._started.set()
             return
+        if self.core.tiers.store is not None:
+            self.core.tiers.store.on_read = lambda: self._inbox.put(("wake", None))
         self._started.set()
         with mx.stream(stream):
-            while self._running:
-                core = self.core
-                if not core.has_work() or core.steps % 512 == 0:
-                    # Batch shapes change every step; without this MLX's buffer cache
-                    # keeps growing with buffers of shapes that never come back.
-                    mx.clear_cache()
-                self._drain(block=not core.has_work())
-                if not self._running:
-                    break
-                if not core.has_work():
-                    continue
-                try:
-                    outs = core.step()
-                except Exception as e:
-                    log.exception("engine step failed")
-                    outs = core.fail_all(f"engine error: {type(e).__name__}: {e}")
-                if outs:
-                    self._deliver(outs)
+            self._loop_steps()
+            try:
+                # Cached blocks not yet on disk are written, so they survive the restart.
+                self.core.tiers.close(flush=True)
+            except Exception:
+                log.exception("writing the prefix cache to disk failed")
 
-    def _drain(self, block: bool) -> None:
+    def _loop_steps(self) -> None:
+        assert self.core is not None
+        while self._running:
+            core = self.core
+            if not core.has_work() or core.steps % 512 == 0:
+                # Batch shapes change every step; without this MLX's buffer cache
+                # keeps growing with buffers of shapes that never come back.
+                mx.clear_cache()
+            self._drain(block=not core.has_work())
+            if not self._running:
+                break
+            if not core.has_work():
+                continue
+            steps = core.steps
+            try:
+                t0 = time.perf_counter()
+                outs = core.step()
+                self.observer.step_done(time.perf_counter() - t0)
+            except Exception as e:
+                log.exception("engine step failed")
+                outs = core.fail_all(f"engine error: {type(e).__name__}: {e}")
+            if outs:
+                self._deliver(outs)
+            if core.steps == steps and core.has_work():
+                # Nothing could run: requests wait for blocks coming from disk.
+                self._drain(block=True, timeout=_PROMOTION_WAIT_S)
+
+    def _drain(self, block: bool, timeout: float | None = None) -> None:
         assert self.core is not None
         outs: list[RequestOutput] = []
         while True:
             try:
-                kind, arg = self._inbox.get(block=block, timeout=None if block else 0)
+                kind, arg = self._inbox.get(block=block, timeout=timeout if block else 0)
             except queue.Empty:
                 break
             block = False
@@ -173,8 +221,20 @@ class AsyncEngine:
                 out = self.core.abort(arg)
                 if out is not None:
                     outs.append(out)
+            elif kind == "call":
+                fn, fut = arg
+                self._resolve(fut, fn)
         if outs:
             self._deliver(outs)
+
+    def _resolve(self, fut: asyncio.Future[Any], fn: Callable[[EngineCore], Any]) -> None:
+        assert self._loop is not None and self.core is not None
+        try:
+            result = fn(self.core)
+        except Exception as e:
+            self._loop.call_soon_threadsafe(_set_exception, fut, e)
+        else:
+            self._loop.call_soon_threadsafe(_set_result, fut, result)
 
     def _deliver(self, outs: list[RequestOutput]) -> None:
         assert self._loop is not None
@@ -185,3 +245,13 @@ class AsyncEngine:
             q = self._queues.get(out.request_id)
             if q is not None:
                 q.put_nowait(out)
+
+
+def _set_result(fut: asyncio.Future[Any], value: Any) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exception(fut: asyncio.Future[Any], exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)

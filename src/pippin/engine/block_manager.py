@@ -2,19 +2,39 @@
 
 Block 0 is reserved as the null block: padding positions write into it and
 gathers of unused table entries read from it, so it is never handed out.
+
+Block keys are 128-bit BLAKE2b digests, stable across processes, so the SSD tier
+can find a block again after a restart. A request's `cache_salt` is folded into
+the key of its first block (the table's `root`), so requests with different salts
+never share KV.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 def chain_hash(parent: int | None, token_ids: Seq[int], extra: object = None) -> int:
     """Key of a full block: equal keys mean equal KV (same prefix, same tokens)."""
-    return hash((parent, tuple(token_ids), extra))
+    h = hashlib.blake2b(digest_size=16)
+    h.update(b"-" if parent is None else parent.to_bytes(16, "little"))
+    h.update(np.asarray(token_ids, dtype=np.int64).tobytes())
+    if extra is not None:
+        h.update(repr(extra).encode())
+    return int.from_bytes(h.digest(), "little")
+
+
+def salt_root(salt: str | None) -> int | None:
+    """The parent key of a salted sequence's first block (None without a salt)."""
+    if salt is None:
+        return None
+    return int.from_bytes(hashlib.blake2b(salt.encode(), digest_size=16).digest(), "little")
 
 
 @dataclass
@@ -32,6 +52,7 @@ class BlockTable:
 
     block_ids: list[int] = field(default_factory=list)
     hashes: list[int] = field(default_factory=list)  # one per registered full block
+    root: int | None = None  # parent key of the first block: the request's cache salt
 
 
 class BlockManager:
@@ -47,6 +68,13 @@ class BlockManager:
         self.hash_to_block: dict[int, int] = {}
         self.hits = 0
         self.queries = 0
+        # Full prompt blocks looked up at admission and found cached.
+        self.query_blocks = 0
+        self.hit_blocks = 0
+        # With a tier below memory: cached blocks taken for reuse since the last
+        # `take_evicted`, as (block id, key, token ids), for spilling.
+        self.track_evictions = False
+        self.evicted: list[tuple[int, int, tuple[int, ...]]] = []
 
     # -- accounting -------------------------------------------------------
     @property
@@ -60,9 +88,26 @@ class BlockManager:
     def blocks_for(self, num_tokens: int) -> int:
         return (num_tokens + self.block_size - 1) // self.block_size
 
+    @property
+    def num_cached(self) -> int:
+        return len(self.hash_to_block)
+
+    def prompt_keys(
+        self, token_ids: Seq[int], root: int | None = None, extra: object = None
+    ) -> list[int]:
+        """Keys of the full blocks a prompt can take from a cache (its last token is
+        always computed)."""
+        bs = self.block_size
+        keys: list[int] = []
+        parent = root
+        for i in range((len(token_ids) - 1) // bs):
+            parent = chain_hash(parent, token_ids[i * bs : (i + 1) * bs], extra)
+            keys.append(parent)
+        return keys
+
     # -- prefix cache -----------------------------------------------------
     def match_prefix(
-        self, token_ids: Seq[int], extra: object = None
+        self, token_ids: Seq[int], root: int | None = None, extra: object = None
     ) -> tuple[list[int], list[int]]:
         """Cached full blocks at the start of `token_ids`, leaving at least one
         token to compute (its logits are needed to sample)."""
@@ -72,7 +117,7 @@ class BlockManager:
         max_blocks = (len(token_ids) - 1) // bs
         ids: list[int] = []
         hashes: list[int] = []
-        parent: int | None = None
+        parent = root
         for i in range(max_blocks):
             chunk = token_ids[i * bs : (i + 1) * bs]
             h = chain_hash(parent, chunk, extra)
@@ -96,6 +141,8 @@ class BlockManager:
         if block.hash is not None:
             if self.hash_to_block.get(block.hash) == bid:
                 del self.hash_to_block[block.hash]
+                if self.track_evictions:
+                    self.evicted.append((bid, block.hash, block.token_ids))
             block.hash = None
             block.token_ids = ()
         block.ref_count = 1
@@ -108,6 +155,9 @@ class BlockManager:
         self.queries += 1
         if cached:
             self.hits += 1
+        if self.enable_prefix_caching:
+            self.query_blocks += (num_tokens - 1) // self.block_size
+            self.hit_blocks += len(cached)
         for bid in cached:
             block = self.blocks[bid]
             if block.ref_count == 0:
@@ -159,7 +209,7 @@ class BlockManager:
         bs = self.block_size
         full = min(num_computed // bs, len(table.block_ids))
         for i in range(len(table.hashes), full):
-            parent = table.hashes[i - 1] if i else None
+            parent = table.hashes[i - 1] if i else table.root
             chunk = tuple(token_ids(i * bs, (i + 1) * bs))
             h = chain_hash(parent, chunk, extra)
             table.hashes.append(h)
@@ -169,3 +219,40 @@ class BlockManager:
                 block.hash = h
                 block.token_ids = chunk
                 self.hash_to_block[h] = bid
+
+    # -- tiers ------------------------------------------------------------
+    def take_evicted(self) -> list[tuple[int, int, tuple[int, ...]]]:
+        out, self.evicted = self.evicted, []
+        return out
+
+    def touch(self, bid: int) -> None:
+        """Mark a cached, unreferenced block most recently used."""
+        if self.blocks[bid].ref_count == 0:
+            self.free.move_to_end(bid)
+
+    def install(self, key: int, token_ids: tuple[int, ...]) -> int | None:
+        """Take a free block for KV promoted from a lower tier and enter it in the
+        prefix cache, unreferenced and most recently used. None when the key is
+        already cached or no block is free."""
+        if key in self.hash_to_block or not self.free:
+            return None
+        bid = self._take_free()
+        block = self.blocks[bid]
+        block.ref_count = 0
+        block.hash = key
+        block.token_ids = token_ids
+        self.hash_to_block[key] = bid
+        self.free[bid] = None  # at the end: evicted last
+        return bid
+
+    def clear_cache(self) -> int:
+        """Forget every cached block (blocks in use stay allocated, unshared)."""
+        n = len(self.hash_to_block)
+        for bid in self.hash_to_block.values():
+            block = self.blocks[bid]
+            block.hash = None
+            block.token_ids = ()
+            if block.ref_count == 0:
+                self.free.move_to_end(bid, last=False)
+        self.hash_to_block.clear()
+        return n

@@ -22,3 +22,12 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     # Server cap on max_tokens per request (None: up to the context).
     max_tokens_cap: int | None = None
+    # Quantised KV: 4 or 8 bits per element (None: the model's dtype), in groups of
+    # kv_group_size elements sharing a scale and bias.
+    kv_bits: int | None = None
+    kv_group_size: int = 64
+    # SSD tier of the prefix cache (None: off), its size cap, and the most memory the
+    # queue of blocks waiting to be written may hold.
+    ssd_cache_dir: str | None = None
+    ssd_cache_max_gb: float = 20.0
+    ssd_write_queue_mb: int = 256

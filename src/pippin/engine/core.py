@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from pippin.engine.block_manager import BlockManager
+from pippin.engine.cache_tiers import CacheTiers
 from pippin.engine.config import EngineConfig
 from pippin.engine.model_runner import ModelRunner
+from pippin.engine.observer import EngineObserver
 from pippin.engine.output_processor import OutputProcessor
 from pippin.engine.paged_cache import bytes_per_block
 from pippin.engine.sampler import SampleResult, sample
@@ -74,13 +76,17 @@ def _arrays(result: SampleResult) -> list[mx.array]:
 
 
 class EngineCore:
+    observer = EngineObserver()  # the AsyncEngine sets its own
+
     def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
         self.config = config
         self.loaded = loaded
         self.max_model_len = (
             config.max_model_len or loaded.max_position_embeddings or DEFAULT_MAX_MODEL_LEN
         )
-        self.runner = ModelRunner(loaded.model, config.block_size)
+        self.runner = ModelRunner(
+            loaded.model, config.block_size, config.kv_bits, config.kv_group_size
+        )
         self.num_blocks = self._num_blocks()
         self.runner.allocate(self.num_blocks)
         # A lone sequence must always fit the pool, or it could never be resumed.
@@ -88,8 +94,13 @@ class EngineCore:
         # Recurrent state cannot be rebuilt from KV blocks, so such models share no prefix.
         caching = config.enable_prefix_caching and not self.runner.has_state_layers
         self.bm = BlockManager(self.num_blocks, config.block_size, caching)
+        self.tiers = CacheTiers.create(config, self.runner, self.bm, loaded)
         self.scheduler = Scheduler(
-            self.bm, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len
+            self.bm,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            self.max_model_len,
+            tiers=self.tiers,
         )
         # The step launched last and not yet turned into outputs: its sequences, and
         # its sampled rows in groups (the unconstrained ones, then the constrained ones).
@@ -178,6 +189,7 @@ class EngineCore:
         if self._inflight is not None and self._needs_sync():
             outs = self._finish_inflight()
         sched = self.scheduler.schedule()
+        self.observer.scheduled(sched)
         if sched.empty:
             return outs + self._finish_inflight()
         self.steps += 1

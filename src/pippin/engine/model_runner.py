@@ -14,7 +14,13 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
 
-from pippin.engine.paged_cache import BatchLayout, LayerPool, LayerSpec, PagedLayerCache
+from pippin.engine.paged_cache import (
+    BatchLayout,
+    LayerPool,
+    LayerSpec,
+    PagedLayerCache,
+    QuantizedPagedLayerCache,
+)
 from pippin.engine.scheduler import ScheduledSeq
 
 
@@ -23,14 +29,25 @@ class UnsupportedModelError(Exception):
 
 
 class ModelRunner:
-    def __init__(self, model: nn.Module, block_size: int) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        block_size: int,
+        kv_bits: int | None = None,
+        kv_group_size: int = 64,
+    ) -> None:
         self.model = model
         self.block_size = block_size
+        self.kv_bits = kv_bits
+        self.kv_group_size = kv_group_size
         self.num_caches = 0  # entries of the model's cache list, one per layer
         self.specs: dict[int, LayerSpec] = {}  # attention layers
         self.state_sizes: dict[int, int] = {}  # recurrent layers
         self._probe()
         self.pools: dict[int, LayerPool] = {}
+        self._view = QuantizedPagedLayerCache if kv_bits else PagedLayerCache
+        if kv_bits:
+            self._probe_quantized()
 
     @property
     def has_state_layers(self) -> bool:
@@ -49,7 +66,13 @@ class ModelRunner:
             if type(c) in (KVCache, RotatingKVCache):  # not subclasses: they mean other layouts
                 mx.eval(c.keys, c.values)
                 _, h, _, dk = c.keys.shape
-                self.specs[i] = LayerSpec(h, dk, c.values.shape[-1], c.keys.dtype)
+                dv = c.values.shape[-1]
+                if self.kv_bits and (dk % self.kv_group_size or dv % self.kv_group_size):
+                    raise UnsupportedModelError(
+                        f"quantised KV needs head dims divisible by the group size "
+                        f"{self.kv_group_size}; layer {i} has {dk} and {dv}"
+                    )
+                self.specs[i] = LayerSpec(h, dk, dv, c.keys.dtype, self.kv_bits, self.kv_group_size)
             elif isinstance(c, ArraysCache):
                 self.state_sizes[i] = len(c.cache)
             else:
@@ -59,9 +82,46 @@ class ModelRunner:
         if not self.specs and not self.state_sizes:
             raise UnsupportedModelError("the model has no cache layers")
 
+    def _probe_quantized(self) -> None:
+        """Models whose attention does not go through mlx-lm's shared
+        `scaled_dot_product_attention` cannot read quantised KV: refuse them up front."""
+        pools = {i: LayerPool(s, 2, self.block_size) for i, s in self.specs.items()}
+        layout = BatchLayout([0], [2], [[1, 1]], self.block_size)
+        caches: list[Any] = [
+            self._view(pools[i], layout) if i in pools else ArraysCache(self.state_sizes[i])
+            for i in range(self.num_caches)
+        ]
+        try:
+            mx.eval(self.model(mx.array([[1, 2]]), cache=caches))
+        except Exception as e:
+            raise UnsupportedModelError(
+                f"this model's attention cannot read quantised KV ({type(e).__name__}: {e}); "
+                "run it without --kv-bits"
+            ) from None
+
     def allocate(self, num_blocks: int) -> None:
         self.pools = {i: LayerPool(s, num_blocks, self.block_size) for i, s in self.specs.items()}
-        mx.eval([(p.k, p.v) for p in self.pools.values()])
+        mx.eval([p.parts for p in self.pools.values()])
+
+    def block_slots(self, block_ids: list[int]) -> mx.array:
+        bs = self.block_size
+        return mx.array(
+            (np.asarray(block_ids, dtype=np.int32)[:, None] * bs + np.arange(bs)).reshape(-1)
+        )
+
+    def read_blocks(self, block_ids: list[int]) -> list[mx.array]:
+        """Every pool part of these blocks, layer by layer, each [H, n * block_size, width]."""
+        slots = self.block_slots(block_ids)
+        return [a for i in sorted(self.pools) for a in self.pools[i].read(slots)]
+
+    def write_blocks(self, block_ids: list[int], parts: list[mx.array]) -> None:
+        """The inverse of `read_blocks`."""
+        slots = self.block_slots(block_ids)
+        k = 0
+        for i in sorted(self.pools):
+            n = len(self.pools[i].parts)
+            self.pools[i].write(slots, parts[k : k + n])
+            k += n
 
     def forward(self, items: list[ScheduledSeq]) -> mx.array | None:
         """Compute `items` (one row each) and return the logits of the rows that sample,
@@ -91,9 +151,7 @@ class ModelRunner:
             inputs[mx.array(dst), 0] = arr[mx.array(src)]
 
         caches: list[Any] = [
-            PagedLayerCache(self.pools[i], layout)
-            if i in self.pools
-            else self._stack_state(i, items)
+            self._view(self.pools[i], layout) if i in self.pools else self._stack_state(i, items)
             for i in range(self.num_caches)
         ]
         logits = self.model(inputs, cache=caches)
@@ -128,7 +186,7 @@ class ModelRunner:
 
     def arrays_to_eval(self, items: list[ScheduledSeq]) -> list[Any]:
         """Everything a step wrote, so one eval materialises it."""
-        out: list[Any] = [(p.k, p.v) for p in self.pools.values()]
+        out: list[Any] = [p.parts for p in self.pools.values()]
         if self.state_sizes:
             out.extend(it.seq.state for it in items if it.seq.state is not None)
         return out

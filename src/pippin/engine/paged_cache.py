@@ -8,6 +8,11 @@ models use (`offset`, `update_and_fetch`, `make_mask`), so the models run
 unchanged: new keys and values are scattered into their slots, then each
 sequence's KV is gathered from its block table into a dense tensor for
 attention.
+
+With quantised KV (`LayerSpec.bits`), the pool holds mx.quantize's three parts
+(packed values, scales, biases) for keys and for values; the view then carries
+`bits` and `group_size`, which makes mlx-lm's attention take the quantised path
+(`quantized_scaled_dot_product_attention`, two quantised matmuls).
 """
 
 from __future__ import annotations
@@ -26,6 +31,22 @@ class LayerSpec:
     k_dim: int
     v_dim: int
     dtype: mx.Dtype
+    bits: int | None = None  # quantised KV: bits per element
+    group_size: int = 64  # elements sharing one scale and bias
+
+    def part_shapes(self) -> list[tuple[int, mx.Dtype]]:
+        """Width and dtype of each array a slot holds: K then V, three parts each
+        (packed uint32, scales, biases) when quantised."""
+        if self.bits is None:
+            return [(self.k_dim, self.dtype), (self.v_dim, self.dtype)]
+        out: list[tuple[int, mx.Dtype]] = []
+        for dim in (self.k_dim, self.v_dim):
+            groups = dim // self.group_size
+            out += [(dim * self.bits // 32, mx.uint32), (groups, self.dtype), (groups, self.dtype)]
+        return out
+
+    def slot_bytes(self) -> int:
+        return sum(self.n_kv_heads * w * dt.size for w, dt in self.part_shapes())
 
 
 class LayerPool:
@@ -37,16 +58,25 @@ class LayerPool:
         # Head-major: a gather of blocks then yields [H, B, S, D] whose rows are
         # contiguous, which attention reads several times faster than a slot-major
         # gather's transpose.
-        self.k = mx.zeros((spec.n_kv_heads, slots, spec.k_dim), dtype=spec.dtype)
-        self.v = mx.zeros((spec.n_kv_heads, slots, spec.v_dim), dtype=spec.dtype)
+        self.parts = [
+            mx.zeros((spec.n_kv_heads, slots, w), dtype=dt) for w, dt in spec.part_shapes()
+        ]
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        return sum(p.nbytes for p in self.parts)
+
+    def read(self, slots: mx.array) -> list[mx.array]:
+        """Every part at `slots` ([H, n, width] each), for copying blocks out."""
+        return [p[:, slots] for p in self.parts]
+
+    def write(self, slots: mx.array, values: list[mx.array]) -> None:
+        for i, v in enumerate(values):
+            self.parts[i][:, slots] = v
 
 
 def bytes_per_block(specs: list[LayerSpec], block_size: int) -> int:
-    return sum(block_size * s.n_kv_heads * (s.k_dim + s.v_dim) * s.dtype.size for s in specs)
+    return sum(block_size * s.slot_bytes() for s in specs)
 
 
 @dataclass
@@ -119,11 +149,11 @@ class PagedLayerCache:
         return self.layout.offset
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        lay, pool = self.layout, self.pool
+        lay, parts = self.layout, self.pool.parts
         B, H, L, _ = keys.shape
-        pool.k[:, lay.write_slots] = keys.transpose(1, 0, 2, 3).reshape(H, B * L, -1)
-        pool.v[:, lay.write_slots] = values.transpose(1, 0, 2, 3).reshape(H, B * L, -1)
-        return self._gather(pool.k), self._gather(pool.v)
+        parts[0][:, lay.write_slots] = keys.transpose(1, 0, 2, 3).reshape(H, B * L, -1)
+        parts[1][:, lay.write_slots] = values.transpose(1, 0, 2, 3).reshape(H, B * L, -1)
+        return self._gather(parts[0]), self._gather(parts[1])
 
     def _gather(self, flat: mx.array) -> mx.array:
         lay = self.layout
@@ -146,3 +176,27 @@ class PagedLayerCache:
 
     def empty(self) -> bool:
         return False
+
+
+class QuantizedPagedLayerCache(PagedLayerCache):
+    """A view over a quantised pool; `bits` and `group_size` are what mlx-lm's
+    attention looks for to take its quantised path."""
+
+    def __init__(self, pool: LayerPool, layout: BatchLayout) -> None:
+        super().__init__(pool, layout)
+        self.bits = pool.spec.bits
+        self.group_size = pool.spec.group_size
+
+    def update_and_fetch(  # type: ignore[override]
+        self, keys: mx.array, values: mx.array
+    ) -> tuple[tuple[mx.array, ...], tuple[mx.array, ...]]:
+        lay, parts = self.layout, self.pool.parts
+        B, H, L, _ = keys.shape
+        new = [
+            *mx.quantize(keys, group_size=self.group_size, bits=self.bits),
+            *mx.quantize(values, group_size=self.group_size, bits=self.bits),
+        ]
+        for i, x in enumerate(new):
+            parts[i][:, lay.write_slots] = x.transpose(1, 0, 2, 3).reshape(H, B * L, -1)
+        gathered = tuple(self._gather(p) for p in parts)
+        return gathered[:3], gathered[3:]

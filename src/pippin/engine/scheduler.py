@@ -11,9 +11,13 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from pippin.engine.block_manager import BlockManager
+from pippin.engine.block_manager import BlockManager, salt_root
 from pippin.engine.sequence import Sequence, Status
+
+if TYPE_CHECKING:
+    from pippin.engine.cache_tiers import CacheTiers
 
 
 @dataclass
@@ -47,8 +51,12 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_model_len: int,
         prefix_extra: object = None,
+        tiers: CacheTiers | None = None,
     ) -> None:
         self.bm = block_manager
+        # The prefix cache's lower tiers: promoted blocks are installed before each
+        # step is scheduled, evicted ones copied out after it.
+        self.tiers = tiers
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.budget = max_num_batched_tokens
@@ -58,7 +66,10 @@ class Scheduler:
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
+        seq.table.root = salt_root(seq.params.cache_salt)
         self.waiting.append(seq)
+        if self.tiers is not None:
+            self.tiers.prefetch(seq)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -75,6 +86,8 @@ class Scheduler:
         self.bm.free_table(seq.table)
         seq.status = Status.FINISHED
         seq.state = None
+        if self.tiers is not None:
+            self.tiers.forget(seq)
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
@@ -87,6 +100,14 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     def schedule(self) -> SchedulerOutput:
+        if self.tiers is not None:
+            self.tiers.poll()
+        out = self._schedule()
+        if self.tiers is not None:
+            self.tiers.spill_evicted()
+        return out
+
+    def _schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.budget
 
@@ -122,12 +143,14 @@ class Scheduler:
             seq = self.waiting[0]
             if seq.pending:
                 break  # preempted with tokens in flight: its ids are not all known yet
+            if self.tiers is not None and self.tiers.is_promoting(seq):
+                break  # its prompt's blocks are on their way from disk
             if seq.wait_for is not None:
                 if seq.wait_for.status is Status.RUNNING and seq.wait_for.is_prefilling:
                     break  # keep order: it will find the sibling's blocks next step
                 seq.wait_for = None
             ids = seq.all_ids
-            cached, hashes = self.bm.match_prefix(ids, self.prefix_extra)
+            cached, hashes = self.bm.match_prefix(ids, seq.table.root, self.prefix_extra)
             need = self.bm.blocks_for(len(ids)) - len(cached)
             if not self.bm.can_allocate(need, cached):
                 # Wait for running sequences to free blocks; one that could never fit

@@ -38,6 +38,8 @@ class SamplingParams:
     thinking: ThinkingBudget | None = None
     # Structured output: a grammar the output must follow (token masks while sampling).
     constraint: Constraint | None = None
+    # Requests with different salts never share KV (vLLM's cache_salt).
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ def load_model(
     """
     if dtype is not None and dtype not in _DTYPES:
         raise ModelLoadError(f"unsupported dtype {dtype!r} (use one of {', '.join(_DTYPES)})")
-    path, source, name = _resolve(spec, revision)
+    path, source, name = resolve_spec(spec, revision)
     try:
         if path.suffix == ".gguf":
             from . import gguf_loader
@@ -81,15 +81,15 @@ def load_model(
         else:
             model, tokenizer, config = _load_folder(path, trust_remote_code)
             folder = path
-        generation = _read_json(folder / "generation_config.json")
-        for token_id in _eos_ids(generation, _read_json(folder / "config.json")):
+        generation = read_json(folder / "generation_config.json")
+        for token_id in _eos_ids(generation, read_json(folder / "config.json")):
             tokenizer.add_eos_token(str(token_id))
-        chosen = _cast(model, config, dtype)
+        chosen = cast_params(model, config, dtype)
         mx.eval(model.parameters())
     except ModelLoadError:
         raise
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, ImportError) as e:
-        raise ModelLoadError(f"cannot load {source}: {_one_line(e)}") from e
+        raise ModelLoadError(f"cannot load {source}: {one_line(e)}") from e
     logger.info("loaded model %s (%s)", name, chosen)
     return LoadedModel(
         model=model,
@@ -99,12 +99,12 @@ def load_model(
         name=name,
         generation_defaults=_generation_defaults(generation),
         eos_token_ids=set(tokenizer.eos_token_ids),
-        max_position_embeddings=_context_length(config),
+        max_position_embeddings=context_length(config),
         dtype=chosen,
     )
 
 
-def _resolve(spec: str | None, revision: str | None) -> tuple[Path, str, str]:
+def resolve_spec(spec: str | None, revision: str | None) -> tuple[Path, str, str]:
     """(local path, source, name): downloads Hub models."""
     if spec is None:
         path = default_model_path()
@@ -145,7 +145,7 @@ def _download(spec: str, revision: str | None) -> Path:
 
         return mlx_download(spec, revision=revision)
     except Exception as e:  # huggingface_hub raises many kinds; all mean "not available"
-        raise ModelLoadError(f"{spec}: not found locally or on the Hub: {_one_line(e)}") from e
+        raise ModelLoadError(f"{spec}: not found locally or on the Hub: {one_line(e)}") from e
 
 
 def _load_folder(
@@ -164,7 +164,7 @@ def _load_folder(
     return model, tokenizer, config
 
 
-def _cast(model: nn.Module, config: dict[str, Any], dtype: str | None) -> str:
+def cast_params(model: nn.Module, config: dict[str, Any], dtype: str | None) -> str:
     """Cast floating parameters to the wanted dtype and return its name."""
     if dtype is None:
         if mx.default_device() == mx.cpu:
@@ -197,7 +197,7 @@ def _dominant_dtype(model: nn.Module) -> str:
     return max(sizes, key=sizes.__getitem__) if sizes else "float32"
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
@@ -229,7 +229,7 @@ def _eos_ids(*configs: dict[str, Any]) -> set[int]:
     return ids
 
 
-def _context_length(config: dict[str, Any]) -> int | None:
+def context_length(config: dict[str, Any]) -> int | None:
     for source in (config, config.get("text_config") or {}):
         for key in _CONTEXT_KEYS:
             if isinstance(source.get(key), int):
@@ -237,6 +237,6 @@ def _context_length(config: dict[str, Any]) -> int | None:
     return None
 
 
-def _one_line(e: BaseException) -> str:
+def one_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return text[0] if text else type(e).__name__

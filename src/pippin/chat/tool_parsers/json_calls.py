@@ -61,16 +61,25 @@ class JsonCallReader:
         self.list_optional = list_optional
         self.in_list = False
         self.at_start = True
-        self.raw = ""  # text of the current object, until it is accounted for
+        # Text of the current object, until it is accounted for; pieces are kept in a
+        # list, as appending to one long string would copy it at every piece.
+        self._raw = _Text()
         self.calls = 0
         self._reset_object()
 
+    @property
+    def raw(self) -> str:
+        return str(self._raw)
+
     def _reset_object(self) -> None:
         self.outer = JsonPrefix()
-        self.obj = ""
+        self.obj = _Text()
+        self.head = ""  # the object's first characters, where the name is
         self.args_jp: JsonPrefix | None = None
-        self.args_text = ""
-        self.args_sent = 0
+        self.args_buf = ""  # arguments read but not sent yet (a short tail, normally)
+        self.args_sent = 0  # arguments characters accounted for (sent or skipped)
+        self.args_any = False  # whether any argument text was sent
+        self.args_string: bool | None = None  # arguments written as a JSON string
         self.expect_sep = False
 
     def step(self, text: str, final: bool) -> tuple[int, str]:
@@ -80,19 +89,19 @@ class JsonCallReader:
                 j = _skip_ws(text, i)
                 if j == len(text):
                     if final:
-                        self.raw += text[i:]
+                        self._raw.add(text[i:])
                         return j, ERROR
                     return i, MORE  # whitespace stays unread until something follows
                 self.at_start = False
                 if self.many and text[j] == "[":
                     self.in_list = True
-                    self.raw += text[i : j + 1]
+                    self._raw.add(text[i : j + 1])
                     i = j + 1
                     continue
                 if self.many and not self.list_optional:
-                    self.raw += text[i:j]
+                    self._raw.add(text[i:j])
                     return j, ERROR
-                self.raw += text[i:j]
+                self._raw.add(text[i:j])
                 i = j
             if self.expect_sep:  # between objects of a list
                 j = _skip_ws(text, i)
@@ -100,7 +109,7 @@ class JsonCallReader:
                     return (i, DONE) if final else (i, MORE)
                 if text[j] == ",":
                     self._reset_object()
-                    self.raw = text[i : j + 1]
+                    self._raw = _Text(text[i : j + 1])
                     i = j + 1
                     continue
                 if text[j] == "]":
@@ -121,10 +130,11 @@ class JsonCallReader:
     def _feed_object(self, text: str) -> int:
         n = self.outer.feed(text)
         chunk = text[:n]
-        self.obj += chunk
-        self.raw += chunk
-        if self.args_jp is None and len(self.obj) - n <= _HEAD_MAX:
-            m = _HEAD.match(self.obj)
+        self.obj.add(chunk)
+        self._raw.add(chunk)
+        if self.args_jp is None and len(self.head) <= _HEAD_MAX:
+            self.head += chunk
+            m = _HEAD.match(self.head)
             if m:
                 name = json.loads(f'"{m.group(1)}"')
                 if not self.p.known(name):
@@ -132,29 +142,36 @@ class JsonCallReader:
                     return n
                 self.p.start_call(name)
                 self.args_jp = JsonPrefix()
-                chunk = self.obj[m.end() :]
+                chunk = self.head[m.end() :]
         if self.args_jp is not None and not self.args_jp.done:
             used = self.args_jp.feed(chunk)
-            self.args_text += chunk[:used]
+            self.args_buf += chunk[:used]
             self._send_args()
         return n
 
     def _send_args(self) -> None:
-        assert self.args_jp is not None
-        if not self.args_jp.started:
+        jp = self.args_jp
+        assert jp is not None
+        if not jp.started:
             return
-        if self.args_text.lstrip().startswith('"'):
+        if self.args_string is None:
+            # Leading whitespace is not part of the arguments.
+            stripped = self.args_buf.lstrip()
+            self.args_sent = jp.consumed - len(stripped)
+            self.args_buf = stripped
+            self.args_string = stripped.startswith('"')
+        if self.args_string:
             # Arguments written as a JSON string: sent decoded, once whole.
-            if self.args_jp.done and self.args_sent == 0:
-                self.p.args(_decoded_args(json.loads(self.args_text)))
-                self.args_sent = len(self.args_text)
+            if jp.done and not self.args_any:
+                self.p.args(_decoded_args(json.loads(self.args_buf)))
+                self.args_any, self.args_buf = True, ""
             return
-        start = len(self.args_text) - len(self.args_text.lstrip())
-        self.args_sent = max(self.args_sent, start)
-        safe = self.args_jp.safe
-        if safe > self.args_sent:
-            self.p.args(self.args_text[self.args_sent : safe])
-            self.args_sent = safe
+        k = jp.safe - self.args_sent
+        if k > 0:
+            self.p.args(self.args_buf[:k])
+            self.args_buf = self.args_buf[k:]
+            self.args_sent = jp.safe
+            self.args_any = True
 
     def _close_object(self) -> bool:
         """The object ended: finish its call. False if it was not a call after all."""
@@ -163,19 +180,19 @@ class JsonCallReader:
                 self._finish_args()
             self.p.end_call()
         else:
-            call = call_from_object(json.loads(self.obj))
+            call = call_from_object(json.loads(str(self.obj)))
             if call is None or not self.p.known(call[0]):
                 return False
             self.p.whole_call(*call)
         self.calls += 1
-        self.raw = ""
+        self._raw = _Text()
         return True
 
     def _finish_args(self) -> None:
         assert self.args_jp is not None
         self.args_jp.finish()
         self._send_args()
-        if not self.args_jp.started or self.args_sent == 0:
+        if not self.args_jp.started or not self.args_any:
             self.p.args("{}")
         elif not self.args_jp.done:
             self.p.args(self.args_jp.closers())
@@ -186,8 +203,24 @@ class JsonCallReader:
             self._finish_args()
             self.p.end_call()
             self.calls += 1
-            self.raw = ""
+            self._raw = _Text()
         return ERROR
+
+
+class _Text:
+    """A string built piece by piece, joined only when read."""
+
+    def __init__(self, s: str = "") -> None:
+        self.parts = [s] if s else []
+
+    def add(self, s: str) -> None:
+        if s:
+            self.parts.append(s)
+
+    def __str__(self) -> str:
+        joined = "".join(self.parts)
+        self.parts = [joined] if joined else []
+        return joined
 
 
 def _decoded_args(s: str) -> str:

@@ -1,0 +1,32 @@
+"""The prefix cache's control routes: GET /v1/cache/stats, DELETE /v1/cache[?tier=...]."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from pippin.api.errors import bad_request
+from pippin.api.openai_models import get_state, require_engine
+from pippin.engine.cache_tiers import TIERS
+
+router = APIRouter()
+
+
+@router.get("/v1/cache/stats")
+async def cache_stats(request: Request) -> dict[str, Any]:
+    engine, _ = require_engine(get_state(request))
+    return await engine.cache_stats()
+
+
+@router.delete("/v1/cache")
+async def clear_cache(request: Request, tier: str | None = None) -> dict[str, Any]:
+    if tier is not None and tier not in TIERS:
+        raise bad_request(
+            f"Unknown cache tier '{tier}': use one of {', '.join(TIERS)}, or none for all.",
+            param="tier",
+            code="invalid_value",
+        )
+    engine, _ = require_engine(get_state(request))
+    cleared = await engine.clear_cache(tier)
+    return {"object": "cache.cleared", "cleared_blocks": cleared}

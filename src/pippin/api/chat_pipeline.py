@@ -1,0 +1,144 @@
+"""What every chat-shaped API shares: the prompt from the template, the output parsers,
+and a run that yields parsed deltas.
+
+The OpenAI chat, Anthropic Messages and OpenAI Responses fronts each turn their wire
+format into template messages and tools, then call these; only the formatting of the
+answer differs between them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from pippin.api.errors import OpenAIError, bad_request, server_error, unsupported_param
+from pippin.api.protocol import closing
+from pippin.chat.output import OutputParser
+from pippin.chat.template import ChatTemplateError, render_chat_async
+from pippin.chat.tool_parsers.base import ParsedDelta, random_call_id
+from pippin.engine.async_engine import AsyncEngine
+from pippin.engine.types import CompletionOutput, RequestOutput, SamplingParams
+
+if TYPE_CHECKING:
+    from pippin.server import ServerState
+
+
+async def render_prompt(
+    state: ServerState,
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    template_kwargs: dict[str, Any],
+    *,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    messages_param: str = "messages",
+    tools_param: str = "tools",
+) -> list[int]:
+    """Prompt token ids through the model's own chat template; 400s name the field."""
+    if tools and "tools" not in state.template_source:
+        # The template would drop them without a word, and the model would never see them.
+        raise OpenAIError(
+            400,
+            "This model's chat template does not support tools.",
+            param=tools_param,
+            code="unsupported_value",
+        )
+    try:
+        return await render_chat_async(
+            tokenizer,
+            messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            template_kwargs=template_kwargs,
+        )
+    except ChatTemplateError as exc:
+        param = "chat_template_kwargs" if "chat_template_kwargs" in str(exc) else messages_param
+        raise bad_request(str(exc), param=param) from None
+
+
+def output_parsing(
+    state: ServerState,
+    tokenizer: Any,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    tools: list[dict[str, Any]] | None,
+    thinking_budget: int | None,
+    budget_param: str = "thinking_token_budget",
+    new_id: Callable[[], str] = random_call_id,
+) -> tuple[Callable[[], OutputParser], SamplingParams]:
+    """Output parsers for a chat request, and the sampling settings they need."""
+    choice = state.parsers
+    assert choice is not None
+    # Enough of the prompt's end to see whether the template opened a reasoning section.
+    tail = tokenizer.decode(prompt_ids[-32:])
+    thinking = None
+    if thinking_budget is not None:
+        thinking = choice.thinking_budget(thinking_budget, tail)
+        if thinking is None:
+            raise unsupported_param(budget_param, "This model has no reasoning section to limit.")
+    params = replace(params, keep_special_ids=choice.keep_token_ids, thinking=thinking)
+    return (lambda: choice.make(tools, tail, new_id)), params
+
+
+def engine_failure(out: RequestOutput, c: CompletionOutput | None = None) -> OpenAIError | None:
+    """The error a failed or server-aborted output stands for, if any."""
+    if out.error is not None or (c is not None and c.finish_reason == "error"):
+        return server_error(
+            f"The engine failed this request: {out.error or 'unknown error'}", "engine_error"
+        )
+    if c is not None and c.finish_reason == "abort":
+        return server_error("The request was aborted by the server.", "request_aborted", 503)
+    return None
+
+
+@dataclass
+class ParsedStep:
+    """One engine output of a single-sequence request, parsed."""
+
+    parsed: ParsedDelta
+    output: CompletionOutput
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int  # so far, in all
+    finish_reason: str | None  # "stop", "length" or "tool_calls" on the last step
+    stop_reason: str | int | None
+
+
+async def run_parsed(
+    engine: AsyncEngine,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    request_id: str,
+    parser: OutputParser,
+) -> AsyncIterator[ParsedStep]:
+    """Generate one sequence and parse it as it comes; engine failures raise."""
+    completion = 0
+    gen = engine.generate(prompt_ids, params, request_id)
+    async with closing(gen) as outputs:
+        async for out in outputs:
+            err = engine_failure(out)
+            if err:
+                raise err
+            for c in out.outputs:
+                err = engine_failure(out, c)
+                if err:
+                    raise err
+                completion += len(c.token_ids)
+                parsed = parser.feed(c.text, c.token_ids)
+                reason = c.finish_reason
+                if reason is not None:
+                    parsed.merge(parser.finish())
+                    if reason == "stop" and parser.called:
+                        reason = "tool_calls"
+                yield ParsedStep(
+                    parsed,
+                    c,
+                    out.prompt_tokens,
+                    out.cached_tokens,
+                    completion,
+                    reason,
+                    c.stop_reason,
+                )

@@ -1,0 +1,1 @@
+"""`pippin bench`: a load generator for any OpenAI-compatible server."""

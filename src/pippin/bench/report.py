@@ -1,0 +1,153 @@
+"""Results as a table (stdout), JSON and CSV; in compare mode, ratios to the first server."""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from pippin.bench.runner import BenchRun, Window
+from pippin.bench.stats import summarize
+
+
+def aggregate(run: BenchRun) -> list[dict[str, Any]]:
+    """One row per (level, server): all repetitions pooled, servers in the order given."""
+    rows = []
+    names = [t.name for t in run.config.targets]
+    for level in run.config.levels:
+        for name in names:
+            wins: list[Window] = [w for w in run.windows if w.target == name and w.level == level]
+            if not wins:
+                continue
+            row: dict[str, Any] = {"server": name, run.config.mode: level}
+            row.update(summarize([r for w in wins for r in w.results], sum(w.wall for w in wins)))
+            rates = [w.cache.hit_rate for w in wins if w.cache and w.cache.hit_rate is not None]
+            row["server_cache_hit_rate"] = sum(rates) / len(rates) if rates else None
+            rows.append(row)
+    add_ratios(rows, run.config.mode, names[0])
+    return rows
+
+
+def add_ratios(rows: list[dict[str, Any]], mode: str, first: str) -> None:
+    """`tok_s_x`: the first server's tok/s over this one's; `ttft_p99_x`: the first's p99
+    TTFT over this one's (below 1: the first answers sooner)."""
+    base = {r[mode]: r for r in rows if r["server"] == first}
+    for r in rows:
+        b = base.get(r[mode])
+        if r["server"] == first or b is None:
+            continue
+        r["tok_s_x"] = _ratio(b["tok_s"], r["tok_s"])
+        r["ttft_p99_x"] = _ratio(b["ttft_p99"], r["ttft_p99"])
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _ms(x: float | None) -> str:
+    return "" if x is None else f"{x * 1000:,.1f} ms"
+
+
+def _num(x: float | None, nd: int = 1) -> str:
+    return "" if x is None else f"{x:,.{nd}f}"
+
+
+def _pct(x: float | None) -> str:
+    return "" if x is None else f"{x:.0%}"
+
+
+def table(rows: list[dict[str, Any]], mode: str, first: str | None = None) -> str:
+    """A Markdown table (readable as plain text too)."""
+    level = "conc" if mode == "concurrency" else "req/s"
+    cols: list[tuple[str, Any]] = [
+        (level, lambda r: f"{r[mode]:g}"),
+        ("server", lambda r: r["server"]),
+        ("ok", lambda r: f"{r['requests'] - r['failed']}/{r['requests']}"),
+        ("tok/s", lambda r: _num(r["tok_s"])),
+        ("TTFT p50", lambda r: _ms(r["ttft_p50"])),
+        ("TTFT p90", lambda r: _ms(r["ttft_p90"])),
+        ("TTFT p99", lambda r: _ms(r["ttft_p99"])),
+        ("ITL p50", lambda r: _ms(r["itl_p50"])),
+        ("ITL p99", lambda r: _ms(r["itl_p99"])),
+        ("TPOT p50", lambda r: _ms(r["tpot_p50"])),
+        ("e2e p50", lambda r: _ms(r["e2e_p50"])),
+        ("e2e p99", lambda r: _ms(r["e2e_p99"])),
+        ("cache hits", lambda r: _pct(r["server_cache_hit_rate"])),
+    ]
+    if first is not None and any("tok_s_x" in r for r in rows):
+        cols.append((f"{first} tok/s ×", lambda r: _x(r.get("tok_s_x"))))
+        cols.append((f"{first} TTFT p99 ×", lambda r: _x(r.get("ttft_p99_x"))))
+    lines = ["| " + " | ".join(c for c, _ in cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join(f(r) for _, f in cols) + " |")
+    return "\n".join(lines)
+
+
+def _x(v: float | None) -> str:
+    return "" if v is None else f"{v:.2f}x"
+
+
+def describe(run: BenchRun) -> str:
+    """The header printed above the table: what ran where."""
+    m = run.machine
+    pk = ", ".join(f"{k} {v}" for k, v in m["packages"].items())
+    gpus = f"; GPUs: {', '.join(m['gpus'])}" if m["gpus"] else ""
+    servers = "; ".join(
+        f"{s['name']} = {s['url']} (model {s['model']}"
+        + (f", version {s['version']}" if s.get("version") else "")
+        + ")"
+        for s in run.servers
+    )
+    c = run.config
+    return (
+        f"{run.started}. Client: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB{gpus}; "
+        f"{m['os']}; Python {m['python']}; {pk}.\nServers: {servers}.\n"
+        f"Workload: {c.workload.describe()}; {c.mode} {', '.join(f'{x:g}' for x in c.levels)}; "
+        f"{c.repetitions} repetition(s), warm-up {c.warmup} request(s) per server."
+    )
+
+
+def to_json(run: BenchRun, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    c = run.config
+    return {
+        "started": run.started,
+        "config": {
+            "mode": c.mode,
+            "levels": c.levels,
+            "num_requests": c.num_requests,
+            "warmup": c.warmup,
+            "repetitions": c.repetitions,
+            "seed": c.seed,
+            "max_concurrency": c.max_concurrency,
+            "workload": asdict(c.workload),
+        },
+        "machine": run.machine,
+        "servers": run.servers,
+        "summary": rows,
+        "windows": [
+            {
+                "server": w.target,
+                c.mode: w.level,
+                "rep": w.rep,
+                "cache": asdict(w.cache) if w.cache else None,
+                **summarize(w.results, w.wall),
+            }
+            for w in run.windows
+        ],
+    }
+
+
+def write_json(path: Path, run: BenchRun, rows: list[dict[str, Any]]) -> None:
+    path.write_text(json.dumps(to_json(run, rows), indent=2, default=str) + "\n")
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    keys: list[str] = []
+    for r in rows:
+        keys += [k for k in r if k not in keys and k != "errors"]
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)

@@ -1,0 +1,230 @@
+"""Running a benchmark: warm-up, then for each repetition and load level one measurement
+window per server, the servers taking turns (rotated each window) so that drift on the
+machine touches them all alike. Every server gets the same prompts in a window.
+
+Load levels are either concurrencies (closed loop: that many clients, each sending its
+next request when the last one ends) or request rates (open loop: sessions start at
+Poisson-distributed times, at that many per second on average).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import httpx
+
+from pippin.bench.client import RequestResult, stream_request
+from pippin.bench.fingerprint import machine, server_info
+from pippin.bench.progress import Progress
+from pippin.bench.scrape import CacheStats, cache_hit_rate, scrape
+from pippin.bench.workload import Session, Workload, make_sessions
+
+Mode = Literal["concurrency", "rate"]
+
+
+@dataclass
+class Target:
+    name: str
+    base_url: str  # scheme://host:port, without /v1
+    model: str | None = None  # None: the first of its /v1/models
+    api_key: str | None = None
+    extra_body: dict[str, Any] = field(default_factory=dict)
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+
+@dataclass
+class BenchConfig:
+    targets: list[Target]
+    workload: Workload
+    mode: Mode = "concurrency"
+    levels: list[float] = field(default_factory=lambda: [1.0])
+    num_requests: int | None = None  # per window; None: from the level
+    warmup: int = 2  # requests per server before measuring
+    repetitions: int = 1
+    seed: int = 0
+    max_concurrency: int | None = None  # rate mode: cap on requests in flight
+    timeout: float = 600.0
+    progress: bool = True
+
+    def requests_at(self, level: float) -> int:
+        if self.num_requests is not None:
+            return self.num_requests
+        # Enough for each client to send a few; in rate mode about ten seconds' worth.
+        return max(8, int(4 * level)) if self.mode == "concurrency" else max(16, int(10 * level))
+
+
+@dataclass
+class Window:
+    target: str
+    level: float
+    rep: int
+    wall: float
+    results: list[RequestResult]
+    cache: CacheStats | None = None
+
+
+@dataclass
+class BenchRun:
+    config: BenchConfig
+    machine: dict[str, Any]
+    servers: list[dict[str, Any]]
+    windows: list[Window]
+    started: str
+
+
+def _body(t: Target, w: Workload, prompt: Any, max_tokens: int) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": t.model,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": max_tokens,
+        "temperature": w.temperature,
+        ("messages" if w.api == "chat" else "prompt"): prompt,
+    }
+    if w.ignore_eos:
+        body["ignore_eos"] = True
+    body.update(t.extra_body)
+    return body
+
+
+async def run_session(
+    client: httpx.AsyncClient,
+    t: Target,
+    w: Workload,
+    session: Session,
+    done: Callable[[RequestResult], None],
+) -> None:
+    """The session's turns one after another, each with the conversation so far."""
+    path = "/v1/chat/completions" if w.api == "chat" else "/v1/completions"
+    messages: list[dict[str, str]] = []
+    text = ""
+    for turn in session.turns:
+        if w.api == "chat":
+            messages.append({"role": "user", "content": turn.text})
+            prompt: Any = list(messages)
+        else:
+            text = f"{text}\n{turn.text}" if text else turn.text
+            prompt = text
+        res = await stream_request(
+            client, t.base_url + path, _body(t, w, prompt, turn.max_tokens), t.headers()
+        )
+        done(res)
+        if not res.ok:
+            return  # the rest of the session would build on a missing answer
+        if w.api == "chat":
+            messages.append({"role": "assistant", "content": res.text})
+        else:
+            text += res.text
+
+
+async def run_window(
+    client: httpx.AsyncClient,
+    t: Target,
+    cfg: BenchConfig,
+    level: float,
+    sessions: list[Session],
+    seed: str,
+    progress: Progress,
+) -> Window:
+    results: list[RequestResult] = []
+    end = 0.0
+
+    def done(res: RequestResult) -> None:
+        nonlocal end
+        results.append(res)
+        end = time.perf_counter()
+        progress.advance()
+
+    w = cfg.workload
+    start = time.perf_counter()
+    if cfg.mode == "concurrency":
+        queue = deque(sessions)
+
+        async def worker() -> None:
+            while queue:
+                await run_session(client, t, w, queue.popleft(), done)
+
+        await asyncio.gather(*(worker() for _ in range(max(1, int(level)))))
+    else:
+        rng = random.Random(f"arrivals|{seed}")
+        limit = asyncio.Semaphore(cfg.max_concurrency or 1 << 30)
+
+        async def limited(s: Session) -> None:
+            async with limit:
+                await run_session(client, t, w, s, done)
+
+        tasks = []
+        for s in sessions:
+            tasks.append(asyncio.create_task(limited(s)))
+            await asyncio.sleep(rng.expovariate(level))
+        await asyncio.gather(*tasks)
+    return Window(t.name, level, 0, max(end - start, 1e-9), results)
+
+
+async def _resolve_model(client: httpx.AsyncClient, t: Target) -> None:
+    if t.model:
+        return
+    r = await client.get(f"{t.base_url}/v1/models", headers=t.headers(), timeout=30)
+    r.raise_for_status()
+    data = r.json().get("data") or []
+    if not data:
+        raise RuntimeError(f"{t.name}: /v1/models lists no model; pass --model")
+    t.model = data[0]["id"]
+
+
+async def run_benchmark(cfg: BenchConfig) -> BenchRun:
+    started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    turns = cfg.workload.turns
+    per_rep = sum(math.ceil(cfg.requests_at(lv) / turns) * turns for lv in cfg.levels)
+    total = (per_rep * cfg.repetitions + cfg.warmup) * len(cfg.targets)
+    progress = Progress(total, cfg.progress)
+    timeout = httpx.Timeout(cfg.timeout, connect=30)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        servers = []
+        for t in cfg.targets:
+            await _resolve_model(client, t)
+            info = await server_info(client, t.base_url, t.headers())
+            servers.append({"name": t.name, "model": t.model, **info})
+        for t in cfg.targets:
+            if cfg.warmup:
+                await _warm_up(client, t, cfg, progress)
+        windows: list[Window] = []
+        for rep in range(cfg.repetitions):
+            for li, level in enumerate(cfg.levels):
+                seed = f"{cfg.seed}|{rep}|{li}"
+                sessions = make_sessions(cfg.workload, cfg.requests_at(level), seed)
+                k = (rep + li) % len(cfg.targets)
+                for t in cfg.targets[k:] + cfg.targets[:k]:
+                    progress.start(f"{t.name} {cfg.mode} {level:g} rep {rep + 1}")
+                    before = await scrape(client, t.base_url, t.headers())
+                    win = await run_window(client, t, cfg, level, sessions, seed, progress)
+                    after = await scrape(client, t.base_url, t.headers())
+                    win.rep, win.cache = rep, cache_hit_rate(before, after)
+                    windows.append(win)
+    progress.close()
+    return BenchRun(cfg, machine(), servers, windows, started)
+
+
+async def _warm_up(client: httpx.AsyncClient, t: Target, cfg: BenchConfig, p: Progress) -> None:
+    """Single-turn requests, as many at once as the highest level sends (up to the number
+    of warm-up requests), so connections are open before the first window."""
+    p.start(f"warm-up {t.name}")
+    one_turn = replace(cfg.workload, turns=1)
+    sessions = deque(make_sessions(one_turn, cfg.warmup, seed=f"warmup|{cfg.seed}"))
+    width = cfg.max_concurrency or int(max(cfg.levels)) if cfg.mode == "rate" else max(cfg.levels)
+
+    async def worker() -> None:
+        while sessions:
+            await run_session(client, t, one_turn, sessions.popleft(), lambda _: p.advance())
+
+    await asyncio.gather(*(worker() for _ in range(max(1, min(int(width), cfg.warmup)))))

@@ -1,0 +1,73 @@
+"""Reading a server's Prometheus `/metrics`: pippin's, vLLM's, or any other.
+
+`Samples` maps a sample name to its (labels, value) pairs; `total` sums the ones whose
+labels match. Cache hit rates come from the difference of two scrapes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+def parse_metrics(text: str) -> Samples:
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
+    return out
+
+
+def total(samples: Samples, name: str, **labels: str) -> float | None:
+    """Sum of the samples of `name` whose labels include `labels`; None if there are none."""
+    found = [
+        v for lab, v in samples.get(name, []) if all(lab.get(k) == w for k, w in labels.items())
+    ]
+    return sum(found) if found else None
+
+
+async def scrape(
+    client: httpx.AsyncClient, base_url: str, headers: dict[str, str] | None = None
+) -> Samples | None:
+    """The server's metrics, or None where it has no /metrics (or it is not Prometheus)."""
+    try:
+        r = await client.get(f"{base_url}/metrics", headers=headers, timeout=10)
+        if r.status_code != 200:
+            return None
+        return parse_metrics(r.text)
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+# (name of the hit counter, name of the query counter, what they count), first match wins.
+_HIT_COUNTERS = (
+    ("pippin_prompt_tokens_cached_total", "pippin_prompt_tokens_total", "tokens"),
+    ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", "tokens"),
+    ("vllm:gpu_prefix_cache_hits_total", "vllm:gpu_prefix_cache_queries_total", "tokens"),
+)
+
+
+@dataclass
+class CacheStats:
+    hit_rate: float | None  # share of prompt tokens served from the prefix cache
+    unit: str
+    source: str  # the counter it came from
+
+
+def cache_hit_rate(before: Samples | None, after: Samples | None) -> CacheStats | None:
+    """The server's prefix-cache hit rate between two scrapes, when it exports one."""
+    if before is None or after is None:
+        return None
+    for hits, queries, unit in _HIT_COUNTERS:
+        h0, h1 = total(before, hits), total(after, hits)
+        q0, q1 = total(before, queries), total(after, queries)
+        if None in (h0, h1, q0, q1):
+            continue
+        dq = q1 - q0  # type: ignore[operator]
+        rate = (h1 - h0) / dq if dq > 0 else None  # type: ignore[operator]
+        return CacheStats(rate, unit, hits)
+    return None

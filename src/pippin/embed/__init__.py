@@ -1,0 +1,1 @@
+"""Embedding and reranking models: loading, MLX forward passes and the batching worker."""

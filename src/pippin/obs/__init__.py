@@ -1,0 +1,1 @@
+"""Observability: Prometheus metrics, the per-request log line, and the engine's hooks."""

@@ -1,0 +1,40 @@
+"""The web page at `/`: live metrics and a chat playground, plain static files.
+
+No build step: `static/` holds the HTML, CSS and JavaScript as served. The page reads
+`/metrics`, `/v1/models` and `/health`, and chats through `/v1/chat/completions` with
+`stream: true`, sending the API key the user types in when the server asks for one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import APIRouter
+from fastapi.responses import FileResponse
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+_MEDIA = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
+_FILES = {p.name: p for p in STATIC_DIR.iterdir() if p.suffix in _MEDIA}
+# Open without the API key: they are the same for everyone and hold no data.
+STATIC_PATHS = frozenset({"/"} | {f"/ui/{name}" for name in _FILES})
+
+router = APIRouter(include_in_schema=False)
+
+
+def _file(name: str) -> FileResponse:
+    path = _FILES[name]
+    return FileResponse(path, media_type=_MEDIA[path.suffix], headers={"Cache-Control": "no-cache"})
+
+
+@router.get("/")
+async def index() -> FileResponse:
+    return _file("index.html")
+
+
+@router.get("/ui/{name}")
+async def asset(name: str) -> FileResponse:
+    if name not in _FILES:
+        from pippin.api.errors import OpenAIError
+
+        raise OpenAIError(404, f"No such file: {name}", code="not_found")
+    return _file(name)

@@ -1,0 +1,285 @@
+"""The Anthropic Messages API against a real server on a tiny random Qwen3 model.
+
+The tiny model's template here has Qwen3's thinking switch, so `thinking` and the
+thinking budget are exercised too: a random model never closes its reasoning by itself,
+so a reasoning section that ends, followed by text, shows the budget was enforced.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import pytest
+from server_utils import Server, run_server
+from tiny_models import CHAT_TEMPLATE
+
+KEY = "sk-ant-tiny"
+THINKING_TEMPLATE = CHAT_TEMPLATE.replace(
+    "{{- '<|im_start|>assistant\\n' -}}",
+    "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking -%}{{- '<think>\\n' -}}"
+    "{%- else -%}{{- '<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}",
+)
+HELLO = [{"role": "user", "content": "Hello, how are you today?"}]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_models: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    src = tiny_models("qwen3")
+    dest = tmp_path_factory.mktemp("tiny-thinking") / "model"
+    shutil.copytree(src, dest)
+    cfg_path = dest / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["chat_template"] = THINKING_TEMPLATE
+    cfg_path.write_text(json.dumps(cfg))
+    return dest
+
+
+@pytest.fixture(scope="module")
+def server(model_dir: Path) -> Iterator[Server]:
+    with run_server(
+        str(model_dir),
+        "--served-model-name",
+        "tiny",
+        "--max-model-len",
+        "1024",
+        "--max-request-body-mb",
+        "1",
+        api_key=KEY,
+    ) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0, timeout=120)
+
+
+def create(client: anthropic.Anthropic, **kw: Any) -> Any:
+    kw.setdefault("model", "tiny")
+    kw.setdefault("messages", HELLO)
+    kw.setdefault("max_tokens", 8)
+    # The SDK no longer has sampling arguments; the API (and pippin) still takes them.
+    extra = {k: kw.pop(k) for k in ("temperature", "top_k", "top_p") if k in kw}
+    return client.messages.create(**kw, extra_body=extra or None)
+
+
+def test_create_shape_and_usage(client: anthropic.Anthropic) -> None:
+    m = create(client, temperature=0.0)
+    assert m.type == "message" and m.role == "assistant" and m.model == "tiny"
+    assert m.id.startswith("msg_")
+    assert m.stop_reason in ("end_turn", "max_tokens")
+    assert [b.type for b in m.content] in (["text"], [])
+    assert 0 < m.usage.output_tokens <= 8
+    count = client.messages.count_tokens(model="tiny", messages=HELLO)
+    assert m.usage.input_tokens + m.usage.cache_read_input_tokens == count.input_tokens
+
+
+def test_max_tokens_is_a_stop_reason(client: anthropic.Anthropic) -> None:
+    m = create(client, max_tokens=3, temperature=0.0)
+    if m.stop_reason != "end_turn":  # a random model may still end early
+        assert m.stop_reason == "max_tokens" and m.usage.output_tokens == 3
+
+
+def test_claude_model_names_are_served(client: anthropic.Anthropic) -> None:
+    m = create(client, model="claude-local-test")
+    assert m.model == "claude-local-test"
+
+
+def test_stop_sequences(client: anthropic.Anthropic) -> None:
+    free = create(client, max_tokens=40, temperature=0.0)
+    text = free.content[0].text
+    assert len(text) > 12
+    stop = text[6:10]  # somewhere in the middle of what greedy decoding writes
+    m = create(client, max_tokens=40, temperature=0.0, stop_sequences=[stop, "never-there"])
+    assert m.stop_reason == "stop_sequence" and m.stop_sequence == stop
+    assert m.content[0].text == text[: text.index(stop)]
+
+
+def test_stream_accumulates_to_the_same_message(client: anthropic.Anthropic) -> None:
+    full = create(client, max_tokens=20, temperature=0.0)
+    with client.messages.stream(
+        model="tiny", messages=HELLO, max_tokens=20, extra_body={"temperature": 0.0}
+    ) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == full.content[0].text == final.content[0].text
+    assert final.stop_reason == full.stop_reason
+    assert final.usage.output_tokens == full.usage.output_tokens
+
+
+def _events(server: Server, body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    with httpx.stream(
+        "POST",
+        f"{server.url}/v1/messages",
+        json=body,
+        headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"},
+        timeout=120,
+    ) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        name = None
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                name = line[len("event: ") :]
+            elif line.startswith("data: "):
+                data = json.loads(line[len("data: ") :])
+                assert data["type"] == name  # the event line names the data's type
+                out.append((name, data))
+    return out
+
+
+def test_stream_grammar_event_by_event(server: Server) -> None:
+    body = {
+        "model": "tiny",
+        "max_tokens": 24,
+        "temperature": 0.0,
+        "stream": True,
+        "thinking": {"type": "enabled", "budget_tokens": 6},
+        "messages": HELLO,
+    }
+    events = _events(server, body)
+    names = [n for n, _ in events]
+    assert names[0] == "message_start" and names[-2:] == ["message_delta", "message_stop"]
+    start = events[0][1]["message"]
+    assert start["content"] == [] and start["stop_reason"] is None
+    assert start["usage"]["input_tokens"] + start["usage"]["cache_read_input_tokens"] > 0
+    # Blocks open, get deltas of their own kind, and close, in index order.
+    open_block: dict[str, Any] | None = None
+    next_index = 0
+    kinds = []
+    for name, data in events[1:-2]:
+        if name == "ping":
+            continue
+        if name == "content_block_start":
+            assert open_block is None and data["index"] == next_index
+            open_block = data["content_block"]
+            kinds.append(open_block["type"])
+        elif name == "content_block_delta":
+            assert open_block is not None and data["index"] == next_index
+            want = {"thinking": ("thinking_delta", "signature_delta"), "text": ("text_delta",)}
+            assert data["delta"]["type"] in want[open_block["type"]]
+        elif name == "content_block_stop":
+            assert open_block is not None and data["index"] == next_index
+            open_block = None
+            next_index += 1
+        else:
+            raise AssertionError(f"unexpected event {name}")
+    assert open_block is None
+    # The budget closed the reasoning after 6 tokens; the answer followed.
+    assert kinds == ["thinking", "text"]
+    delta = events[-2][1]
+    assert delta["delta"]["stop_reason"] == "max_tokens"
+    assert delta["usage"]["output_tokens"] == 24
+
+
+def test_thinking_budget_and_signature(client: anthropic.Anthropic) -> None:
+    m = create(
+        client, max_tokens=30, temperature=0.0, thinking={"type": "enabled", "budget_tokens": 5}
+    )
+    assert [b.type for b in m.content] == ["thinking", "text"]
+    assert m.content[0].thinking and m.content[0].signature
+    # Thinking blocks come back in the history of the next turn.
+    again = create(
+        client,
+        max_tokens=5,
+        messages=[
+            *HELLO,
+            {"role": "assistant", "content": [b.model_dump() for b in m.content]},
+            {"role": "user", "content": "And then?"},
+        ],
+    )
+    assert again.stop_reason in ("end_turn", "max_tokens")
+    off = create(client, max_tokens=6, temperature=0.0, thinking={"type": "disabled"})
+    assert all(b.type == "text" for b in off.content)
+
+
+def test_second_turn_reuses_the_first_turns_kv(client: anthropic.Anthropic) -> None:
+    system = "You are a careful assistant. " * 20  # a few blocks of shared prefix
+    first = create(client, system=system, max_tokens=6, temperature=0.0)
+    history = [
+        *HELLO,
+        {"role": "assistant", "content": first.content[0].text if first.content else "ok"},
+        {"role": "user", "content": "Tell me more."},
+    ]
+    second = create(client, system=system, messages=history, max_tokens=6)
+    assert second.usage.cache_read_input_tokens >= 64
+
+
+def test_errors_in_anthropic_format(server: Server, client: anthropic.Anthropic) -> None:
+    with pytest.raises(anthropic.NotFoundError) as nf:
+        create(client, model="gpt-4o")
+    assert nf.value.body["type"] == "error"
+    assert nf.value.body["error"]["type"] == "not_found_error"
+    with pytest.raises(anthropic.BadRequestError) as bad:
+        create(client, top_k="x")
+    assert bad.value.body["error"]["type"] == "invalid_request_error"
+    assert "top_k" in bad.value.body["error"]["message"] or "top_k" in str(bad.value)
+    with pytest.raises(anthropic.BadRequestError):
+        create(client, tools=[{"type": "web_search_20250305", "name": "web_search"}])
+    with pytest.raises(anthropic.BadRequestError):
+        create(client, max_tokens=10, thinking={"type": "enabled", "budget_tokens": 10})
+    bad_key = anthropic.Anthropic(base_url=server.url, api_key="nope", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError) as auth:
+        bad_key.messages.create(model="tiny", messages=HELLO, max_tokens=4)
+    assert auth.value.body["error"]["type"] == "authentication_error"
+    r = httpx.post(
+        f"{server.url}/v1/messages",
+        content=b"{" + b" " * (2 * 1024 * 1024) + b"}",
+        headers={"x-api-key": KEY, "content-type": "application/json"},
+    )
+    assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large"
+    r = httpx.post(
+        f"{server.url}/v1/messages",
+        json={"model": "tiny", "max_tokens": 4, "messages": HELLO, "bogus": 1},
+        headers={"authorization": f"Bearer {KEY}"},
+    )
+    assert r.status_code == 400 and r.json()["type"] == "error"
+    assert "bogus" in r.json()["error"]["message"]
+
+
+def test_images_are_refused_by_name(client: anthropic.Anthropic) -> None:
+    image = {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}
+    with pytest.raises(anthropic.BadRequestError) as e:
+        create(client, messages=[{"role": "user", "content": [image]}])
+    assert "image" in str(e.value).lower()
+
+
+def test_openai_chat_reasoning_and_budget(server: Server) -> None:
+    # The same thinking model through chat completions: reasoning_content, then content.
+    client = server.client(api_key=KEY)
+    body = {"chat_template_kwargs": {"enable_thinking": True}, "thinking_token_budget": 5}
+    r = client.chat.completions.create(
+        model="tiny", messages=HELLO, max_tokens=20, temperature=0, extra_body=body
+    )
+    msg = r.choices[0].message.model_dump()
+    assert msg["reasoning_content"] and msg["reasoning"] == msg["reasoning_content"]
+    assert msg["content"] and r.choices[0].finish_reason == "length"
+    stream = client.chat.completions.create(
+        model="tiny", messages=HELLO, max_tokens=20, temperature=0, extra_body=body, stream=True
+    )
+    reasoning = content = ""
+    for chunk in stream:
+        for ch in chunk.choices:
+            d = ch.delta.model_dump()
+            if d.get("reasoning_content"):
+                assert not content  # all reasoning comes before the answer
+                reasoning += d["reasoning_content"]
+            content += d.get("content") or ""
+    assert (reasoning, content) == (msg["reasoning_content"], msg["content"])
+    # Thinking switched off by the template: no reasoning at all.
+    off = client.chat.completions.create(
+        model="tiny",
+        messages=HELLO,
+        max_tokens=8,
+        temperature=0,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    assert off.choices[0].message.model_dump()["reasoning_content"] is None

@@ -1,0 +1,154 @@
+"""`pippin bench` against fake servers whose latencies are known exactly.
+
+The fake server (tests/fake_openai_server.py) sends the first token after TTFT seconds and
+the others ITL seconds apart, so every number the tool reports has a known true value.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from fake_openai_server import CACHED_TOKENS, PROMPT_TOKENS, Timing, fake_server
+
+from pippin.bench.report import aggregate
+from pippin.bench.runner import BenchConfig, Target, run_benchmark
+from pippin.bench.stats import percentile
+from pippin.bench.workload import Length, Workload, load_workload, make_sessions
+from pippin.cli import main
+
+TTFT, ITL, TOKENS = 0.4, 0.05, 8
+E2E = TTFT + (TOKENS - 1) * ITL
+REL = 0.05  # "within a few percent"; tails (p90) get twice that
+
+
+def close(measured: float | None, true: float, rel: float = REL) -> bool:
+    return measured is not None and abs(measured - true) <= rel * true
+
+
+def fixed_workload(api: str = "chat") -> Workload:
+    return Workload(
+        name="fixed", api=api, prompt_tokens=Length.parse(32), output_tokens=Length.parse(TOKENS)
+    )
+
+
+@pytest.mark.parametrize("api", ["chat", "completions"])
+def test_numbers_match_a_known_latency_server(api: str) -> None:
+    with fake_server(Timing(TTFT, ITL)) as url:
+        cfg = BenchConfig(
+            targets=[Target("fake", url)],
+            workload=fixed_workload(api),
+            levels=[2, 4],
+            num_requests=8,
+            warmup=4,
+            progress=False,
+        )
+        rows = aggregate(asyncio.run(run_benchmark(cfg)))
+    assert [r["concurrency"] for r in rows] == [2, 4]
+    for r in rows:
+        assert r["failed"] == 0 and r["requests"] == 8
+        assert r["output_tokens"] == 8 * TOKENS and r["prompt_tokens"] == 8 * PROMPT_TOKENS
+        for key, true in (("ttft", TTFT), ("e2e", E2E), ("itl", ITL), ("tpot", ITL)):
+            assert close(r[f"{key}_p50"], true), (key, r)
+            assert close(r[f"{key}_mean"], true), (key, r)
+            assert close(r[f"{key}_p90"], true, 2 * REL), (key, r)
+        # Closed loop, c clients, back to back: c * TOKENS tokens every E2E seconds.
+        assert close(r["tok_s"], r["concurrency"] * TOKENS / E2E), r
+        assert r["server_cache_hit_rate"] == pytest.approx(CACHED_TOKENS / PROMPT_TOKENS)
+        assert r["usage_cached_ratio"] == pytest.approx(CACHED_TOKENS / PROMPT_TOKENS)
+
+
+def test_reasoning_deltas_count_as_first_token() -> None:
+    with fake_server(Timing(TTFT, ITL, reasoning=4)) as url:
+        cfg = BenchConfig([Target("fake", url)], fixed_workload(), num_requests=3, warmup=0)
+        cfg.progress = False
+        [row] = aggregate(asyncio.run(run_benchmark(cfg)))
+    assert close(row["ttft_p50"], TTFT) and close(row["itl_p50"], ITL), row
+
+
+def test_poisson_rate_mode_and_sessions() -> None:
+    w = fixed_workload()
+    w.turns = 2
+    with fake_server(Timing(0.02, 0.005)) as url:
+        cfg = BenchConfig(
+            [Target("fake", url)],
+            w,
+            mode="rate",
+            levels=[20.0],
+            num_requests=20,
+            warmup=0,
+            progress=False,
+        )
+        run = asyncio.run(run_benchmark(cfg))
+    [row] = aggregate(run)
+    assert row["requests"] == 20 and row["failed"] == 0
+    # 10 sessions arriving at 20/s take about half a second to arrive, plus two turns each.
+    assert 0.1 < run.windows[0].wall < 3
+
+
+def test_compare_mode_reports_ratios(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with fake_server(Timing(TTFT, ITL)) as fast, fake_server(Timing(2 * TTFT, 2 * ITL)) as slow:
+        code = main(
+            [
+                "bench",
+                "--url", f"fast={fast}/v1",
+                "--url", f"slow={slow}",
+                "--concurrency", "2",
+                "--num-requests", "4",
+                "--output-tokens", str(TOKENS),
+                "--prompt-tokens", "16",
+                "--warmup", "1",
+                "--repetitions", "2",
+                "--json", str(tmp_path / "b.json"),
+                "--csv", str(tmp_path / "b.csv"),
+                "--plot", str(tmp_path / "b"),
+                "--no-progress",
+            ]
+        )  # fmt: skip
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "| conc | server |" in out and "fast tok/s ×" in out
+    data = json.loads((tmp_path / "b.json").read_text())
+    assert len(data["windows"]) == 4  # 2 servers x 2 repetitions, interleaved
+    assert [w["server"] for w in data["windows"]] == ["fast", "slow", "slow", "fast"]
+    assert data["machine"]["cores"] and "python" in data["machine"]
+    slow_row = next(r for r in data["summary"] if r["server"] == "slow")
+    assert close(slow_row["tok_s_x"], 2.0) and close(slow_row["ttft_p99_x"], 0.5)
+    rows = list(csv.DictReader((tmp_path / "b.csv").open()))
+    assert [r["server"] for r in rows] == ["fast", "slow"]
+    for name in ("b-throughput.png", "b-latency.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_workloads(tmp_path: Path) -> None:
+    spec = {
+        "prompt_tokens": {"uniform": [40, 60]},
+        "output_tokens": {"choice": [8, 16]},
+        "shared_prefix_ratio": 0.5,
+        "turns": 3,
+    }
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(spec))
+    w = load_workload(str(path))
+    assert w.name == "mine" and w.turns == 3
+    sessions = make_sessions(w, 7, seed=1)
+    assert len(sessions) == 3 and all(len(s.turns) == 3 for s in sessions)
+    firsts = [s.turns[0].text.split() for s in sessions]
+    # The first 20 words (half of the shortest prompt) are common to every session.
+    assert all(f[:20] == firsts[0][:20] for f in firsts)
+    assert len({" ".join(f) for f in firsts}) == 3
+    assert all(40 <= len(f) <= 60 for f in firsts)
+    assert {t.max_tokens for s in sessions for t in s.turns} <= {8, 16}
+    assert make_sessions(w, 7, seed=1)[0].turns[0].text == sessions[0].turns[0].text
+    with pytest.raises(ValueError, match="unknown workload fields"):
+        Workload.from_dict({"prompt": 3})
+    assert load_workload("chat-sessions").turns > 1
+
+
+def test_percentile() -> None:
+    xs = [1.0, 2.0, 3.0, 4.0]
+    assert percentile(xs, 50) == 2.5 and percentile(xs, 0) == 1 and percentile(xs, 100) == 4
+    assert percentile([], 50) is None
