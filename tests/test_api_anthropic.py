@@ -283,3 +283,31 @@ def test_openai_chat_reasoning_and_budget(server: Server) -> None:
         extra_body={"chat_template_kwargs": {"enable_thinking": False}},
     )
     assert off.choices[0].message.model_dump()["reasoning_content"] is None
+
+
+CITY_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"enum": ["Paris", "Rome"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 9},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+
+
+def test_forced_tool_use_and_output_format(client: anthropic.Anthropic) -> None:
+    import jsonschema
+
+    tools = [{"name": "get_weather", "input_schema": CITY_SCHEMA}]
+    for choice in ({"type": "any"}, {"type": "tool", "name": "get_weather"}):
+        m = create(client, tools=tools, tool_choice=choice, max_tokens=200)
+        uses = [b for b in m.content if b.type == "tool_use"]
+        assert m.stop_reason == "tool_use" and uses, m.content
+        for u in uses:
+            assert u.name == "get_weather"
+            jsonschema.validate(u.input, CITY_SCHEMA)
+    fmt = {"type": "json_schema", "schema": CITY_SCHEMA}
+    m = create(client, max_tokens=200, output_config={"format": fmt})
+    assert m.stop_reason == "end_turn"
+    jsonschema.validate(json.loads(m.content[0].text), CITY_SCHEMA)

@@ -327,13 +327,8 @@ def test_reasoning_streamed_and_sent_back(thinking: openai.OpenAI) -> None:
         ({"tools": [{"type": "mcp", "server_label": "x"}]}, "tools[0].type"),
         ({"tools": [{"type": "local_shell"}]}, "tools[0].type"),
         ({"tools": [{"type": "frobnicator"}]}, "tools[0].type"),
-        ({"tools": [WEATHER_TOOL], "tool_choice": "required"}, "tool_choice"),
-        (
-            {"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "name": "get_weather"}},
-            "tool_choice",
-        ),
-        ({"text": {"format": {"type": "json_object"}}}, "text.format"),
-        ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}, "text.format"),
+        ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name"),
+        ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "custom", "name": "x"}}, "tool_choice"),
         ({"text": {"verbosity": "low"}}, "text.verbosity"),
         ({"reasoning": {"effort": "high"}}, "reasoning.effort"),
         ({"include": ["message.output_text.logprobs"]}, "include[0]"),
@@ -509,3 +504,32 @@ def test_stream_adds_up_to_the_response(qwen: openai.OpenAI, tools: bool) -> Non
         assert args == final.output[0].arguments
     else:
         assert "Paris" in text_of(final)
+
+
+CITY_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"enum": ["Paris", "Rome"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 9},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+
+
+def test_forced_function_call_and_json_schema(client: openai.OpenAI) -> None:
+    import jsonschema
+
+    tool = {"type": "function", "name": "get_weather", "parameters": CITY_SCHEMA}
+    for choice in ("required", {"type": "function", "name": "get_weather"}):
+        r = create(
+            client, input="Weather?", tools=[tool], tool_choice=choice, max_output_tokens=200
+        )
+        calls = [o for o in r.output if o.type == "function_call"]
+        assert calls and all(c.name == "get_weather" for c in calls), r.output
+        for c in calls:
+            jsonschema.validate(json.loads(c.arguments), CITY_SCHEMA)
+    fmt = {"type": "json_schema", "name": "city", "schema": CITY_SCHEMA, "strict": True}
+    r = create(client, input="A city?", text={"format": fmt}, max_output_tokens=200)
+    assert r.status == "completed"
+    jsonschema.validate(json.loads(r.output_text), CITY_SCHEMA)

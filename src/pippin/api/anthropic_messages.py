@@ -16,7 +16,7 @@ import json
 import secrets
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
@@ -42,10 +42,14 @@ from pippin.api.chat_pipeline import ParsedStep, output_parsing, render_prompt, 
 from pippin.api.errors import OpenAIError, bad_request, server_error
 from pippin.api.openai_models import get_state, require_engine
 from pippin.api.protocol import cancel_on_disconnect, closing, parse_request
+from pippin.api.structured_output import compile_spec
 from pippin.chat.tool_parsers.base import ParsedDelta
 from pippin.engine.async_engine import EngineError
 from pippin.engine.types import SamplingParams
 from pippin.obs.http import note_error
+from pippin.structured.formats import response_format_grammar
+from pippin.structured.spec import GrammarSpec, StructuredOutputError
+from pippin.structured.tool_calls import forced_tool_grammar
 
 if TYPE_CHECKING:
     from pippin.server import ServerState
@@ -253,28 +257,50 @@ def template_tools(req: MessagesRequest | CountTokensRequest) -> list[dict[str, 
         tools.append({"type": "function", "function": fn})
     choice = req.tool_choice
     if choice is not None:
-        if choice.type in ("any", "tool"):
-            # Forcing a call needs constrained decoding of the model's tool-call format.
-            raise _error(
-                f"tool_choice '{choice.type}' is not supported yet; use 'auto' or 'none'.",
-                "tool_choice.type",
-            )
-        if choice.name is not None:
+        if choice.type == "tool" and not choice.name:
+            raise _error("tool_choice.name is required with type 'tool'.", "tool_choice.name")
+        if choice.type != "tool" and choice.name is not None:
             raise _error("tool_choice.name is only allowed with type 'tool'.", "tool_choice.name")
         if choice.type == "none":
             return None
     return tools or None
 
 
+def structured_spec(
+    state: ServerState, req: MessagesRequest, tools: list[dict[str, Any]] | None
+) -> GrammarSpec | None:
+    """A forced tool call (`tool_choice` any / tool), else `output_config.format`."""
+    choice = req.tool_choice
+    fmt = req.output_config.format if req.output_config is not None else None
+    try:
+        if choice is not None and choice.type in ("any", "tool"):
+            assert state.parsers is not None
+            return forced_tool_grammar(
+                state.parsers.tool,
+                tools or [],
+                choice.name,
+                parallel=not choice.disable_parallel_tool_use,
+                vocab=state.grammars,
+                param="tool_choice",
+            )
+        if fmt is None:
+            return None
+        if fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+            raise StructuredOutputError(
+                "output_config.format", "output_config.format must be a json_schema with a schema."
+            )
+        # Anthropic's structured outputs are strict: the schema is the contract.
+        openai_fmt = {"type": "json_schema", "name": "output", "schema": fmt["schema"]}
+        return response_format_grammar(openai_fmt | {"strict": True}, "output_config.format")
+    except StructuredOutputError as exc:
+        raise _error(exc.message, exc.param) from None
+
+
 def reject_unsupported(req: MessagesRequest | CountTokensRequest) -> None:
     for name in ("mcp_servers", "output_format"):
         if getattr(req, name) is not None:
             raise _error(f"{name}: not supported by this server.", name)
-    if req.output_config is not None and req.output_config.format is not None:
-        raise _error(
-            "output_config.format: structured output is not supported yet.",
-            "output_config.format",
-        )
+
     if isinstance(req, MessagesRequest) and req.container is not None:
         raise _error("container: not supported by this server.", "container")
 
@@ -701,6 +727,10 @@ async def create_message(request: Request) -> Any:
         budget_param="thinking.budget_tokens",
         new_id=_tool_id,
     )
+    spec = structured_spec(state, req, tools)
+    if spec is not None:
+        tail = loaded.tokenizer.decode(prompt_ids[-32:])
+        params = replace(params, constraint=await compile_spec(state, spec, tail))
     try:
         engine.check(prompt_ids, params)
     except EngineError as exc:

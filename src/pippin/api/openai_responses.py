@@ -17,7 +17,7 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -47,10 +47,14 @@ from pippin.api.responses_protocol import (
     ResponsesRequest,
 )
 from pippin.api.sampling import build_sampling_params, resolve_max_tokens
+from pippin.api.structured_output import ForcedTool, compile_spec, forced_tool
 from pippin.chat.output import OutputParser
 from pippin.chat.tool_parsers.base import CallDelta, ParsedDelta, random_call_id
 from pippin.engine.async_engine import AsyncEngine, EngineError
 from pippin.engine.types import SamplingParams
+from pippin.structured.formats import response_format_grammar
+from pippin.structured.spec import GrammarSpec, StructuredOutputError
+from pippin.structured.tool_calls import forced_tool_grammar
 
 router = APIRouter()
 
@@ -158,11 +162,6 @@ def reject_unsupported(req: ResponsesRequest) -> None:
     for j, inc in enumerate(req.include or []):
         if inc not in _EMPTY_INCLUDES:
             raise unsupported_value(f"include[{j}]", f"'{inc}' is not available here yet.")
-    fmt = req.text.format if req.text is not None else None
-    if fmt is not None and fmt.type != "text":
-        raise unsupported_value(
-            "text.format", f"text.format type '{fmt.type}' is not supported yet; only 'text' is."
-        )
     if req.reasoning is not None and req.reasoning.mode not in (None, "standard"):
         raise unsupported_value("reasoning.mode", "Only the 'standard' reasoning mode exists here.")
     if req.stream_options is not None and not req.stream:
@@ -171,14 +170,38 @@ def reject_unsupported(req: ResponsesRequest) -> None:
         )
 
 
+def forced_call(req: ResponsesRequest) -> ForcedTool | None:
+    """The call `tool_choice` forces: "required", or a function by name (flat shape)."""
+    choice = req.tool_choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and "function" not in choice:
+        choice = {"type": "function", "function": {"name": choice.get("name")}}
+    return forced_tool(choice, "tool_choice")
+
+
+def structured_spec(req: ResponsesRequest, state: Any, tools: Any) -> GrammarSpec | None:
+    """A forced tool call, else `text.format` (json_schema / json_object)."""
+    forced = forced_call(req)
+    try:
+        if forced is not None:
+            return forced_tool_grammar(
+                state.parsers.tool,
+                tools or [],
+                forced.name,
+                parallel=req.parallel_tool_calls is not False,
+                vocab=state.grammars,
+                param="tool_choice",
+            )
+        fmt = req.text.format if req.text is not None else None
+        return response_format_grammar(
+            fmt.model_dump(exclude_none=True) if fmt is not None else None, "text.format"
+        )
+    except StructuredOutputError as exc:
+        raise bad_request(exc.message, param=exc.param, code="invalid_value") from None
+
+
 def template_tools(req: ResponsesRequest) -> list[dict[str, Any]] | None:
     """Function tools in the chat-template shape; built-in tools are refused by name."""
-    choice = req.tool_choice
-    if choice is not None and choice not in ("none", "auto"):
-        # Forcing a call needs constrained decoding, which comes with structured output.
-        raise unsupported_value(
-            "tool_choice", f"tool_choice {json.dumps(choice)} is not supported yet; use 'auto'."
-        )
+    forced_call(req)  # refuses kinds of tool_choice that cannot be forced
     tools: list[dict[str, Any]] = []
     for j, t in enumerate(req.tools or []):
         p = f"tools[{j}]"
@@ -198,7 +221,7 @@ def template_tools(req: ResponsesRequest) -> list[dict[str, Any]] | None:
             include={"name", "description", "parameters", "strict"}, exclude_none=True
         )
         tools.append({"type": "function", "function": fn})
-    if choice == "none":
+    if req.tool_choice == "none":
         return None  # the model will not call any tool: it is not shown any
     return tools or None
 
@@ -755,6 +778,10 @@ async def create_response(request: Request) -> Any:
         top_logprobs=0,
     )
     new_parser, params = output_parsing(state, loaded.tokenizer, prompt_ids, params, tools, None)
+    spec = structured_spec(req, state, tools)
+    if spec is not None:
+        tail = loaded.tokenizer.decode(prompt_ids[-32:])
+        params = replace(params, constraint=await compile_spec(state, spec, tail))
     try:
         engine.check(prompt_ids, params)
     except EngineError as exc:

@@ -255,7 +255,7 @@ ResponsesTool = Annotated[
 
 
 class TextFormat(_Loose):
-    """`text`, `json_schema` or `json_object`; only `text` is served for now."""
+    """`text`, `json_schema` (name, schema, strict at this level) or `json_object`."""
 
     type: Literal["text", "json_schema", "json_object"]
 

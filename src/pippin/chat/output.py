@@ -68,7 +68,9 @@ class ParserChoice:
         start_id, end_ids = None, ()
         if reasoning is not None:
             start = tokenizer.encode(reasoning.start, add_special_tokens=False)
-            start_id = start[0] if start else None
+            # Only a marker that is one token can be told apart as the output's first
+            # token ("<" or "Here" would also start ordinary answers).
+            start_id = start[0] if len(start) == 1 else None
             end_ids = tuple(tokenizer.encode(reasoning.end, add_special_tokens=False))
         return cls(tool, reasoning, keep, start_id, end_ids)
 
