@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -65,5 +66,5 @@ def test_claude_code_print_mode(tiny_models: Callable[..., Path], tmp_path: Path
     assert result["is_error"] is False and result["terminal_reason"] == "completed", result
     assert result["usage"]["input_tokens"] > 10_000  # Claude Code's real system prompt
     # Every request it made was answered: no 4xx/5xx (no retries after refusals).
-    posts = [line for line in log.splitlines() if "POST /v1/messages" in line]
-    assert posts and all('" 200' in line for line in posts), posts
+    answered = re.findall(r"endpoint=(/v1/messages\S*) status=(\d+)", log)
+    assert answered and all(status == "200" for _, status in answered), answered
