@@ -311,3 +311,43 @@ def test_forced_tool_use_and_output_format(client: anthropic.Anthropic) -> None:
     m = create(client, max_tokens=200, output_config={"format": fmt})
     assert m.stop_reason == "end_turn"
     jsonschema.validate(json.loads(m.content[0].text), CITY_SCHEMA)
+
+
+def test_context_management_clears_old_tool_results(client: anthropic.Anthropic) -> None:
+    tools = [{"name": "read", "input_schema": {"type": "object"}}]
+    history = [
+        {"role": "user", "content": "Read the file."},
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "toolu_1", "name": "read", "input": {}}],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "data " * 200},
+                {"type": "text", "text": "Summarise it."},
+            ],
+        },
+    ]
+    full = client.messages.count_tokens(model="tiny", messages=history, tools=tools)
+    edit = {
+        "type": "clear_tool_uses_20250919",
+        "trigger": {"type": "input_tokens", "value": 10},
+        "keep": {"type": "tool_uses", "value": 0},
+    }
+    cleared = client.messages.count_tokens(
+        model="tiny",
+        messages=history,
+        tools=tools,
+        extra_body={"context_management": {"edits": [edit]}},
+    )
+    assert cleared.input_tokens < full.input_tokens - 150
+    # Below the trigger nothing changes.
+    edit["trigger"] = {"type": "input_tokens", "value": 100_000}
+    same = client.messages.count_tokens(
+        model="tiny",
+        messages=history,
+        tools=tools,
+        extra_body={"context_management": {"edits": [edit]}},
+    )
+    assert same.input_tokens == full.input_tokens

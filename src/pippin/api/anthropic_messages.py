@@ -16,7 +16,7 @@ import json
 import secrets
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
@@ -42,7 +42,6 @@ from pippin.api.chat_pipeline import ParsedStep, output_parsing, render_prompt, 
 from pippin.api.errors import OpenAIError, bad_request, server_error
 from pippin.api.openai_models import get_state, require_engine
 from pippin.api.protocol import cancel_on_disconnect, closing, parse_request
-from pippin.api.structured_output import compile_spec
 from pippin.chat.tool_parsers.base import ParsedDelta
 from pippin.engine.async_engine import EngineError
 from pippin.engine.types import SamplingParams
@@ -339,27 +338,18 @@ async def _prompt(
     for edit in edits:
         if isinstance(edit, ClearThinking):
             history = clear_thinking(history, edit)
-    ids = await render_prompt(
-        state,
-        tokenizer,
-        template_messages(req.system, history),
-        tools,
-        kwargs,
-        tools_param="tools",
-    )
+
+    async def render(history: list[Any]) -> list[int]:
+        messages = template_messages(req.system, history)
+        return await render_prompt(state, tokenizer, messages, tools, kwargs, tools_param="tools")
+
+    ids = await render(history)
     for edit in edits:
         if isinstance(edit, ClearToolUses):
             trigger = edit.trigger.value if edit.trigger else 100_000
             if len(ids) > trigger:
                 history = clear_tool_uses(history, edit)
-                ids = await render_prompt(
-                    state,
-                    tokenizer,
-                    template_messages(req.system, history),
-                    tools,
-                    kwargs,
-                    tools_param="tools",
-                )
+                ids = await render(history)
     return ids, tools
 
 
@@ -717,20 +707,17 @@ async def create_message(request: Request) -> Any:
         budget = req.thinking.budget_tokens
     if budget is not None and (state.parsers is None or state.parsers.reasoning is None):
         budget = None  # the template's switch is all this model has
-    new_parser, params = output_parsing(
+    new_parser, params = await output_parsing(
         state,
         loaded.tokenizer,
         prompt_ids,
         params,
         tools,
         budget,
+        spec=structured_spec(state, req, tools),
         budget_param="thinking.budget_tokens",
         new_id=_tool_id,
     )
-    spec = structured_spec(state, req, tools)
-    if spec is not None:
-        tail = loaded.tokenizer.decode(prompt_ids[-32:])
-        params = replace(params, constraint=await compile_spec(state, spec, tail))
     try:
         engine.check(prompt_ids, params)
     except EngineError as exc:

@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from pippin.api.errors import OpenAIError, bad_request, server_error, unsupported_param
 from pippin.api.protocol import closing
+from pippin.api.structured_output import compile_spec
 from pippin.chat.output import OutputParser
 from pippin.chat.template import ChatTemplateError, render_chat_async
 from pippin.chat.tool_parsers.base import ParsedDelta, random_call_id
 from pippin.engine.async_engine import AsyncEngine
 from pippin.engine.types import CompletionOutput, RequestOutput, SamplingParams
+from pippin.structured.spec import GrammarSpec
 
 if TYPE_CHECKING:
     from pippin.server import ServerState
@@ -59,17 +61,21 @@ async def render_prompt(
         raise bad_request(str(exc), param=param) from None
 
 
-def output_parsing(
+async def output_parsing(
     state: ServerState,
     tokenizer: Any,
     prompt_ids: list[int],
     params: SamplingParams,
     tools: list[dict[str, Any]] | None,
-    thinking_budget: int | None,
+    thinking_budget: int | None = None,
+    *,
+    spec: GrammarSpec | None = None,
     budget_param: str = "thinking_token_budget",
     new_id: Callable[[], str] = random_call_id,
 ) -> tuple[Callable[[], OutputParser], SamplingParams]:
-    """Output parsers for a chat request, and the sampling settings they need."""
+    """Output parsers for a chat request, and the sampling settings they need: the
+    special tokens they read, a thinking budget, and the grammar of `spec` (compiled
+    to start after the model's reasoning)."""
     choice = state.parsers
     assert choice is not None
     # Enough of the prompt's end to see whether the template opened a reasoning section.
@@ -80,6 +86,8 @@ def output_parsing(
         if thinking is None:
             raise unsupported_param(budget_param, "This model has no reasoning section to limit.")
     params = replace(params, keep_special_ids=choice.keep_token_ids, thinking=thinking)
+    if spec is not None:
+        params = replace(params, constraint=await compile_spec(state, spec, tail))
     return (lambda: choice.make(tools, tail, new_id)), params
 
 

@@ -8,7 +8,7 @@ import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -41,7 +41,7 @@ from pippin.api.protocol import (
     sse,
 )
 from pippin.api.sampling import build_sampling_params, resolve_max_tokens
-from pippin.api.structured_output import chat_constraint, forced_tool
+from pippin.api.structured_output import chat_spec, forced_tool
 from pippin.chat.output import OutputParser
 from pippin.chat.tool_parsers.base import ParsedDelta, collect_calls
 from pippin.engine.async_engine import AsyncEngine, EngineError
@@ -523,13 +523,16 @@ async def create_chat_completion(request: Request) -> Any:
         logprobs=bool(req.logprobs),
         top_logprobs=req.top_logprobs or 0,
     )
-    new_parser, params = output_parsing(
-        state, loaded.tokenizer, prompt_ids, params, tools, req.thinking_token_budget
+    assert state.grammars is not None
+    new_parser, params = await output_parsing(
+        state,
+        loaded.tokenizer,
+        prompt_ids,
+        params,
+        tools,
+        req.thinking_token_budget,
+        spec=chat_spec(req, state, state.grammars, tools),
     )
-    tail = loaded.tokenizer.decode(prompt_ids[-32:])
-    constraint = await chat_constraint(state, req, tools, tail)
-    if constraint is not None:
-        params = replace(params, constraint=constraint)
     try:
         engine.check(prompt_ids, params)
     except EngineError as exc:

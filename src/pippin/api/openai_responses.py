@@ -17,7 +17,7 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -47,7 +47,7 @@ from pippin.api.responses_protocol import (
     ResponsesRequest,
 )
 from pippin.api.sampling import build_sampling_params, resolve_max_tokens
-from pippin.api.structured_output import ForcedTool, compile_spec, forced_tool
+from pippin.api.structured_output import ForcedTool, forced_tool
 from pippin.chat.output import OutputParser
 from pippin.chat.tool_parsers.base import CallDelta, ParsedDelta, random_call_id
 from pippin.engine.async_engine import AsyncEngine, EngineError
@@ -777,11 +777,9 @@ async def create_response(request: Request) -> Any:
         logprobs=False,
         top_logprobs=0,
     )
-    new_parser, params = output_parsing(state, loaded.tokenizer, prompt_ids, params, tools, None)
-    spec = structured_spec(req, state, tools)
-    if spec is not None:
-        tail = loaded.tokenizer.decode(prompt_ids[-32:])
-        params = replace(params, constraint=await compile_spec(state, spec, tail))
+    new_parser, params = await output_parsing(
+        state, loaded.tokenizer, prompt_ids, params, tools, spec=structured_spec(req, state, tools)
+    )
     try:
         engine.check(prompt_ids, params)
     except EngineError as exc:

@@ -133,17 +133,6 @@ async def compile_spec(
     return constraint
 
 
-async def chat_constraint(
-    state: ServerState,
-    req: ChatCompletionRequest,
-    tools: list[dict[str, Any]] | None,
-    prompt_text: str,
-) -> Constraint | None:
-    assert state.grammars is not None
-    spec = chat_spec(req, state, state.grammars, tools)
-    return None if spec is None else await compile_spec(state, spec, prompt_text)
-
-
 async def completion_constraint(state: ServerState, req: SamplingFields) -> Constraint | None:
     spec = guided_spec(req)
     return None if spec is None else await compile_spec(state, spec)
