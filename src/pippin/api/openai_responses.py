@@ -39,9 +39,11 @@ from pippin.api.responses_protocol import (
     BuiltinTool,
     FunctionCallItem,
     FunctionCallOutputItem,
+    FunctionTool,
     InputItem,
     ItemReference,
     MessageItem,
+    NamespaceTool,
     OtherItem,
     ReasoningItem,
     ResponsesRequest,
@@ -200,7 +202,9 @@ def structured_spec(req: ResponsesRequest, state: Any, tools: Any) -> GrammarSpe
 
 
 def template_tools(req: ResponsesRequest) -> list[dict[str, Any]] | None:
-    """Function tools in the chat-template shape; built-in tools are refused by name."""
+    """Function tools in the chat-template shape; built-in tools are refused by name.
+
+    A namespace's tools are shown as plain function tools, under their own names."""
     forced_call(req)  # refuses kinds of tool_choice that cannot be forced
     tools: list[dict[str, Any]] = []
     for j, t in enumerate(req.tools or []):
@@ -211,33 +215,43 @@ def template_tools(req: ResponsesRequest) -> list[dict[str, Any]] | None:
                 f"Built-in tool '{t.type}' is not available on this server; "
                 "only 'function' tools are.",
             )
-        if t.defer_loading:
-            raise unsupported_param(f"{p}.defer_loading", "There is no tool search.")
-        if t.allowed_callers and "programmatic" in t.allowed_callers:
-            raise unsupported_value(f"{p}.allowed_callers", "Only 'direct' calls exist here.")
-        if t.output_schema is not None:
-            raise unsupported_param(f"{p}.output_schema", "There is no programmatic tool calling.")
-        fn = t.model_dump(
-            include={"name", "description", "parameters", "strict"}, exclude_none=True
-        )
-        tools.append({"type": "function", "function": fn})
+        if isinstance(t, NamespaceTool):
+            tools.extend(_function_tool(f, f"{p}.tools[{k}]") for k, f in enumerate(t.tools))
+        else:
+            tools.append(_function_tool(t, p))
     if req.tool_choice == "none":
         return None  # the model will not call any tool: it is not shown any
     return tools or None
 
 
+def _function_tool(t: FunctionTool, p: str) -> dict[str, Any]:
+    if t.defer_loading:
+        raise unsupported_param(f"{p}.defer_loading", "There is no tool search.")
+    if t.allowed_callers and "programmatic" in t.allowed_callers:
+        raise unsupported_value(f"{p}.allowed_callers", "Only 'direct' calls exist here.")
+    if t.output_schema is not None:
+        raise unsupported_param(f"{p}.output_schema", "There is no programmatic tool calling.")
+    fn = t.model_dump(include={"name", "description", "parameters", "strict"}, exclude_none=True)
+    return {"type": "function", "function": fn}
+
+
 def echo_tools(req: ResponsesRequest) -> list[dict[str, Any]]:
-    return [
-        {
-            "type": "function",
-            "name": t.name,
-            "description": t.description,
-            "parameters": t.parameters,
-            "strict": t.strict,
-        }
-        for t in req.tools or []
-        if not isinstance(t, BuiltinTool)
-    ]
+    """The request's tools as the response object lists them."""
+    out: list[dict[str, Any]] = []
+    for t in req.tools or []:
+        if isinstance(t, NamespaceTool):
+            out.append(t.model_dump(exclude_none=True))
+        elif isinstance(t, FunctionTool):
+            out.append(
+                {
+                    "type": "function",
+                    "name": t.name,
+                    "description": t.description,
+                    "parameters": t.parameters,
+                    "strict": t.strict,
+                }
+            )
+    return out
 
 
 def _text(content: str | list[Any], param: str) -> str:

@@ -207,6 +207,15 @@ class FunctionTool(_Strict):
     output_schema: dict[str, Any] | None = None
 
 
+class NamespaceTool(_Strict):
+    """A named group of function tools (the Codex CLI sends its sub-agent tools so)."""
+
+    type: Literal["namespace"]
+    name: str
+    description: str | None = None
+    tools: list[FunctionTool]
+
+
 class BuiltinTool(_Loose):
     """A tool that runs on OpenAI's side: refused by the handler, by type."""
 
@@ -228,7 +237,6 @@ BUILTIN_TOOL_TYPES = (
     "local_shell",
     "shell",
     "custom",
-    "namespace",
     "tool_search",
     "apply_patch",
 )
@@ -238,16 +246,18 @@ def _tool_tag(v: Any) -> str | None:
     kind = v.get("type") if isinstance(v, dict) else getattr(v, "type", None)
     if kind in BUILTIN_TOOL_TYPES:
         return "@builtin"
-    return "@function" if kind == "function" else None
+    return {"function": "@function", "namespace": "@namespace"}.get(kind)  # type: ignore[arg-type]
 
 
 ResponsesTool = Annotated[
-    Annotated[FunctionTool, Tag("@function")] | Annotated[BuiltinTool, Tag("@builtin")],
+    Annotated[FunctionTool, Tag("@function")]
+    | Annotated[NamespaceTool, Tag("@namespace")]
+    | Annotated[BuiltinTool, Tag("@builtin")],
     Discriminator(
         _tool_tag,
         custom_error_type="invalid_tag_type",
         custom_error_message="'type' must be one of "
-        + ", ".join(f"'{t}'" for t in ("function", *BUILTIN_TOOL_TYPES)),
+        + ", ".join(f"'{t}'" for t in ("function", "namespace", *BUILTIN_TOOL_TYPES)),
     ),
 ]
 
@@ -313,6 +323,8 @@ class ResponsesRequest(_Strict):
     reasoning: ReasoningConfig | None = None
     text: TextConfig | None = None
     metadata: dict[str, str] | None = Field(None, max_length=16)
+    # Codex CLI's client identification (installation and session ids); not used here.
+    client_metadata: dict[str, Any] | None = None
     user: str | None = None
     safety_identifier: str | None = Field(None, max_length=128)
     truncation: Literal["auto", "disabled"] | None = None

@@ -1,0 +1,82 @@
+"""The Codex CLI (`codex exec`) against pippin's Responses API, with a tiny model.
+
+Codex sends what a real session does (a developer prompt of thousands of tokens, a dozen
+function tools and a tool namespace, `store: false`, encrypted-reasoning `include`,
+client metadata, streaming); a protocol mismatch makes it fail or retry.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from server_utils import run_server
+
+CODEX = "@openai/codex@0.171.0"
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pippin" / "codex"
+CONFIG = """web_search = "disabled"
+model = "tiny"
+model_provider = "pippin"
+
+[model_providers.pippin]
+name = "pippin"
+base_url = "{url}/v1"
+env_key = "PIPPIN_KEY"
+wire_api = "responses"
+"""
+
+
+def _codex() -> Path:
+    if shutil.which("npm") is None:
+        pytest.skip("npm is not installed, so the Codex CLI cannot be installed")
+    exe = CACHE / "node_modules" / ".bin" / "codex"
+    if not exe.exists():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        r = subprocess.run(
+            ["npm", "install", "--silent", "--no-audit", "--no-fund", CODEX],
+            cwd=CACHE,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        if r.returncode != 0:
+            pytest.skip(f"npm could not install {CODEX}: {r.stderr[-500:]}")
+    return exe
+
+
+def test_codex_exec(tiny_models: Callable[..., Path], tmp_path: Path) -> None:
+    codex = _codex()
+    model = tiny_models("qwen3")
+    home = tmp_path / "codex-home"
+    work = tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    args = ("--served-model-name", "tiny", "--max-model-len", "65536")
+    with run_server(str(model), *args, api_key="sk-codex") as server:
+        (home / "config.toml").write_text(CONFIG.format(url=server.url))
+        env = {
+            **os.environ,
+            "CODEX_HOME": str(home),
+            "HOME": str(tmp_path),
+            "PIPPIN_KEY": "sk-codex",
+        }
+        r = subprocess.run(
+            [str(codex), "exec", "--skip-git-repo-check", "Say hello"],
+            cwd=work,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        log = server.log()
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
+    assert "tokens used" in r.stdout + r.stderr
+    # Every request it made was answered: no 4xx/5xx, so no retries.
+    answered = re.findall(r"endpoint=(/v1/responses\S*) status=(\d+)", log)
+    assert answered and all(status == "200" for _, status in answered), answered
