@@ -14,6 +14,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
 
+from pippin.engine import paged_attention
 from pippin.engine.paged_cache import BatchLayout, LayerPool, LayerSpec, PagedLayerCache
 from pippin.engine.scheduler import ScheduledSeq
 
@@ -31,6 +32,7 @@ class ModelRunner:
         self.state_sizes: dict[int, int] = {}  # recurrent layers
         self._probe()
         self.pools: dict[int, LayerPool] = {}
+        self.paged_kernel = paged_attention.enabled_for(model, self.specs, self.state_sizes)
 
     @property
     def has_state_layers(self) -> bool:
@@ -71,6 +73,8 @@ class ModelRunner:
         tables = [it.seq.table.block_ids for it in items]
         layout = BatchLayout(starts, lengths, tables, self.block_size)
         L = layout.pad_len
+        if self.paged_kernel:
+            paged_attention.use_kernel(layout)
         tokens = np.zeros((len(items), L), dtype=np.int32)
         lazy: list[tuple[int, mx.array, int]] = []
         for b, it in enumerate(items):

@@ -63,6 +63,10 @@ class BatchLayout:
     offset: int | mx.array = 0
     write_slots: mx.array | None = None
     gather_blocks: mx.array | None = None
+    # Set by `paged_attention.use_kernel` for a decode batch: attention reads the pools
+    # through the block tables, so neither the gather nor a mask array is built.
+    paged_kernel: bool = False
+    offsets: mx.array | None = None
     _masks: dict[tuple[int | None, bool], mx.array | str | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -87,6 +91,8 @@ class BatchLayout:
         self.offset = self.starts[0] if B == 1 else mx.array(self.starts, dtype=mx.int32)
 
     def mask(self, window_size: int | None, as_array: bool = False) -> mx.array | str | None:
+        if self.paged_kernel:
+            return None
         key = (window_size, as_array)
         if key not in self._masks:
             self._masks[key] = self._make_mask(window_size, as_array)
@@ -123,6 +129,8 @@ class PagedLayerCache:
         B, H, L, _ = keys.shape
         pool.k[:, lay.write_slots] = keys.transpose(1, 0, 2, 3).reshape(H, B * L, -1)
         pool.v[:, lay.write_slots] = values.transpose(1, 0, 2, 3).reshape(H, B * L, -1)
+        if lay.paged_kernel:
+            return pool.k, pool.v  # the paged kernel reads them in place
         return self._gather(pool.k), self._gather(pool.v)
 
     def _gather(self, flat: mx.array) -> mx.array:
