@@ -7,8 +7,8 @@ export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 OUT=${OUT:-.tmp/gpu}
 MODELS=${1:-llama-3.2-1b}
 shift || true
-nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv >"$OUT/gpu.txt" 2>&1
-python3 -m pytest -q -p no:cacheprovider tests/test_paged_attention.py 2>&1 | tail -25 >"$OUT/test.log"
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv >"$OUT/test.log" 2>&1
+python3 -m pytest -q -p no:cacheprovider tests/test_paged_attention.py 2>&1 | tail -25 >>"$OUT/test.log"
 cat "$OUT/test.log"
 if ! grep -q " passed" "$OUT/test.log" || grep -q "failed\|error" "$OUT/test.log"; then
   echo "kernel tests failed: measuring the gather path only"
@@ -24,3 +24,9 @@ if [ -z "${SKIP_HTTP:-}" ]; then
   python3 bench/gpu_bench.py --out-dir "$OUT/http" --models "$MODELS" --skip-in-process "$@" \
     2>&1 | grep -v "^WARNING" | tee "$OUT/http.log"
 fi
+# $OUT brings back at most 8 files: keep the summaries, fold the server logs into one.
+rm -f "$OUT"/http/http-*.md "$OUT"/http/http-*.json
+for f in "$OUT"/http/logs-*/*.log; do
+  [ -f "$f" ] && { echo "== $f"; tail -40 "$f"; } >>"$OUT/server-logs.txt"
+done
+rm -rf "$OUT"/http/logs-*
