@@ -134,7 +134,7 @@ def test_engine_decode_through_paged_path_matches_gather(
         got = paged[rid]
         assert len(got) == len(ref)
         for (t1, l1), (t2, l2) in zip(got, ref):
-            assert t1 == t2 and abs(l1 - l2) < 1e-3, (rid, got, ref)
+            assert t1 == t2 and abs(l1 - l2) < 5e-3, (rid, got, ref)
 
 
 @pytest.mark.parametrize("arch", ["gemma3", "qwen3_next"])

@@ -37,6 +37,7 @@ _SOURCE = r"""
     // the G queries (q is in shared memory), the warp does an online softmax over the
     // chunk, then every lane accumulates its D/32 output dims over the chunk's V rows.
     constexpr int VPT = D / 32;
+    const float NEG_INF = __int_as_float(0xff800000);
     constexpr int EPV = 16 / sizeof(T);  // elements per 16-byte load
     __shared__ __align__(16) float qs[G][D];
     __shared__ float ps[NWARPS][G][32];
@@ -51,6 +52,8 @@ _SOURCE = r"""
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     const int len = offsets[b] + 1;
+    const int NB = tables_shape[1];  // runtime, so a growing context compiles nothing new
+    const size_t NSLOTS = k_shape[1];
     const float sc = scale[0];
 
     for (int i = threadIdx.x; i < G * D; i += NWARPS * 32) {
@@ -61,7 +64,7 @@ _SOURCE = r"""
     float m[G], l[G], acc[G][VPT];
     #pragma unroll
     for (int g = 0; g < G; ++g) {
-        m[g] = -inf;
+        m[g] = NEG_INF;
         l[g] = 0.f;
         #pragma unroll
         for (int i = 0; i < VPT; ++i) acc[g][i] = 0.f;
@@ -93,7 +96,7 @@ _SOURCE = r"""
         }
         #pragma unroll
         for (int g = 0; g < G; ++g) {
-            float cmax = valid ? s[g] : -inf;
+            float cmax = valid ? s[g] : NEG_INF;
             #pragma unroll
             for (int o = 16; o > 0; o >>= 1)
                 cmax = fmaxf(cmax, __shfl_xor_sync(0xffffffff, cmax, o));
@@ -138,7 +141,7 @@ _SOURCE = r"""
     for (int i = threadIdx.x; i < G * D; i += NWARPS * 32) {
         const int g = i / D;
         const int d = i % D;
-        float mx_ = -inf;
+        float mx_ = NEG_INF;
         #pragma unroll
         for (int w = 0; w < NWARPS; ++w) mx_ = fmaxf(mx_, red_m[w][g]);
         float num = 0.f, den = 0.f;
@@ -264,7 +267,7 @@ def paged_decode_attention(
     offsets [B] int32, the tokens before the new one (the new one is already in
     the pool). Returns [B, Hq, 1, D]."""
     B, hq, L, d = queries.shape
-    hkv, nslots, _ = k_pool.shape
+    hkv = k_pool.shape[0]
     assert L == 1 and hq % hkv == 0 and d % 32 == 0
     g = hq // hkv
     nw = _warps(g, d)
@@ -282,9 +285,7 @@ def paged_decode_attention(
             ("D", d),
             ("G", g),
             ("HKV", hkv),
-            ("NB", tables.shape[1]),
             ("BS", block_size),
-            ("NSLOTS", nslots),
             ("NWARPS", nw),
         ],
         grid=(B * hkv * nw * 32, 1, 1),
