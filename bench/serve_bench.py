@@ -938,6 +938,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=1,
         help="warm-up requests per client at each concurrency before timing",
     )
+    p.add_argument(
+        "--max-warmup-requests",
+        type=int,
+        default=None,
+        help="cap on the warm-up requests at each concurrency",
+    )
     p.add_argument("--stagger-ms", type=float, default=3.0, help="delay between client starts")
     p.add_argument("--retries", type=int, default=20, help="retries of a refused/reset connect")
     p.add_argument("--request-timeout", type=float, default=600.0)
@@ -1052,6 +1058,8 @@ async def run_all(
     for srv in servers:
         for conc in levels:
             n = conc * args.warmup_requests
+            if args.max_warmup_requests is not None:
+                n = min(n, args.max_warmup_requests)
             ps = [prompts.make(f"warmup:{srv.name}:{conc}:{i}")[0] for i in range(n)]
             with paused_others(args, servers, srv):
                 wall, results, _ = await run_window(srv, [], args, ps, conc, args.max_tokens)

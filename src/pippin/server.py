@@ -37,7 +37,7 @@ from pippin.api.sampling import Limits, merge_defaults
 from pippin.chat.output import ParserChoice
 from pippin.chat.template import TemplateInfo, inspect_template
 from pippin.embed.config import EmbedSettings
-from pippin.engine.async_engine import AsyncEngine
+from pippin.engine.async_engine import AsyncEngine, materialize
 from pippin.engine.config import EngineConfig
 from pippin.obs.http import ObservabilityMiddleware
 from pippin.obs.metrics import CONTENT_TYPE, Metrics
@@ -252,11 +252,11 @@ async def start_model(state: ServerState) -> None:
     log.debug("model spec: %s", s.model or "(default)")
     t0 = time.monotonic()
     loaded = await asyncio.to_thread(
-        load_model,
-        s.model,
-        dtype=s.dtype,
-        trust_remote_code=s.trust_remote_code,
-        revision=s.revision,
+        lambda: materialize(
+            load_model(
+                s.model, dtype=s.dtype, trust_remote_code=s.trust_remote_code, revision=s.revision
+            )
+        )
     )
     engine = AsyncEngine(loaded, s.engine, observer=state.observer)
     await engine.start()

@@ -33,6 +33,20 @@ T = TypeVar("T")
 _PROMOTION_WAIT_S = 0.05
 
 
+def materialize(loaded: LoadedModel) -> LoadedModel:
+    """Evaluate a lazily loaded model in the thread that loaded it.
+
+    On CUDA each thread has its own streams, and the engine thread cannot evaluate
+    work recorded on another thread's stream: the weights, and arrays models derive
+    at construction (RoPE frequencies and the like), which one forward pass computes."""
+    mx.eval(loaded.model.parameters())
+    try:
+        mx.eval(loaded.model(mx.array([[0]])))
+    except Exception:  # a model that takes other inputs: its weights are evaluated
+        pass
+    return loaded
+
+
 class AsyncEngine:
     """Interface (stable; the HTTP front relies on it):
 

@@ -14,6 +14,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
 
+from pippin.engine import paged_attention
 from pippin.engine.paged_cache import (
     BatchLayout,
     LayerPool,
@@ -48,6 +49,10 @@ class ModelRunner:
         self._view = QuantizedPagedLayerCache if kv_bits else PagedLayerCache
         if kv_bits:
             self._probe_quantized()
+        # The paged kernel reads full-precision pools only.
+        self.paged_kernel = not kv_bits and paged_attention.enabled_for(
+            model, self.specs, self.state_sizes
+        )
 
     @property
     def has_state_layers(self) -> bool:
@@ -131,6 +136,8 @@ class ModelRunner:
         tables = [it.seq.table.block_ids for it in items]
         layout = BatchLayout(starts, lengths, tables, self.block_size)
         L = layout.pad_len
+        if self.paged_kernel:
+            paged_attention.use_kernel(layout)
         tokens = np.zeros((len(items), L), dtype=np.int32)
         lazy: list[tuple[int, mx.array, int]] = []
         for b, it in enumerate(items):

@@ -93,6 +93,10 @@ class BatchLayout:
     offset: int | mx.array = 0
     write_slots: mx.array | None = None
     gather_blocks: mx.array | None = None
+    # Set by `paged_attention.use_kernel` for a decode batch: attention reads the pools
+    # through the block tables, so neither the gather nor a mask array is built.
+    paged_kernel: bool = False
+    offsets: mx.array | None = None
     _masks: dict[tuple[int | None, bool], mx.array | str | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -117,6 +121,8 @@ class BatchLayout:
         self.offset = self.starts[0] if B == 1 else mx.array(self.starts, dtype=mx.int32)
 
     def mask(self, window_size: int | None, as_array: bool = False) -> mx.array | str | None:
+        if self.paged_kernel:
+            return None
         key = (window_size, as_array)
         if key not in self._masks:
             self._masks[key] = self._make_mask(window_size, as_array)
@@ -153,6 +159,8 @@ class PagedLayerCache:
         B, H, L, _ = keys.shape
         parts[0][:, lay.write_slots] = keys.transpose(1, 0, 2, 3).reshape(H, B * L, -1)
         parts[1][:, lay.write_slots] = values.transpose(1, 0, 2, 3).reshape(H, B * L, -1)
+        if lay.paged_kernel:
+            return parts[0], parts[1]  # the paged kernel reads them in place
         return self._gather(parts[0]), self._gather(parts[1])
 
     def _gather(self, flat: mx.array) -> mx.array:

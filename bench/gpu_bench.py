@@ -1,0 +1,324 @@
+"""GPU benchmark in one command: pippin against mlx-lm on random-weight bf16 models.
+
+Builds (once) random-weight bfloat16 models with the configurations of Llama-3.2-1B and
+Qwen3-0.6B, each with a byte-level BPE tokenizer padded to the model's vocabulary, and
+then, per model:
+
+1. the machine's copy bandwidth and the single-stream decode bound it implies
+   (weight bytes read per decode step against that bandwidth);
+2. in-process decode: mlx-lm's `generate_step` (single stream) and `BatchGenerator`,
+   pippin's `EngineCore` (single stream and batches), same prompts, prefill excluded;
+3. over HTTP with `bench/serve_bench.py`: pippin and `mlx_lm.server` started on the same
+   folder, streaming chat completions, 512-token prompts, 256 output tokens with
+   `ignore_eos` (pippin; mlx_lm.server has no such field and may stop early, which the
+   results count), concurrency 1, 16, 64, 256: aggregate output tokens/s, TTFT and
+   inter-token latency p50/p99.
+
+Everything lands in `--out-dir` (results JSON, Markdown tables, server logs). On the
+GPU machine (see ../shared/gpu/README.md):
+
+    python3 bench/gpu_bench.py --out-dir $OUT
+
+`PIPPIN_PAGED_KERNEL=0` in the environment measures pippin without the paged-attention
+kernel (the portable gather path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT / "src"))
+sys.path.insert(0, str(REPO_ROOT / "bench"))
+
+CONFIGS: dict[str, dict[str, Any]] = {
+    # meta-llama/Llama-3.2-1B config.json (the fields mlx-lm reads)
+    "llama-3.2-1b": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "hidden_act": "silu",
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "factor": 32.0,
+            "high_freq_factor": 4.0,
+            "low_freq_factor": 1.0,
+            "original_max_position_embeddings": 8192,
+            "rope_type": "llama3",
+        },
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": True,
+        "vocab_size": 128256,
+    },
+    # Qwen/Qwen3-0.6B config.json
+    "qwen3-0.6b": {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "attention_bias": False,
+        "tie_word_embeddings": True,
+        "vocab_size": 151936,
+    },
+}
+
+CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def build_tokenizer(out: Path, vocab_size: int) -> int:
+    """A byte-level BPE (8k merges learnt from the standard library), its vocabulary padded
+    with never-produced tokens to `vocab_size` so every id the model samples decodes.
+    Returns the end-of-turn id."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=8000,
+        special_tokens=SPECIAL,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train([str(p) for p in sorted(stdlib.glob("*.py"))], trainer)
+    data = json.loads(tok.to_str())
+    vocab: dict[str, int] = data["model"]["vocab"]
+    for added in data["added_tokens"]:
+        vocab.setdefault(added["content"], added["id"])
+    n = max(vocab.values()) + 1
+    for i in range(n, vocab_size):
+        vocab[f"zz{i}"] = i
+    (out / "tokenizer.json").write_text(json.dumps(data))
+    eos = vocab["<|im_end|>"]
+    cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "model_max_length": 4096,
+        "clean_up_tokenization_spaces": False,
+        "chat_template": CHATML,
+        "added_tokens_decoder": {
+            str(a["id"]): {
+                "content": a["content"],
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "single_word": False,
+                "special": True,
+            }
+            for a in data["added_tokens"]
+        },
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+    return eos
+
+
+def build_model(name: str, root: Path) -> Path:
+    import mlx.core as mx
+    from mlx_lm.utils import _get_classes, save_config, save_model
+
+    out = root / name
+    if (out / "config.json").exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    config = dict(CONFIGS[name])
+    eos = build_tokenizer(out, config["vocab_size"])
+    config.update(eos_token_id=eos, bos_token_id=None, torch_dtype="bfloat16")
+    model_cls, args_cls = _get_classes(config)
+    mx.random.seed(0)
+    model = model_cls(args_cls.from_dict(config))
+    model.set_dtype(mx.bfloat16)
+    mx.eval(model.parameters())
+    save_model(out, model)
+    save_config(config, out / "config.json")
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+    return out
+
+
+def copy_bandwidth() -> float:
+    """Bytes per second of a large elementwise pass (read + write)."""
+    import mlx.core as mx
+
+    x = mx.zeros((1 << 30,), dtype=mx.bfloat16)  # 2 GiB
+    mx.eval(x)
+    best = 0.0
+    for _ in range(5):
+        t0 = time.perf_counter()
+        y = x + 1
+        mx.eval(y)
+        dt = time.perf_counter() - t0
+        best = max(best, 2 * x.nbytes / dt)
+        del y
+    return best
+
+
+def in_process(path: Path, batches: list[int], prompt: int, gen: int) -> dict[str, Any]:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.generate import generate_step
+    from mlx_lm.utils import load
+    from paged_vs_contiguous import run_mlx_lm, run_pippin
+
+    model, _ = load(str(path))
+    vocab = model.args.vocab_size
+    weight_bytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    rng = random.Random(0)
+    res: dict[str, Any] = {"weight_bytes": weight_bytes, "prompt": prompt, "gen": gen}
+
+    p = [rng.randrange(vocab) for _ in range(prompt)]
+
+    def mlx_single() -> float:
+        steps = generate_step(
+            mx.array(p), model, max_tokens=gen, sampler=lambda x: mx.argmax(x, -1)
+        )
+        next(steps)  # prefill and the first token
+        t0 = time.perf_counter()
+        n = sum(1 for _ in steps)
+        return n / (time.perf_counter() - t0)
+
+    mlx_single()
+    res["mlx_lm_single"] = mlx_single()
+    run_pippin(model, [p], 8)  # warm-up
+    res["pippin_single"] = run_pippin(model, [p], gen)
+    res["batches"] = {}
+    for b in batches:
+        prompts = [[rng.randrange(vocab) for _ in range(prompt)] for _ in range(b)]
+        run_pippin(model, prompts, 4)
+        ours = run_pippin(model, prompts, gen)
+        ref = run_mlx_lm(model, prompts, gen)
+        res["batches"][b] = {"mlx_lm": ref, "pippin": ours}
+        print(f"  batch {b}: mlx-lm {ref:.0f} tok/s, pippin {ours:.0f} tok/s", flush=True)
+    mx.clear_cache()
+    return res
+
+
+def http(path: Path, name: str, args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
+    cmd = [
+        sys.executable,
+        str(REPO_ROOT / "bench" / "serve_bench.py"),
+        "--model",
+        str(path),
+        "--servers",
+        args.servers,
+        "--prompt-tokens",
+        str(args.prompt),
+        "--max-tokens",
+        str(args.gen),
+        "--concurrency",
+        args.concurrency,
+        "--repetitions",
+        "1",
+        "--requests-per-client",
+        "1",
+        "--min-requests",
+        "4",
+        "--warmup-requests",
+        "1",
+        "--max-warmup-requests",
+        "32",
+        "--max-foreign-cpu",
+        "100000",
+        "--blas",
+        "none",
+        "--pippin-args",
+        args.pippin_args,
+        "--out",
+        str(out_dir / f"http-{name}.json"),
+        "--md",
+        str(out_dir / f"http-{name}.md"),
+        "--log-dir",
+        str(out_dir / f"logs-{name}"),
+    ]
+    print("$ " + " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=False, timeout=args.http_timeout)
+    f = out_dir / f"http-{name}.json"
+    return json.loads(f.read_text()) if f.exists() else {"error": "no results"}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out-dir", type=Path, default=Path(os.environ.get("OUT", ".tmp/gpu")))
+    ap.add_argument("--model-root", type=Path, default=Path("/tmp/pippin-gpu-models"))
+    ap.add_argument("--models", default="llama-3.2-1b,qwen3-0.6b")
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--gen", type=int, default=256)
+    ap.add_argument("--concurrency", default="1,16,64,256")
+    ap.add_argument("--servers", default="pippin,mlx_lm")
+    ap.add_argument("--pippin-args", default="--max-model-len 4096")
+    ap.add_argument("--batches", default="32,128,256", help="in-process batch sizes")
+    ap.add_argument("--skip-in-process", action="store_true")
+    ap.add_argument("--skip-http", action="store_true")
+    ap.add_argument("--http-timeout", type=float, default=900)
+    args = ap.parse_args()
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    import mlx.core as mx
+
+    results: dict[str, Any] = {
+        "device": str(mx.default_device()),
+        "device_info": {k: str(v) for k, v in mx.device_info().items()},
+        "paged_kernel": os.environ.get("PIPPIN_PAGED_KERNEL", "auto"),
+        "argv": sys.argv,
+        "models": {},
+    }
+    bw = copy_bandwidth()
+    results["copy_bandwidth_Bps"] = bw
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
+    for name in [m for m in args.models.split(",") if m]:
+        t0 = time.perf_counter()
+        path = build_model(name, args.model_root)
+        print(f"[{name}] model at {path} ({time.perf_counter() - t0:.0f} s)", flush=True)
+        r: dict[str, Any] = {}
+        if not args.skip_in_process:
+            batches = [int(b) for b in args.batches.split(",") if b]
+            r["in_process"] = ip = in_process(path, batches, args.prompt, args.gen)
+            bound = bw / ip["weight_bytes"]
+            ip["single_stream_bound"] = bound
+            print(
+                f"[{name}] weights {ip['weight_bytes'] / 1e9:.2f} GB: single-stream bound "
+                f"{bound:.0f} tok/s; mlx-lm {ip['mlx_lm_single']:.0f}, pippin "
+                f"{ip['pippin_single']:.0f} tok/s in-process",
+                flush=True,
+            )
+        if not args.skip_http:
+            r["http"] = http(path, name, args, args.out_dir)
+        results["models"][name] = r
+        (args.out_dir / "gpu_bench.json").write_text(json.dumps(results, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

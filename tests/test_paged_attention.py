@@ -1,0 +1,147 @@
+"""The paged-attention decode path against the portable gather path.
+
+The CUDA kernel itself runs only on an NVIDIA GPU (MLX's CUDA backend); on CPU and
+Metal its test skips. The plumbing around it (the hook in the model modules, the
+cache handing over the pools, block tables and offsets) is tested everywhere by
+standing the gather-based reference in for the kernel.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.utils import load
+
+from pippin.engine import paged_attention
+from pippin.engine.config import EngineConfig
+from pippin.engine.core import EngineCore
+from pippin.engine.types import SamplingParams
+from pippin.store.loaded import LoadedModel
+
+needs_cuda = pytest.mark.skipif(
+    not paged_attention.available(),
+    reason="the paged-attention kernel needs MLX's CUDA backend (an NVIDIA GPU); "
+    "on CPU and Metal the gather path runs and is tested below",
+)
+
+
+def _case(
+    B: int, hq: int, hkv: int, d: int, dtype: mx.Dtype, bs: int = 16, seed: int = 0
+) -> tuple[mx.array, ...]:
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(1, 300, size=B)
+    lens[0] = 1  # a row whose only key is the new token
+    nb = int((lens.max() + bs - 1) // bs)
+    num_blocks = B * nb + 3
+    perm = rng.permutation(num_blocks)  # blocks scattered over the pool
+    tables = np.zeros((B, nb), dtype=np.int32)
+    used = 0
+    for b in range(B):
+        n = (lens[b] + bs - 1) // bs
+        tables[b, :n] = perm[used : used + n]
+        used += n
+    q = mx.array(rng.standard_normal((B, hq, 1, d)), dtype=dtype)
+    k = mx.array(rng.standard_normal((hkv, num_blocks * bs, d)), dtype=dtype)
+    v = mx.array(rng.standard_normal((hkv, num_blocks * bs, d)), dtype=dtype)
+    return q, k, v, mx.array(tables), mx.array(lens - 1, dtype=mx.int32)
+
+
+@needs_cuda
+@pytest.mark.parametrize(
+    "B,hq,hkv,d",
+    [(1, 32, 8, 64), (7, 32, 8, 64), (33, 16, 8, 128), (5, 8, 8, 64), (3, 64, 8, 128)],
+)
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16, mx.float32])
+def test_kernel_matches_gather_path(B: int, hq: int, hkv: int, d: int, dtype: mx.Dtype) -> None:
+    q, k, v, tables, offsets = _case(B, hq, hkv, d, dtype)
+    scale = d**-0.5
+    got = paged_attention.paged_decode_attention(q, k, v, tables, offsets, scale, 16)
+    ref = paged_attention.reference_decode_attention(
+        q.astype(mx.float32),
+        k.astype(mx.float32),
+        v.astype(mx.float32),
+        tables,
+        offsets,
+        scale,
+        16,
+    )
+    tol = 1e-4 if dtype == mx.float32 else 2e-2
+    err = mx.max(mx.abs(got.astype(mx.float32) - ref)).item()
+    assert got.shape == q.shape and got.dtype == dtype
+    assert err < tol, err
+
+
+def _loaded(path: Path) -> LoadedModel:
+    model, tokenizer = load(str(path))
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        config={},
+        source=str(path),
+        name=path.name,
+        eos_token_ids=set(tokenizer.eos_token_ids),
+    )
+
+
+def _greedy_logprobs(loaded: LoadedModel, prompts: list[list[int]]) -> dict[str, list]:
+    core = EngineCore(loaded, EngineConfig(num_blocks=300, block_size=4, max_model_len=512))
+    for i, p in enumerate(prompts):
+        params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=True)
+        core.add_request(str(i), p, params)
+    out: dict[str, list] = {}
+    while core.has_work():
+        for o in core.step():
+            for c in o.outputs:
+                out.setdefault(o.request_id, []).extend(
+                    (lp.token_id, lp.logprob) for lp in c.logprobs or []
+                )
+    return out
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_engine_decode_through_paged_path_matches_gather(
+    tiny_models, arch: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loaded = _loaded(tiny_models(arch, head_dim=32))
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, 200) for _ in range(rng.randrange(2, 40))] for _ in range(6)]
+
+    monkeypatch.setattr(paged_attention, "_available", False)
+    monkeypatch.setattr(paged_attention, "force_reference", False)
+    base = _greedy_logprobs(loaded, prompts)
+
+    if not paged_attention._is_cuda() or mx.default_device() != mx.gpu:
+        monkeypatch.setattr(paged_attention, "force_reference", True)  # the plumbing only
+    else:
+        monkeypatch.setattr(paged_attention, "_available", True)
+    monkeypatch.setattr(paged_attention, "MIN_BATCH", 1)
+    calls = 0
+    real = paged_attention.use_kernel
+
+    def counting(layout) -> None:
+        nonlocal calls
+        real(layout)
+        calls += layout.paged_kernel
+
+    monkeypatch.setattr(paged_attention, "use_kernel", counting)
+    paged = _greedy_logprobs(loaded, prompts)
+    assert calls > 0
+    for rid, ref in base.items():
+        got = paged[rid]
+        assert len(got) == len(ref)
+        for (t1, l1), (t2, l2) in zip(got, ref):
+            assert t1 == t2 and abs(l1 - l2) < 5e-3, (rid, got, ref)
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "qwen3_next"])
+def test_kernel_not_used_for_windows_or_recurrent_layers(
+    tiny_models, arch: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(paged_attention, "force_reference", True)
+    loaded = _loaded(tiny_models(arch))
+    core = EngineCore(loaded, EngineConfig(num_blocks=64, block_size=4, max_model_len=128))
+    assert not core.runner.paged_kernel
