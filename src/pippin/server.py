@@ -133,6 +133,8 @@ class ServerState:
             s.tool_call_parser,
             s.reasoning_parser,
         )
+        if self.parsers.tool is not None:
+            self.parsers.tool.prepare()
         log.info(
             "output parsers: tool calls %s, reasoning %s",
             self.parsers.tool.name if self.parsers.tool else "none",

@@ -129,6 +129,10 @@ class ToolParser:
         """Whether a model with this chat template, model type and vocab writes this format."""
         return False
 
+    @classmethod
+    def prepare(cls) -> None:
+        """Load what the parser needs once, at start-up rather than in a first request."""
+
     def __init__(
         self,
         tools: Sequence[dict[str, Any]] | None = None,

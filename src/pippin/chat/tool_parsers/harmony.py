@@ -79,6 +79,11 @@ class HarmonyParser(ToolParser):
     def matches(cls, template: str, model_type: str, vocab: set[str] | dict[str, int]) -> bool:
         return model_type == "gpt_oss" or CHANNEL in template
 
+    @classmethod
+    def prepare(cls) -> None:
+        # The library may try to download its vocab file: better at start-up than mid-request.
+        harmony_encoding()
+
     def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
         self.mode: str | None = None  # "tokens" or "text", fixed by the first input
