@@ -67,6 +67,7 @@ def create(client: anthropic.Anthropic, **kw: Any) -> Any:
     kw.setdefault("max_tokens", 8)
     # The SDK no longer has sampling arguments; the API (and pippin) still takes them.
     extra = {k: kw.pop(k) for k in ("temperature", "top_k", "top_p") if k in kw}
+    extra |= kw.pop("extra_body", None) or {}
     return client.messages.create(**kw, extra_body=extra or None)
 
 
@@ -342,6 +343,21 @@ def test_context_management_clears_old_tool_results(client: anthropic.Anthropic)
         extra_body={"context_management": {"edits": [edit]}},
     )
     assert cleared.input_tokens < full.input_tokens - 150
+    extra = cleared.model_dump()
+    assert extra["context_management"] == {"original_input_tokens": full.input_tokens}
+    # The answer says what was cleared (a trigger on tool uses this time).
+    by_uses = {**edit, "trigger": {"type": "tool_uses", "value": 0}}
+    m = create(
+        client,
+        messages=history,
+        tools=tools,
+        max_tokens=4,
+        extra_body={"context_management": {"edits": [by_uses]}},
+    )
+    (applied,) = m.model_dump()["context_management"]["applied_edits"]
+    assert applied["type"] == "clear_tool_uses_20250919" and applied["cleared_tool_uses"] == 1
+    assert applied["cleared_input_tokens"] > 150
+    assert m.usage.input_tokens + m.usage.cache_read_input_tokens == cleared.input_tokens
     # Below the trigger nothing changes.
     edit["trigger"] = {"type": "input_tokens", "value": 100_000}
     same = client.messages.count_tokens(

@@ -327,58 +327,96 @@ def template_kwargs(
     return kwargs
 
 
+@dataclass
+class Prompt:
+    ids: list[int]
+    tools: list[dict[str, Any]] | None
+    # What context management did, as the response reports it (None: not asked for),
+    # and the prompt's length before it.
+    applied_edits: list[dict[str, Any]] | None = None
+    original_tokens: int = 0
+
+    def context_management(self) -> dict[str, Any] | None:
+        if self.applied_edits is None:
+            return None
+        return {"applied_edits": self.applied_edits}
+
+
 async def _prompt(
     state: ServerState, tokenizer: Any, req: MessagesRequest | CountTokensRequest
-) -> tuple[list[int], list[dict[str, Any]] | None]:
+) -> Prompt:
     reject_unsupported(req)
     tools = template_tools(req)
     kwargs = template_kwargs(state, req)
-    edits = req.context_management.edits if req.context_management else []
-    history = req.messages
-    for edit in edits:
-        if isinstance(edit, ClearThinking):
-            history = clear_thinking(history, edit)
 
     async def render(history: list[Any]) -> list[int]:
         messages = template_messages(req.system, history)
         return await render_prompt(state, tokenizer, messages, tools, kwargs, tools_param="tools")
 
+    history = req.messages
     ids = await render(history)
-    for edit in edits:
-        if isinstance(edit, ClearToolUses):
-            trigger = edit.trigger.value if edit.trigger else 100_000
-            if len(ids) > trigger:
-                history = clear_tool_uses(history, edit)
-                ids = await render(history)
-    return ids, tools
+    original = len(ids)
+    if req.context_management is None:
+        return Prompt(ids, tools)
+    applied: list[dict[str, Any]] = []
+    # Edits apply in order (Anthropic: clear_thinking first), each to the last one's result.
+    for edit in req.context_management.edits:
+        if isinstance(edit, ClearThinking):
+            history, turns = clear_thinking(history, edit)
+            if not turns:
+                continue
+            kind, count = "cleared_thinking_turns", turns
+        else:
+            if not _triggered(edit, history, len(ids)):
+                continue
+            history, uses = clear_tool_uses(history, edit)
+            if not uses:
+                continue
+            kind, count = "cleared_tool_uses", uses
+        before, ids = len(ids), await render(history)
+        applied.append({"type": edit.type, kind: count, "cleared_input_tokens": before - len(ids)})
+    return Prompt(ids, tools, applied, original)
 
 
-def clear_thinking(history: list[Any], edit: ClearThinking) -> list[Any]:
-    """Drop thinking from all but the last N assistant turns (context_management)."""
-    if edit.keep is None or edit.keep == "all":
-        return history if edit.keep == "all" else _without_thinking(history, 1)
-    return _without_thinking(history, edit.keep.value)
+def _triggered(edit: ClearToolUses, history: list[Any], prompt_tokens: int) -> bool:
+    trigger = edit.trigger
+    if trigger is None or trigger.type == "input_tokens":
+        return prompt_tokens > (trigger.value if trigger else 100_000)
+    uses = sum(
+        isinstance(b, ToolUseBlock)
+        for m in history
+        if not isinstance(m.content, str)
+        for b in m.content
+    )
+    return uses > trigger.value
 
 
-def _without_thinking(history: list[Any], keep: int) -> list[Any]:
+def clear_thinking(history: list[Any], edit: ClearThinking) -> tuple[list[Any], int]:
+    """Drop thinking from all but the last N assistant turns (default 1); and how many."""
+    if edit.keep == "all":
+        return history, 0
+    keep = 1 if edit.keep is None else edit.keep.value
     turns = [i for i, m in enumerate(history) if m.role == "assistant"]
     drop = set(turns[: max(len(turns) - keep, 0)])
-    out = []
+    out, cleared = [], 0
     for i, m in enumerate(history):
         if i in drop and not isinstance(m.content, str):
             kept = [
                 b for b in m.content if not isinstance(b, ThinkingBlock | RedactedThinkingBlock)
             ]
-            m = m.model_copy(update={"content": kept})
+            if len(kept) < len(m.content):
+                cleared += 1
+                m = m.model_copy(update={"content": kept})
         out.append(m)
-    return out
+    return out, cleared
 
 
 _CLEARED = "[tool result cleared to save context]"
 
 
-def clear_tool_uses(history: list[Any], edit: ClearToolUses) -> list[Any]:
-    """Replace all but the last `keep` tool results (and optionally inputs) with a note."""
+def clear_tool_uses(history: list[Any], edit: ClearToolUses) -> tuple[list[Any], int]:
+    """Replace all but the last `keep` tool results (and optionally inputs) with a note;
+    and how many were replaced."""
     keep = edit.keep.value if edit.keep else 3
     excluded = set(edit.exclude_tools or [])
     names: dict[str, str] = {}
@@ -408,7 +446,7 @@ def clear_tool_uses(history: list[Any], edit: ClearToolUses) -> list[Any]:
                 b = b.model_copy(update={"input": {}})
             blocks.append(b)
         out.append(m.model_copy(update={"content": blocks}))
-    return out
+    return out, len(cleared)
 
 
 def sampling_params(state: ServerState, req: MessagesRequest, prompt_len: int) -> SamplingParams:
@@ -565,6 +603,7 @@ class MessageRun:
     new_parser: Any
     model: str
     single_call: bool
+    context_management: dict[str, Any] | None = None
     message_id: str = field(default_factory=lambda: "msg_" + uuid.uuid4().hex[:24])
 
     def _head(self) -> dict[str, Any]:
@@ -591,13 +630,16 @@ class MessageRun:
         reason, seq = stop_fields(last, any(b["type"] == "tool_use" for b in builder.blocks))
         cached = last.cached_tokens if last else 0
         out = last.completion_tokens if last else 0
-        return {
+        body = {
             **self._head(),
             "content": builder.blocks,
             "stop_reason": reason,
             "stop_sequence": seq,
             "usage": usage_body(len(self.prompt_ids), cached, out),
         }
+        if self.context_management is not None:
+            body["context_management"] = self.context_management
+        return body
 
     async def stream(self) -> AsyncIterator[str]:
         builder = BlockBuilder(self.single_call)
@@ -647,13 +689,14 @@ class MessageRun:
                 last.cached_tokens if last else 0,
                 last.completion_tokens if last else 0,
             )
-            yield _event(
-                {
-                    "type": "message_delta",
-                    "delta": {"stop_reason": reason, "stop_sequence": seq},
-                    "usage": usage,
-                }
-            )
+            final: dict[str, Any] = {
+                "type": "message_delta",
+                "delta": {"stop_reason": reason, "stop_sequence": seq},
+                "usage": usage,
+            }
+            if self.context_management is not None:
+                final["context_management"] = self.context_management
+            yield _event(final)
             yield _event({"type": "message_stop"})
         except OpenAIError as exc:
             note_error(exc.code or exc.type)
@@ -695,7 +738,8 @@ async def create_message(request: Request) -> Any:
     if not req.messages:
         raise bad_request("messages: at least one message is required.", param="messages")
     engine, loaded = require_engine(state)
-    prompt_ids, tools = await _prompt(state, loaded.tokenizer, req)
+    prompt = await _prompt(state, loaded.tokenizer, req)
+    prompt_ids, tools = prompt.ids, prompt.tools
     params = sampling_params(state, req, len(prompt_ids))
     budget = None
     if isinstance(req.thinking, ThinkingEnabled):
@@ -723,7 +767,9 @@ async def create_message(request: Request) -> Any:
     except EngineError as exc:
         raise bad_request(str(exc), param="messages") from None
     single = bool(req.tool_choice and req.tool_choice.disable_parallel_tool_use)
-    run = MessageRun(state, prompt_ids, params, new_parser, req.model, single)
+    run = MessageRun(
+        state, prompt_ids, params, new_parser, req.model, single, prompt.context_management()
+    )
     if req.stream:
         return StreamingResponse(run.stream(), media_type="text/event-stream", headers=_SSE_HEADERS)
     return JSONResponse(await cancel_on_disconnect(request.receive, run.collect()))
@@ -735,5 +781,8 @@ async def count_tokens(request: Request) -> Any:
     state = get_state(request)
     check_model(state, req.model)
     _, loaded = require_engine(state)
-    prompt_ids, _ = await _prompt(state, loaded.tokenizer, req)
-    return JSONResponse({"input_tokens": len(prompt_ids)})
+    prompt = await _prompt(state, loaded.tokenizer, req)
+    body: dict[str, Any] = {"input_tokens": len(prompt.ids)}
+    if prompt.applied_edits is not None:
+        body["context_management"] = {"original_input_tokens": prompt.original_tokens}
+    return JSONResponse(body)

@@ -210,7 +210,7 @@ class ToolUses(_Strict):
 
 class ClearToolUses(_Strict):
     type: Literal["clear_tool_uses_20250919"]
-    trigger: InputTokens | None = None
+    trigger: InputTokens | ToolUses | None = None
     keep: ToolUses | None = None
     clear_at_least: InputTokens | None = None
     exclude_tools: list[str] | None = None
