@@ -81,6 +81,16 @@ def random_call_id() -> str:
     return "call_" + secrets.token_hex(12)
 
 
+JSON_WS = " \t\r\n"
+
+
+def skip_ws(text: str, i: int = 0) -> int:
+    """Index of the first character at or after `i` that is not JSON whitespace."""
+    while i < len(text) and text[i] in JSON_WS:
+        i += 1
+    return i
+
+
 def partial_marker(text: str, markers: Sequence[str]) -> int:
     """Length of the longest tail of `text` that is a proper prefix of a marker."""
     best = 0

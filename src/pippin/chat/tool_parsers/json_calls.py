@@ -12,7 +12,7 @@ import json
 import re
 from typing import Any
 
-from pippin.chat.tool_parsers.base import ToolParser
+from pippin.chat.tool_parsers.base import ToolParser, skip_ws
 from pippin.chat.tool_parsers.json_prefix import JsonPrefix
 
 NAME_KEYS = ("name", "function", "tool_name")
@@ -86,7 +86,7 @@ class JsonCallReader:
         i = 0
         while True:
             if self.at_start:
-                j = _skip_ws(text, i)
+                j = skip_ws(text, i)
                 if j == len(text):
                     if final:
                         self._raw.add(text[i:])
@@ -104,7 +104,7 @@ class JsonCallReader:
                 self._raw.add(text[i:j])
                 i = j
             if self.expect_sep:  # between objects of a list
-                j = _skip_ws(text, i)
+                j = skip_ws(text, i)
                 if j == len(text):
                     return (i, DONE) if final else (i, MORE)
                 if text[j] == ",":
@@ -229,9 +229,3 @@ def _decoded_args(s: str) -> str:
     except ValueError:
         return "{}"
     return json.dumps(obj) if isinstance(obj, dict) else "{}"
-
-
-def _skip_ws(text: str, i: int) -> int:
-    while i < len(text) and text[i] in " \t\r\n":
-        i += 1
-    return i

@@ -13,16 +13,12 @@ from __future__ import annotations
 
 from pippin.chat.tool_parsers.base import ToolParser
 from pippin.chat.tool_parsers.json_calls import DONE, ERROR, MORE, JsonCallReader
-from pippin.chat.tool_parsers.pythonic import PyCallReader, parse_call
+from pippin.chat.tool_parsers.pythonic import PyCallReader, parse_call, skip_space
 
 PYTHON_TAG = "<|python_tag|>"
 _BUILTIN_SUFFIX = ".call"
 
 _START, _TEXT, _TAG, _JSON, _SEP, _BUILTIN = range(6)
-
-
-def _skip_ws(text: str) -> int:
-    return len(text) - len(text.lstrip())
 
 
 class Llama3JsonParser(ToolParser):
@@ -59,7 +55,7 @@ class Llama3JsonParser(ToolParser):
     def _run(self, final: bool) -> None:  # noqa: C901 - one branch per state
         while True:
             if self.mode == _START:
-                j = _skip_ws(self.buf)
+                j = skip_space(self.buf)
                 if j == len(self.buf) and not final:
                     return
                 if self.buf[j : j + 1] == "{":
@@ -71,7 +67,7 @@ class Llama3JsonParser(ToolParser):
                     return
                 self.mode = _TAG
             if self.mode == _TAG:
-                j = _skip_ws(self.buf)
+                j = skip_space(self.buf)
                 if j == len(self.buf) and not final:
                     return
                 head = self.buf[j : j + 1]
@@ -108,7 +104,7 @@ class Llama3JsonParser(ToolParser):
                 self.section_calls += 1
                 self.mode = _SEP
             if self.mode == _SEP:
-                j = _skip_ws(self.buf)
+                j = skip_space(self.buf)
                 if j == len(self.buf):
                     if not final:
                         return

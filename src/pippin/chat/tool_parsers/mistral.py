@@ -8,6 +8,7 @@ Devstral, Magistral): `[TOOL_CALLS]NAME[ARGS]{...}` once per call, some versions
 
 from __future__ import annotations
 
+from pippin.chat.tool_parsers.base import skip_ws
 from pippin.chat.tool_parsers.json_calls import ERROR, MORE, JsonCallReader
 from pippin.chat.tool_parsers.named_json import (
     HEAD,
@@ -17,7 +18,6 @@ from pippin.chat.tool_parsers.named_json import (
     NamedJsonParser,
     object_start,
     read_until,
-    skip_ws,
     valid_name,
 )
 

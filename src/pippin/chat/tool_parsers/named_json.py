@@ -18,20 +18,13 @@ import re
 from collections.abc import Sequence
 from typing import ClassVar
 
-from pippin.chat.tool_parsers.base import ToolParser, find_marker
+from pippin.chat.tool_parsers.base import ToolParser, find_marker, skip_ws
 from pippin.chat.tool_parsers.json_prefix import JsonPrefix
 
 OK, NO, MORE = "ok", "no", "more"
 SKIP = "skip"  # a head that is neither a call nor text to give back (functionary's `all`)
 
-_WS = " \t\r\n"
 NAME_STOP = " \t\r\n\"'<>{}[]"  # characters a function name never contains
-
-
-def skip_ws(s: str, i: int = 0) -> int:
-    while i < len(s) and s[i] in _WS:
-        i += 1
-    return i
 
 
 def valid_name(name: str) -> bool:

@@ -152,7 +152,8 @@ def parse_call(src: str) -> str | None:
 _START, _TEXT, _OPEN, _CALL, _SEP, _CLOSE = range(6)
 
 
-def _skip_ws(text: str, i: int = 0) -> int:
+def skip_space(text: str, i: int = 0) -> int:
+    """Index of the first character at or after `i` that is not whitespace (any kind)."""
     while i < len(text) and text[i].isspace():
         i += 1
     return i
@@ -219,7 +220,7 @@ class PythonicParser(ToolParser):
     def _run(self, final: bool) -> None:  # noqa: C901 - one branch per state
         while True:
             if self.mode == _START:
-                j = _skip_ws(self.buf)
+                j = skip_space(self.buf)
                 if j == len(self.buf) and not final:
                     return
                 if j < len(self.buf) and self.buf[j] == "[":
@@ -237,7 +238,7 @@ class PythonicParser(ToolParser):
                 self._open(m, self.sections[m])
                 self.mode = _OPEN
             if self.mode == _OPEN:
-                j = _skip_ws(self.buf)
+                j = skip_space(self.buf)
                 if j == len(self.buf):
                     if not final:
                         return
@@ -252,7 +253,7 @@ class PythonicParser(ToolParser):
                 self._next_call()
             if self.mode == _CALL:
                 if self.reader.n == 0:  # whitespace before a call is part of the section
-                    j = _skip_ws(self.buf)
+                    j = skip_space(self.buf)
                     if j == len(self.buf) and not final:
                         return
                     self.raw += self.buf[:j]
@@ -276,7 +277,7 @@ class PythonicParser(ToolParser):
                     return
                 continue
             if self.mode == _CLOSE:
-                j = _skip_ws(self.buf)
+                j = skip_space(self.buf)
                 rest = self.buf[j:]
                 if self.end and rest.startswith(self.end):
                     self.buf = rest[len(self.end) :]
@@ -286,7 +287,7 @@ class PythonicParser(ToolParser):
 
     def _separator(self, final: bool) -> None:
         """After a call: the next one, the end of the section, or text."""
-        j = _skip_ws(self.buf)
+        j = skip_space(self.buf)
         if j == len(self.buf):
             if final:
                 self.buf = ""  # whitespace after the last call

@@ -14,7 +14,7 @@ import json
 import re
 from typing import Any, ClassVar
 
-from pippin.chat.tool_parsers.base import ToolParser, find_marker, partial_marker
+from pippin.chat.tool_parsers.base import ToolParser, find_marker, partial_marker, skip_ws
 from pippin.chat.tool_parsers.named_json import (
     MORE,
     NAME_STOP,
@@ -23,7 +23,6 @@ from pippin.chat.tool_parsers.named_json import (
     expect,
     peek,
     read_until,
-    skip_ws,
     valid_name,
 )
 
