@@ -10,38 +10,18 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
+from npm_tools import npm_bin
 from server_utils import run_server
 
 CLAUDE_CODE = "@anthropic-ai/claude-code@2.1.332"
-CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pippin" / "claude-code"
-
-
-def _claude() -> Path:
-    if shutil.which("npm") is None:
-        pytest.skip("npm is not installed, so Claude Code cannot be installed")
-    exe = CACHE / "node_modules" / ".bin" / "claude"
-    if not exe.exists():
-        CACHE.mkdir(parents=True, exist_ok=True)
-        r = subprocess.run(
-            ["npm", "install", "--silent", "--no-audit", "--no-fund", CLAUDE_CODE],
-            cwd=CACHE,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        if r.returncode != 0:
-            pytest.skip(f"npm could not install {CLAUDE_CODE}: {r.stderr[-500:]}")
-    return exe
 
 
 def test_claude_code_print_mode(tiny_models: Callable[..., Path], tmp_path: Path) -> None:
-    claude = _claude()
+    claude = npm_bin(CLAUDE_CODE, "claude", "Claude Code")
     model = tiny_models("qwen3")
     with run_server(str(model), "--max-model-len", "65536", api_key="sk-cc") as server:
         env = {

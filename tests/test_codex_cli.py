@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
+from npm_tools import npm_bin
 from server_utils import run_server
 
 CODEX = "@openai/codex@0.171.0"
-CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pippin" / "codex"
 CONFIG = """web_search = "disabled"
 model = "tiny"
 model_provider = "pippin"
@@ -31,26 +29,8 @@ wire_api = "responses"
 """
 
 
-def _codex() -> Path:
-    if shutil.which("npm") is None:
-        pytest.skip("npm is not installed, so the Codex CLI cannot be installed")
-    exe = CACHE / "node_modules" / ".bin" / "codex"
-    if not exe.exists():
-        CACHE.mkdir(parents=True, exist_ok=True)
-        r = subprocess.run(
-            ["npm", "install", "--silent", "--no-audit", "--no-fund", CODEX],
-            cwd=CACHE,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        if r.returncode != 0:
-            pytest.skip(f"npm could not install {CODEX}: {r.stderr[-500:]}")
-    return exe
-
-
 def test_codex_exec(tiny_models: Callable[..., Path], tmp_path: Path) -> None:
-    codex = _codex()
+    codex = npm_bin(CODEX, "codex", "the Codex CLI")
     model = tiny_models("qwen3")
     home = tmp_path / "codex-home"
     work = tmp_path / "work"
