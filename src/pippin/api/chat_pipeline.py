@@ -12,7 +12,13 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from pippin.api.errors import OpenAIError, bad_request, server_error, unsupported_param
+from pippin.api.errors import (
+    OpenAIError,
+    bad_request,
+    server_error,
+    unsupported_param,
+    unsupported_value,
+)
 from pippin.api.protocol import closing
 from pippin.api.structured_output import compile_spec
 from pippin.chat.output import OutputParser
@@ -59,6 +65,28 @@ async def render_prompt(
     except ChatTemplateError as exc:
         param = "chat_template_kwargs" if "chat_template_kwargs" in str(exc) else messages_param
         raise bad_request(str(exc), param=param) from None
+
+
+def effort_kwargs(effort: str, reasoning_kwarg: str | None, param: str) -> dict[str, Any]:
+    """A reasoning effort as the model's template takes it (see `inspect_template`)."""
+    if reasoning_kwarg == "reasoning_effort":
+        return {"reasoning_effort": effort}
+    if reasoning_kwarg == "enable_thinking":
+        return {"enable_thinking": effort != "none"}
+    raise unsupported_param(param, "This model's chat template has no reasoning mode.")
+
+
+def verbosity_kwargs(verbosity: str | None, template_source: str, param: str) -> dict[str, Any]:
+    """`verbosity` for templates that read it; others take only the default, "medium"."""
+    if verbosity is None:
+        return {}
+    if "verbosity" in template_source:
+        return {"verbosity": verbosity}
+    if verbosity != "medium":
+        raise unsupported_value(
+            param, "This model cannot be steered by 'verbosity'; only 'medium' is accepted."
+        )
+    return {}
 
 
 async def output_parsing(

@@ -14,7 +14,13 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from pippin.api.chat_pipeline import engine_failure, output_parsing, render_prompt
+from pippin.api.chat_pipeline import (
+    effort_kwargs,
+    engine_failure,
+    output_parsing,
+    render_prompt,
+    verbosity_kwargs,
+)
 from pippin.api.errors import (
     bad_request,
     unsupported_param,
@@ -181,16 +187,8 @@ def template_kwargs(
     req: ChatCompletionRequest, defaults: dict[str, Any], reasoning_kwarg: str | None
 ) -> dict[str, Any]:
     kwargs = {**defaults, **(req.chat_template_kwargs or {})}
-    effort = req.reasoning_effort
-    if effort is not None:
-        if reasoning_kwarg == "reasoning_effort":
-            kwargs["reasoning_effort"] = effort
-        elif reasoning_kwarg == "enable_thinking":
-            kwargs["enable_thinking"] = effort != "none"
-        else:
-            raise unsupported_param(
-                "reasoning_effort", "This model's chat template has no reasoning mode."
-            )
+    if req.reasoning_effort is not None:
+        kwargs |= effort_kwargs(req.reasoning_effort, reasoning_kwarg, "reasoning_effort")
     return kwargs
 
 
@@ -480,13 +478,9 @@ async def create_chat_completion(request: Request) -> Any:
     engine, loaded = require_engine(state)
     info = state.template
     assert info is not None and state.limits is not None
-    if req.verbosity not in (None, "medium") and "verbosity" not in state.template_source:
-        raise unsupported_value(
-            "verbosity", "This model cannot be steered by 'verbosity'; only 'medium' is accepted."
-        )
+    verbosity = verbosity_kwargs(req.verbosity, state.template_source, "verbosity")
     kwargs = template_kwargs(req, state.settings.default_chat_template_kwargs, info.reasoning_kwarg)
-    if req.verbosity is not None and "verbosity" in state.template_source:
-        kwargs["verbosity"] = req.verbosity
+    kwargs |= verbosity
     add_gen = (
         not req.continue_final_message
         if req.add_generation_prompt is None

@@ -24,7 +24,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import TypeAdapter
 
-from pippin.api.chat_pipeline import output_parsing, render_prompt, run_parsed
+from pippin.api.chat_pipeline import (
+    effort_kwargs,
+    output_parsing,
+    render_prompt,
+    run_parsed,
+    verbosity_kwargs,
+)
 from pippin.api.errors import (
     OpenAIError,
     bad_request,
@@ -369,26 +375,10 @@ def template_kwargs(req: ResponsesRequest, defaults: dict[str, Any], state: Any)
     """The chat template's arguments: reasoning effort and verbosity, as the model takes them."""
     kwargs = dict(defaults)
     effort = req.reasoning.effort if req.reasoning is not None else None
-    info = state.template
     if effort is not None:
-        if info.reasoning_kwarg == "reasoning_effort":
-            kwargs["reasoning_effort"] = effort
-        elif info.reasoning_kwarg == "enable_thinking":
-            kwargs["enable_thinking"] = effort != "none"
-        else:
-            raise unsupported_param(
-                "reasoning.effort", "This model's chat template has no reasoning mode."
-            )
+        kwargs |= effort_kwargs(effort, state.template.reasoning_kwarg, "reasoning.effort")
     verbosity = req.text.verbosity if req.text is not None else None
-    if verbosity is not None:
-        if "verbosity" in state.template_source:
-            kwargs["verbosity"] = verbosity
-        elif verbosity != "medium":
-            raise unsupported_value(
-                "text.verbosity",
-                "This model cannot be steered by 'verbosity'; only 'medium' is accepted.",
-            )
-    return kwargs
+    return kwargs | verbosity_kwargs(verbosity, state.template_source, "text.verbosity")
 
 
 # --- parsed deltas -> output items and events --------------------------------------
