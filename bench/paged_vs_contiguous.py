@@ -68,8 +68,16 @@ def build(hidden: int, layers: int, vocab: int, dtype: mx.Dtype) -> qwen3.Model:
 
 def run_pippin(model, prompts: list[list[int]], gen: int) -> float:
     loaded = LoadedModel(model=model, tokenizer=_Tok(), config={}, source="", name="")
+    # A pool that holds every sequence whole, so the batch never shrinks by preemption.
+    blocks = sum((len(p) + gen) // 16 + 2 for p in prompts) + 64
     core = EngineCore(
-        loaded, EngineConfig(num_blocks=4096, max_model_len=4096, max_num_batched_tokens=8192)
+        loaded,
+        EngineConfig(
+            num_blocks=max(blocks, 4096),
+            max_model_len=4096,
+            max_num_batched_tokens=8192,
+            max_num_seqs=max(256, len(prompts)),
+        ),
     )
     for i, p in enumerate(prompts):
         core.add_request(

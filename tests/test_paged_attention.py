@@ -102,10 +102,13 @@ def _greedy_logprobs(loaded: LoadedModel, prompts: list[list[int]]) -> dict[str,
     return out
 
 
+@pytest.mark.parametrize("compiled", ["1", "0"])
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_engine_decode_through_paged_path_matches_gather(
-    tiny_models, arch: str, monkeypatch: pytest.MonkeyPatch
+    tiny_models, arch: str, compiled: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Both with the decode step compiled (`decode_graph`) and built op by op."""
+    monkeypatch.setenv("PIPPIN_COMPILE", compiled)
     loaded = _loaded(tiny_models(arch, head_dim=32))
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 200) for _ in range(rng.randrange(2, 40))] for _ in range(6)]
@@ -116,18 +119,19 @@ def test_engine_decode_through_paged_path_matches_gather(
 
     if not paged_attention._is_cuda() or mx.default_device() != mx.gpu:
         monkeypatch.setattr(paged_attention, "force_reference", True)  # the plumbing only
+        name = "reference_decode_attention"
     else:
         monkeypatch.setattr(paged_attention, "_available", True)
-    monkeypatch.setattr(paged_attention, "MIN_BATCH", 1)
+        name = "paged_decode_attention"
     calls = 0
-    real = paged_attention.use_kernel
+    real = getattr(paged_attention, name)
 
-    def counting(layout) -> None:
+    def counting(*args, **kwargs) -> mx.array:
         nonlocal calls
-        real(layout)
-        calls += layout.paged_kernel
+        calls += 1
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(paged_attention, "use_kernel", counting)
+    monkeypatch.setattr(paged_attention, name, counting)
     paged = _greedy_logprobs(loaded, prompts)
     assert calls > 0
     for rid, ref in base.items():

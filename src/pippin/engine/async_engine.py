@@ -129,6 +129,10 @@ class AsyncEngine:
         try:
             while True:
                 out = await q.get()
+                # A reader that fell behind (a busy event loop under load) gets what
+                # queued up as one delta: one chunk to frame and send, not one per step.
+                while not out.finished and not q.empty():
+                    out = out.then(q.get_nowait())
                 watch.output(out)
                 finished = out.finished
                 yield out

@@ -14,7 +14,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
 
-from pippin.engine import paged_attention
+from pippin.engine import decode_graph, paged_attention
 from pippin.engine.paged_cache import (
     BatchLayout,
     LayerPool,
@@ -46,6 +46,7 @@ class ModelRunner:
         self.state_sizes: dict[int, int] = {}  # recurrent layers
         self._probe()
         self.pools: dict[int, LayerPool] = {}
+        self.graph: decode_graph.DecodeGraph | None = None
         self._view = QuantizedPagedLayerCache if kv_bits else PagedLayerCache
         if kv_bits:
             self._probe_quantized()
@@ -107,6 +108,10 @@ class ModelRunner:
     def allocate(self, num_blocks: int) -> None:
         self.pools = {i: LayerPool(s, num_blocks, self.block_size) for i, s in self.specs.items()}
         mx.eval([p.parts for p in self.pools.values()])
+        # Recurrent state is stacked per call from each sequence's own arrays: not a
+        # fixed graph, so those models run op by op.
+        if decode_graph.enabled() and not self.has_state_layers:
+            self.graph = decode_graph.DecodeGraph(self)
 
     def block_slots(self, block_ids: list[int]) -> mx.array:
         bs = self.block_size
@@ -134,11 +139,10 @@ class ModelRunner:
         starts = [it.start for it in items]
         lengths = [it.length for it in items]
         tables = [it.seq.table.block_ids for it in items]
-        layout = BatchLayout(starts, lengths, tables, self.block_size)
-        L = layout.pad_len
-        if self.paged_kernel:
-            paged_attention.use_kernel(layout)
-        tokens = np.zeros((len(items), L), dtype=np.int32)
+        L = max(lengths)
+        compiled = self.graph is not None and L == 1
+        B = len(items)
+        tokens = np.zeros((self.graph.rows(B) if compiled else B, L), dtype=np.int32)
         lazy: list[tuple[int, mx.array, int]] = []
         for b, it in enumerate(items):
             seq = it.seq
@@ -156,7 +160,18 @@ class ModelRunner:
             groups[id(arr)][2].append(r)
         for arr, dst, src in groups.values():
             inputs[mx.array(dst), 0] = arr[mx.array(src)]
+        rows = [b for b, it in enumerate(items) if it.samples]
 
+        if compiled:
+            assert self.graph is not None
+            logits = self.graph.forward(inputs, starts, tables)
+            if not rows:
+                return None
+            return logits if len(rows) == B else logits[mx.array(rows)]
+
+        layout = BatchLayout(starts, lengths, tables, self.block_size)
+        if self.paged_kernel:
+            paged_attention.use_kernel(layout)
         caches: list[Any] = [
             self._view(self.pools[i], layout) if i in self.pools else self._stack_state(i, items)
             for i in range(self.num_caches)
@@ -171,7 +186,6 @@ class ModelRunner:
                         it.seq.state = [None] * self.num_caches
                     it.seq.state[i] = [c[b : b + 1] for c in stacked.cache]
 
-        rows = [b for b, it in enumerate(items) if it.samples]
         if not rows:
             return None
         if L == 1:

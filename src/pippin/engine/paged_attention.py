@@ -15,7 +15,7 @@ default wherever the kernel cannot run (CPU, Metal, models that call MLX's
 attention directly, prefill).
 
 Set `PIPPIN_PAGED_KERNEL=0` to turn the kernel off, `=1` to force it on for any
-decode batch (the default uses it for batches of `MIN_BATCH` rows or more).
+decode batch (the default: see `worth_it`).
 """
 
 from __future__ import annotations
@@ -27,9 +27,13 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-# Below this many rows the gather path is as fast (the kernel has too few blocks
-# to fill the GPU without splitting the context); measured on an H200.
-MIN_BATCH = int(os.environ.get("PIPPIN_PAGED_MIN_BATCH", "2"))
+# The kernel gives each (row, KV head) one thread block and does not split a row's
+# context, so a few rows of long context would leave most of the GPU idle: those
+# take the gather path. Rows at or above MIN_ROWS, or contexts up to SOLO_CONTEXT
+# tokens, take the kernel (for one row of a 512-token context it saves the
+# gather, the mask and the unfused masked attention: about 200 ops per step).
+MIN_ROWS = 16
+SOLO_CONTEXT = 8192
 
 _SOURCE = r"""
     // One thread block per (row, KV head); it serves the G query heads of that KV head.
@@ -220,16 +224,18 @@ def enabled_for(model: nn.Module, specs: dict[int, Any], state_sizes: dict[int, 
 
 def use_kernel(layout: Any) -> None:
     """Mark a decode batch (one new token per row) of enough rows for the kernel."""
-    B = len(layout.starts)
-    if layout.pad_len != 1 or B < min_batch():
+    if layout.pad_len != 1 or not worth_it(len(layout.starts), layout.kv_width):
         return
     layout.paged_kernel = True
     off = layout.offset
     layout.offsets = off if isinstance(off, mx.array) else mx.array([off], dtype=mx.int32)
 
 
-def min_batch() -> int:
-    return 1 if os.environ.get("PIPPIN_PAGED_KERNEL") == "1" else MIN_BATCH
+def worth_it(rows: int, kv_tokens: int) -> bool:
+    """Whether a decode batch of `rows` reading up to `kv_tokens` keys each takes the kernel."""
+    if os.environ.get("PIPPIN_PAGED_KERNEL") == "1":
+        return True
+    return rows >= MIN_ROWS or kv_tokens <= SOLO_CONTEXT
 
 
 def _get_kernel() -> Any:

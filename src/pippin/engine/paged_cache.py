@@ -17,6 +17,7 @@ With quantised KV (`LayerSpec.bits`), the pool holds mx.quantize's three parts
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -65,6 +66,12 @@ class LayerPool:
     @property
     def nbytes(self) -> int:
         return sum(p.nbytes for p in self.parts)
+
+    def with_parts(self, parts: list[mx.array]) -> LayerPool:
+        """The same pool over other arrays (a compiled step's traced inputs)."""
+        view = copy.copy(self)
+        view.parts = parts
+        return view
 
     def read(self, slots: mx.array) -> list[mx.array]:
         """Every part at `slots` ([H, n, width] each), for copying blocks out."""
@@ -143,10 +150,46 @@ class BatchLayout:
         return m[:, None]  # [B, 1, L, S], broadcast over heads
 
 
+class DecodeLayout:
+    """A decode batch (one new token per row) whose every per-step value is an array,
+    so one compiled trace serves every step of the same padded shape.
+
+    tables [B, nb] block ids (unused entries 0, the null block); offsets [B] the tokens
+    before each row's new one; write_slots [B] where each new token's KV goes."""
+
+    pad_len = 1
+
+    def __init__(
+        self,
+        tables: mx.array,
+        offsets: mx.array,
+        write_slots: mx.array,
+        block_size: int,
+        paged_kernel: bool,
+    ) -> None:
+        self.gather_blocks = tables
+        self.offsets = offsets
+        self.offset = offsets
+        self.write_slots = write_slots
+        self.block_size = block_size
+        self.paged_kernel = paged_kernel
+        self.kv_width = tables.shape[1] * block_size
+
+    def mask(self, window_size: int | None, as_array: bool = False) -> mx.array | None:
+        if self.paged_kernel:
+            return None
+        k = mx.arange(self.kv_width, dtype=mx.int32)[None, :]
+        q = self.offsets[:, None]
+        m = k <= q
+        if window_size is not None:
+            m = m & (k > q - window_size)
+        return m[:, None, None, :]  # [B, 1, 1, S]
+
+
 class PagedLayerCache:
     """One layer's view of the pool for one model call."""
 
-    def __init__(self, pool: LayerPool, layout: BatchLayout) -> None:
+    def __init__(self, pool: LayerPool, layout: BatchLayout | DecodeLayout) -> None:
         self.pool = pool
         self.layout = layout
 
@@ -190,7 +233,7 @@ class QuantizedPagedLayerCache(PagedLayerCache):
     """A view over a quantised pool; `bits` and `group_size` are what mlx-lm's
     attention looks for to take its quantised path."""
 
-    def __init__(self, pool: LayerPool, layout: BatchLayout) -> None:
+    def __init__(self, pool: LayerPool, layout: BatchLayout | DecodeLayout) -> None:
         super().__init__(pool, layout)
         self.bits = pool.spec.bits
         self.group_size = pool.spec.group_size

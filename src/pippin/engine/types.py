@@ -80,3 +80,31 @@ class RequestOutput:
     cached_tokens: int
     finished: bool  # every sequence of the request has finished
     error: str | None = None  # set when the engine failed this request
+
+    def then(self, later: RequestOutput) -> RequestOutput:
+        """This delta followed by `later`, as one delta (for a reader that fell behind)."""
+        by_index = {c.index: c for c in self.outputs}
+        for c in later.outputs:
+            prev = by_index.get(c.index)
+            if prev is None:
+                by_index[c.index] = c
+                continue
+            logprobs = None
+            if prev.logprobs is not None or c.logprobs is not None:
+                logprobs = (prev.logprobs or []) + (c.logprobs or [])
+            by_index[c.index] = CompletionOutput(
+                c.index,
+                prev.token_ids + c.token_ids,
+                prev.text + c.text,
+                logprobs,
+                c.finish_reason or prev.finish_reason,
+                c.stop_reason if c.finish_reason else prev.stop_reason,
+            )
+        return RequestOutput(
+            self.request_id,
+            [by_index[i] for i in sorted(by_index)],
+            later.prompt_tokens,
+            later.cached_tokens,
+            later.finished,
+            later.error or self.error,
+        )

@@ -1,0 +1,108 @@
+"""The decode step as one compiled MLX graph.
+
+A decode batch (one new token per row) runs the same model graph every step;
+only its values change. Built op by op in Python, that graph costs a few
+milliseconds of host time per step, more than a small model's whole step on a
+GPU. `mx.compile` traces it once per padded shape and then replays it (fusing
+elementwise ops on the way), so a step's host time no longer grows with the
+model's depth.
+
+Every per-step value is an input array: the tokens, the block tables, the
+offsets, the write slots and the KV pools themselves, which come back out as
+the updated pools (the caller drops its references first, so the scatters stay
+in place). Batch size and table width are padded to buckets so that a few
+traces serve every step: padded rows read and write only the null block 0.
+
+`PIPPIN_COMPILE=0` turns it off (every step then runs the model op by op).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import mlx.core as mx
+import numpy as np
+
+from pippin.engine import paged_attention
+from pippin.engine.paged_cache import DecodeLayout
+
+if TYPE_CHECKING:
+    from pippin.engine.model_runner import ModelRunner
+
+
+def enabled() -> bool:
+    return os.environ.get("PIPPIN_COMPILE", "1") != "0"
+
+
+def bucket(n: int) -> int:
+    """`n` rounded up to one of a few sizes per power of two (at most 25% more)."""
+    if n <= 4:
+        return n
+    step = 1 << (n.bit_length() - 3)
+    return -(-n // step) * step
+
+
+def pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+class DecodeGraph:
+    """Runs decode batches of `runner`'s model through compiled traces."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        self.order = sorted(runner.pools)
+        self.kernel = runner.paged_kernel
+        self._fn = mx.compile(self._step)
+
+    def _step(
+        self, tokens: mx.array, tables: mx.array, offsets: mx.array, slots: mx.array, *parts: Any
+    ) -> tuple[mx.array, ...]:
+        r = self.runner
+        B = tokens.shape[0]
+        kernel = self.kernel and paged_attention.worth_it(B, tables.shape[1] * r.block_size)
+        layout = DecodeLayout(tables, offsets, slots, r.block_size, kernel)
+        pools = {}
+        k = 0
+        for i in self.order:
+            n = len(r.pools[i].spec.part_shapes())
+            pools[i] = r.pools[i].with_parts(list(parts[k : k + n]))
+            k += n
+        caches = [r._view(pools[i], layout) for i in range(r.num_caches)]
+        logits = r.model(tokens, cache=caches)
+        return (logits[:, 0], *(p for i in self.order for p in pools[i].parts))
+
+    def forward(self, tokens: mx.array, starts: list[int], tables: list[list[int]]) -> mx.array:
+        """Logits [B, vocab] of one decode step; `tokens` is [Bp, 1] already padded to
+        `self.rows(B)` rows."""
+        r = self.runner
+        bs = r.block_size
+        B = len(starts)
+        Bp = tokens.shape[0]
+        need = max(s // bs + 1 for s in starts)
+        nb = pow2(need) if self.kernel else bucket(need)
+        tab = np.zeros((Bp, nb), dtype=np.int32)
+        offsets = np.zeros(Bp, dtype=np.int32)
+        slots = np.zeros(Bp, dtype=np.int32)
+        for b, (start, table) in enumerate(zip(starts, tables)):
+            used = start // bs + 1
+            tab[b, :used] = table[:used]
+            offsets[b] = start
+            slots[b] = table[start // bs] * bs + start % bs
+        parts = [p for i in self.order for p in r.pools[i].parts]
+        for i in self.order:
+            r.pools[i].parts = []  # the compiled scatters may then update the pools in place
+        out = self._fn(tokens, mx.array(tab), mx.array(offsets), mx.array(slots), *parts)
+        del parts
+        k = 1
+        for i in self.order:
+            n = len(r.pools[i].spec.part_shapes())
+            r.pools[i].parts = list(out[k : k + n])
+            k += n
+        logits = out[0]
+        return logits if Bp == B else logits[:B]
+
+    @staticmethod
+    def rows(B: int) -> int:
+        return bucket(B)
