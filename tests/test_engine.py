@@ -324,3 +324,37 @@ def test_cache_memory_bytes_sizes_the_pool(tiny_models) -> None:
     core = EngineCore(loaded, _config(num_blocks=None, cache_memory_bytes=4 * 1024 * 1024))
     per_block = sum(p.nbytes for p in core.runner.pools.values()) // core.num_blocks
     assert core.num_blocks == 4 * 1024 * 1024 // per_block
+
+
+def test_stream_interval_merges_deltas_without_losing_tokens(tiny_models) -> None:
+    """With a stream interval, a request's tokens arrive in fewer, larger deltas: the
+    first one at once, the same tokens, text and logprobs in total, the end not held."""
+    loaded = _loaded(tiny_models("llama"))
+    prompts = _prompts(loaded.model.args.vocab_size, 3, seed=31)
+
+    async def run(interval: float) -> list[list[tuple[list[int], str, int, str | None]]]:
+        engine = AsyncEngine(loaded, _config(stream_interval_s=interval))
+        await engine.start()
+
+        async def one(i: int) -> list[tuple[list[int], str, int, str | None]]:
+            params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, logprobs=True)
+            deltas = []
+            async for out in engine.generate(prompts[i], params, f"r{i}"):
+                c = out.outputs[0]
+                deltas.append((c.token_ids, c.text, len(c.logprobs or []), c.finish_reason))
+            return deltas
+
+        try:
+            return await asyncio.gather(*(one(i) for i in range(3)))
+        finally:
+            await engine.stop()
+
+    every = asyncio.run(run(0.0))
+    paced = asyncio.run(run(0.05))
+    for a, b in zip(every, paced):
+        assert [t for d in a for t in d[0]] == [t for d in b for t in d[0]]
+        assert "".join(d[1] for d in a) == "".join(d[1] for d in b)
+        assert sum(d[2] for d in b) == 40
+        assert b[-1][3] == "length"
+        assert len(b[0][0]) == 1  # the first token is not held back
+        assert len(b) < len(a)  # later ones went out together

@@ -17,7 +17,13 @@ from typing import Any
 from pippin import __version__
 from pippin.bench.cli import add_bench_args
 from pippin.embed.config import EmbedSettings
-from pippin.engine.config import EngineConfig
+from pippin.engine.config import (
+    BATCHED_TOKENS_CUDA,
+    STREAM_BATCH,
+    STREAM_INTERVAL_S,
+    EngineConfig,
+    default_batched_tokens,
+)
 from pippin.obs.logs import LOG_FORMATS
 
 log = logging.getLogger("pippin.cli")
@@ -251,11 +257,22 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         "--chunked-prefill-tokens",
         dest="prefill_step_size",
         type=_non_negative_int,
-        default=EngineConfig.max_num_batched_tokens,
+        default=0,
         help="tokens one scheduler step may process (prefill chunks plus decodes); long "
         "prompts are prefilled in chunks of this size so running decodes never stall for "
         "long (aliases: vLLM's --max-num-batched-tokens, vllm-mlx's --chunked-prefill-tokens, "
-        "where 0 means the default) (default: %(default)s)",
+        f"where 0 means the default) (default: {EngineConfig.max_num_batched_tokens}; "
+        f"{BATCHED_TOKENS_CUDA} on NVIDIA GPUs)",
+    )
+    e.add_argument(
+        "--stream-interval-ms",
+        type=float,
+        default=None,
+        help="least time between two streamed chunks of one request; tokens produced "
+        "meanwhile go out together (first tokens and the end are never held back). "
+        f"Default: 0 while fewer than {STREAM_BATCH} sequences run, "
+        f"{STREAM_INTERVAL_S * 1000:.0f} ms above, where sending every token alone would "
+        "slow the whole batch",
     )
     e.add_argument(
         "--cache-memory-percent",
@@ -453,7 +470,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len,
         # 0 is vllm-mlx's "chunked prefill off"; pippin always chunks, at the default size.
-        max_num_batched_tokens=args.prefill_step_size or EngineConfig.max_num_batched_tokens,
+        max_num_batched_tokens=args.prefill_step_size or default_batched_tokens(),
         block_size=args.block_size,
         num_blocks=args.num_kv_blocks,
         cache_memory_percent=args.cache_memory_percent,
@@ -464,6 +481,9 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         kv_group_size=args.kv_group_size,
         ssd_cache_dir=args.ssd_cache_dir,
         ssd_cache_max_gb=args.ssd_cache_max_gb,
+        stream_interval_s=None
+        if args.stream_interval_ms is None
+        else args.stream_interval_ms / 1000,
     )
     from pippin.chat.reasoning import REASONING_PARSERS
     from pippin.chat.tool_parsers import registry

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import mlx.core as mx
 
-from pippin.engine.config import EngineConfig
+from pippin.engine.config import STREAM_BATCH, STREAM_INTERVAL_S, EngineConfig
 from pippin.engine.core import EngineCore, EngineError
 from pippin.engine.observer import EngineObserver
 from pippin.engine.types import RequestOutput, SamplingParams
@@ -79,6 +79,10 @@ class AsyncEngine:
         self._running = False
         self._started = threading.Event()
         self._start_error: BaseException | None = None
+        # Engine thread only: outputs held back by the stream interval, merged, and when
+        # each request's last delivery left.
+        self._held: dict[str, RequestOutput] = {}
+        self._last_sent: dict[str, float] = {}
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -209,8 +213,7 @@ class AsyncEngine:
             except Exception as e:
                 log.exception("engine step failed")
                 outs = core.fail_all(f"engine error: {type(e).__name__}: {e}")
-            if outs:
-                self._deliver(outs)
+            self._pace(outs)
             if core.steps == steps and core.has_work():
                 # Nothing could run: requests wait for blocks coming from disk.
                 self._drain(block=True, timeout=_PROMOTION_WAIT_S)
@@ -243,6 +246,12 @@ class AsyncEngine:
                 fn, fut = arg
                 self._resolve(fut, fn)
         if outs:
+            # Ends (aborts, refusals) go out now, after anything held back for them.
+            for k, out in enumerate(outs):
+                held = self._held.pop(out.request_id, None)
+                if held is not None:
+                    outs[k] = held.then(out)
+                self._last_sent.pop(out.request_id, None)
             self._deliver(outs)
 
     def _resolve(self, fut: asyncio.Future[Any], fn: Callable[[EngineCore], Any]) -> None:
@@ -254,7 +263,42 @@ class AsyncEngine:
         else:
             self._loop.call_soon_threadsafe(_set_result, fut, result)
 
+    def _interval(self) -> float:
+        if self.config.stream_interval_s is not None:
+            return self.config.stream_interval_s
+        assert self.core is not None
+        return STREAM_INTERVAL_S if len(self.core.scheduler.running) >= STREAM_BATCH else 0.0
+
+    def _pace(self, outs: list[RequestOutput]) -> None:
+        """Deliver this step's outputs, holding back (and merging) those of requests that
+        got a delivery less than the stream interval ago."""
+        interval = self._interval()
+        if not interval and not self._held:
+            if self._last_sent:
+                for out in outs:
+                    if out.finished:
+                        self._last_sent.pop(out.request_id, None)
+            self._deliver(outs)
+            return
+        now = time.perf_counter()
+        for out in outs:
+            held = self._held.pop(out.request_id, None)
+            self._held[out.request_id] = held.then(out) if held is not None else out
+        ready = []
+        for rid, out in list(self._held.items()):
+            last = self._last_sent.get(rid)
+            if out.finished or out.error or last is None or now - last >= interval:
+                ready.append(out)
+                del self._held[rid]
+                if out.finished:
+                    self._last_sent.pop(rid, None)
+                else:
+                    self._last_sent[rid] = now
+        self._deliver(ready)
+
     def _deliver(self, outs: list[RequestOutput]) -> None:
+        if not outs:
+            return
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self._dispatch, outs)
 

@@ -31,3 +31,27 @@ class EngineConfig:
     ssd_cache_dir: str | None = None
     ssd_cache_max_gb: float = 20.0
     ssd_write_queue_mb: int = 256
+    # Least time between two deliveries of one request's new tokens to the HTTP side
+    # (None: 0 while fewer than STREAM_BATCH sequences run, STREAM_INTERVAL_S above).
+    # Every delivery is a chunk framed and sent by the event loop, which shares the GIL
+    # with the engine thread: under a large batch, sending each token alone would slow
+    # every step. A request's first tokens and its end are never held back.
+    stream_interval_s: float | None = None
+
+
+# The automatic stream interval: about two decode steps of a large GPU batch.
+STREAM_BATCH = 64
+STREAM_INTERVAL_S = 0.02
+# Tokens one step may process when not set: larger on CUDA, where a 8192-token step
+# takes a few milliseconds and the prompts of a burst of requests are read sooner.
+BATCHED_TOKENS_CUDA = 8192
+
+
+def default_batched_tokens() -> int:
+    import mlx.core as mx
+
+    try:
+        cuda = bool(mx.cuda.is_available()) and mx.default_device() == mx.gpu  # type: ignore[attr-defined]
+    except AttributeError:
+        cuda = False
+    return BATCHED_TOKENS_CUDA if cuda else EngineConfig.max_num_batched_tokens

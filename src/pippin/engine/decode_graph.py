@@ -13,7 +13,8 @@ the updated pools (the caller drops its references first, so the scatters stay
 in place). Batch size and table width are padded to buckets so that a few
 traces serve every step: padded rows read and write only the null block 0.
 
-`PIPPIN_COMPILE=0` turns it off (every step then runs the model op by op).
+On by default on CUDA (see `enabled`); `PIPPIN_COMPILE=0` turns it off, every step then
+running the model op by op.
 """
 
 from __future__ import annotations
@@ -32,7 +33,15 @@ if TYPE_CHECKING:
 
 
 def enabled() -> bool:
-    return os.environ.get("PIPPIN_COMPILE", "1") != "0"
+    """On by default on CUDA only. On the CPU backend a step launched while the previous
+    one still runs sometimes finds a pool still referenced there, and its scatter then
+    copies that pool whole instead of updating it in place (seen with a tiny model, one
+    copy of one layer's keys or values in about half the steps): a loss that grows with
+    the pool. On Metal it is not measured yet. `PIPPIN_COMPILE=1` turns it on anywhere."""
+    flag = os.environ.get("PIPPIN_COMPILE")
+    if flag is not None:
+        return flag != "0"
+    return paged_attention.on_cuda()
 
 
 def bucket(n: int) -> int:

@@ -182,13 +182,13 @@ def available() -> bool:
     global _available
     if _available is None:
         flag = os.environ.get("PIPPIN_PAGED_KERNEL", "auto")
-        _available = (
-            flag != "0"
-            and hasattr(mx.fast, "cuda_kernel")
-            and mx.default_device() == mx.gpu
-            and _is_cuda()
-        )
+        _available = flag != "0" and hasattr(mx.fast, "cuda_kernel") and on_cuda()
     return _available
+
+
+def on_cuda() -> bool:
+    """Whether MLX computes on an NVIDIA GPU here."""
+    return mx.default_device() == mx.gpu and _is_cuda()
 
 
 def _is_cuda() -> bool:

@@ -8,6 +8,7 @@ batch costs one softmax-free pass.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import mlx.core as mx
 import numpy as np
@@ -89,10 +90,14 @@ def sample(
 
     temps = [s.params.temperature for s in seqs]
     greedy = [t <= 0.0 for t in temps]
-    greedy_tokens = mx.argmax(logits, axis=-1)
     if all(greedy):
-        tokens = greedy_tokens
+        tokens = mx.argmax(logits, axis=-1)
+    elif _plain(seqs) and not (add_r or rep_r or allowed is not None):
+        # Temperature only (the usual case): one compiled graph, its elementwise work fused.
+        inv_t = mx.array([0.0 if g else 1.0 / t for g, t in zip(greedy, temps)], mx.float32)
+        tokens = _sample_temperature(logits, inv_t)
     else:
+        greedy_tokens = mx.argmax(logits, axis=-1)
         t = mx.array([1.0 if g else t for g, t in zip(greedy, temps)], dtype=mx.float32)
         x = logits / t[:, None]
         x = _apply_top_k(x, [s.params.top_k for s in seqs])
@@ -123,6 +128,24 @@ def sample(
         top_ids = mx.argpartition(-logprobs, kth=k - 1, axis=-1)[:, :k]
         top_lp = mx.take_along_axis(logprobs, top_ids, axis=-1)
     return SampleResult(tokens.astype(mx.int32), chosen, top_ids, top_lp)
+
+
+def _plain(seqs: list[Sequence]) -> bool:
+    for s in seqs:
+        p = s.params
+        if p.top_k > 0 or 0.0 < p.top_p < 1.0 or p.min_p > 0 or p.seed is not None:
+            return False
+    return True
+
+
+@partial(mx.compile, inputs=mx.random.state, outputs=mx.random.state)
+def _sample_temperature(logits: mx.array, inv_t: mx.array) -> mx.array:
+    """Rows with inv_t 0 are greedy; the others sample at temperature 1 / inv_t (the
+    Gumbel-max trick: argmax of logits / t plus Gumbel noise)."""
+    x = logits.astype(mx.float32)
+    noise = mx.random.gumbel(x.shape)
+    sampled = mx.argmax(x * inv_t[:, None] + noise, axis=-1)
+    return mx.where(inv_t == 0, mx.argmax(x, axis=-1), sampled)
 
 
 def _apply_top_k(x: mx.array, ks: list[int]) -> mx.array:
