@@ -22,16 +22,24 @@ def _load(name: str, part: str) -> dict[str, Any]:
 
 def main() -> None:
     pip, mlx = _load("gpu-after-http-pippin.json", "http"), _load("gpu-http-mlx_lm.json", "http")
-    before = _load("gpu-before-inprocess.json", "in_process")
-    after = _load("gpu-after-inprocess.json", "in_process")
-    cs, bs = [1, 16, 64, 256], [32, 128, 256]
+    # The compiled decode step, pippin and mlx_lm.server in one run.
+    comp = _load("gpu-compiled-http.json", "http")
+    runs = json.loads((RES / "gpu-decode-profile.json").read_text())["runs"]
+    cs, bs = [1, 16, 64, 256], [1, 32, 256]
     fig, ax = plt.subplots(1, 2, figsize=(10, 4))
-    ax[0].plot(cs, [pip[str(c)]["pippin"]["tok_per_s"] for c in cs], "o-", label="pippin")
-    ax[0].plot(cs, [mlx[str(c)]["mlx_lm"]["tok_per_s"] for c in cs], "o-", label="mlx_lm.server")
-    ax[1].plot(bs, [before[str(b)]["pippin"] for b in bs], "o-", label="pippin, gather path")
-    ax[1].plot(bs, [after[str(b)]["pippin"] for b in bs], "o-", label="pippin, paged kernel")
-    ax[1].plot(bs, [after[str(b)]["mlx_lm"] for b in bs], "o--", label="mlx-lm BatchGenerator")
-    titles = ("over HTTP, 512 -> 256 tokens", "in-process decode, 512 + 256 tokens")
+    ax[0].plot(cs, [comp[str(c)]["pippin"]["tok_per_s"] for c in cs], "o-", label="pippin")
+    ax[0].plot(
+        cs,
+        [pip[str(c)]["pippin"]["tok_per_s"] for c in cs],
+        "o:",
+        label="pippin, op by op, earlier",
+    )
+    ax[0].plot(cs, [comp[str(c)]["mlx_lm"]["tok_per_s"] for c in cs], "o--", label="mlx_lm.server")
+    earlier = [mlx[str(c)]["mlx_lm"]["tok_per_s"] for c in cs]
+    ax[0].plot(cs, earlier, "x:", label="mlx_lm.server, earlier")
+    ax[1].plot(bs, [runs[f"eager/{b}"] for b in bs], "o-", label="pippin, op by op")
+    ax[1].plot(bs, [runs[f"compiled/{b}"] for b in bs], "o-", label="pippin, compiled step")
+    titles = ("over HTTP, 512 -> 256 tokens", "in-process decode, 512 + 128 tokens")
     for a, title, xlabel in zip(ax, titles, ("concurrency", "batch")):
         a.set_xscale("log", base=2)
         a.set_xlabel(xlabel)
