@@ -358,3 +358,35 @@ def test_stream_interval_merges_deltas_without_losing_tokens(tiny_models) -> Non
         assert b[-1][3] == "length"
         assert len(b[0][0]) == 1  # the first token is not held back
         assert len(b) < len(a)  # later ones went out together
+
+
+def test_request_output_then_merges_per_choice() -> None:
+    from pippin.engine.types import CompletionOutput, RequestOutput, TokenLogprob
+
+    a = RequestOutput(
+        "r",
+        [
+            CompletionOutput(0, [1], "a", [TokenLogprob(1, -0.1)]),
+            CompletionOutput(1, [5], "x", [TokenLogprob(5, -0.5)]),
+        ],
+        10,
+        0,
+        False,
+    )
+    b = RequestOutput(
+        "r",
+        [CompletionOutput(1, [6], "y", [TokenLogprob(6, -0.6)], "stop", "y")],
+        10,
+        4,
+        False,
+    )
+    c = RequestOutput(
+        "r", [CompletionOutput(0, [2], "b", [TokenLogprob(2, -0.2)], "length")], 10, 4, True
+    )
+    m = a.then(b).then(c)
+    assert m.finished and m.cached_tokens == 4
+    assert [(o.index, o.token_ids, o.text, o.finish_reason, o.stop_reason) for o in m.outputs] == [
+        (0, [1, 2], "ab", "length", None),
+        (1, [5, 6], "xy", "stop", "y"),
+    ]
+    assert [lp.token_id for lp in m.outputs[1].logprobs or []] == [5, 6]

@@ -1,0 +1,107 @@
+"""CPU time per streamed token of the server's event loop and of its other threads (Linux).
+
+Starts `pippin serve MODEL` with the given extra flags, loads it with `pippin bench`
+(streaming chat, 64 clients by default), and over a window in the middle of the run reads
+each thread's CPU time from /proc and the tokens generated from /metrics. The event loop
+is the main thread; the engine thread and MLX's workers are the others.
+
+    python bench/loop_cost.py /tmp/pm/micro -- --stream-interval-ms 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+
+
+def thread_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds (user + system) of each thread of `pid`."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        out[int(task.name)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def generated(url: str) -> float:
+    text = urllib.request.urlopen(f"{url}/metrics").read().decode()
+    m = re.search(r"^pippin_generation_tokens_total (\S+)", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("serve_args", nargs="*", help="extra `pippin serve` flags, after --")
+    ap.add_argument("--port", type=int, default=18556)
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--window", type=float, default=10.0)
+    args = ap.parse_args()
+    url = f"http://127.0.0.1:{args.port}"
+    server = subprocess.Popen(
+        [str(BIN / "pippin"), "serve", args.model, "--port", str(args.port), *args.serve_args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(120):
+            try:
+                urllib.request.urlopen(f"{url}/health")
+                break
+            except OSError:
+                time.sleep(1)
+        # `pippin serve` may re-exec itself (OpenBLAS preload): find the serving process.
+        pid = int(
+            subprocess.check_output(
+                ["pgrep", "-f", f"serve {args.model} --port {args.port}"]
+            ).split()[-1]
+        )
+        load = subprocess.Popen(
+            [
+                str(BIN / "pippin"),
+                "bench",
+                "--url",
+                url,
+                "--concurrency",
+                str(args.concurrency),
+                "--prompt-tokens",
+                "64",
+                "--output-tokens",
+                "400",
+                "--num-requests",
+                str(args.concurrency * 5),
+                "--warmup",
+                "4",
+                "--no-progress",
+            ],
+            stdout=subprocess.DEVNULL,
+        )
+        time.sleep(8)
+        c0, t0 = thread_cpu(pid), generated(url)
+        time.sleep(args.window)
+        c1, t1 = thread_cpu(pid), generated(url)
+        load.wait()
+    finally:
+        server.terminate()
+        server.wait()
+    tokens = t1 - t0
+    per = {tid: (c1[tid] - c0.get(tid, 0.0)) / tokens * 1e6 for tid in c1}
+    others = sorted((v for tid, v in per.items() if tid != pid), reverse=True)
+    print(
+        f"{tokens / args.window:.0f} tok/s; CPU µs per token: event loop {per.get(pid, 0):.1f}, "
+        f"other threads {', '.join(f'{v:.1f}' for v in others if v >= 0.5)}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
