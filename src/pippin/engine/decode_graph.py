@@ -26,7 +26,7 @@ import mlx.core as mx
 import numpy as np
 
 from pippin.engine import paged_attention
-from pippin.engine.paged_cache import DecodeLayout
+from pippin.engine.paged_cache import DecodeLayout, table_arrays
 
 if TYPE_CHECKING:
     from pippin.engine.model_runner import ModelRunner
@@ -91,18 +91,15 @@ class DecodeGraph:
         Bp = tokens.shape[0]
         need = max(s // bs + 1 for s in starts)
         nb = pow2(need) if self.kernel else bucket(need)
-        tab = np.zeros((Bp, nb), dtype=np.int32)
+        tab, slots = table_arrays(starts, [1] * B, tables, bs, Bp, nb)
         offsets = np.zeros(Bp, dtype=np.int32)
-        slots = np.zeros(Bp, dtype=np.int32)
-        for b, (start, table) in enumerate(zip(starts, tables)):
-            used = start // bs + 1
-            tab[b, :used] = table[:used]
-            offsets[b] = start
-            slots[b] = table[start // bs] * bs + start % bs
+        offsets[:B] = starts
         parts = [p for i in self.order for p in r.pools[i].parts]
         for i in self.order:
             r.pools[i].parts = []  # the compiled scatters may then update the pools in place
-        out = self._fn(tokens, mx.array(tab), mx.array(offsets), mx.array(slots), *parts)
+        out = self._fn(
+            tokens, mx.array(tab), mx.array(offsets), mx.array(slots.reshape(-1)), *parts
+        )
         del parts
         k = 1
         for i in self.order:

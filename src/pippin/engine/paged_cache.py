@@ -86,6 +86,31 @@ def bytes_per_block(specs: list[LayerSpec], block_size: int) -> int:
     return sum(block_size * s.slot_bytes() for s in specs)
 
 
+def table_arrays(
+    starts: list[int],
+    lengths: list[int],
+    block_tables: list[list[int]],
+    block_size: int,
+    rows: int,
+    width: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Block tables [rows, width] (the blocks each row reads, 0 after them) and the slot of
+    each new token [rows, max(lengths)] (0, in the null block, for padding)."""
+    bs = block_size
+    tables = np.zeros((rows, width), dtype=np.int32)
+    for b, (start, n, table) in enumerate(zip(starts, lengths, block_tables)):
+        used = (start + n + bs - 1) // bs
+        tables[b, :used] = table[:used]
+    L = max(lengths)
+    n_rows = len(starts)
+    col = np.arange(L)[None, :]
+    pos = np.asarray(starts)[:, None] + col
+    blocks = np.take_along_axis(tables[:n_rows], np.minimum(pos // bs, width - 1), axis=1)
+    slots = np.zeros((rows, L), dtype=np.int32)
+    slots[:n_rows] = np.where(col < np.asarray(lengths)[:, None], blocks * bs + pos % bs, 0)
+    return tables, slots
+
+
 @dataclass
 class BatchLayout:
     """Where B sequences, each with `lengths[b]` new tokens from `starts[b]`, read and write."""
@@ -116,13 +141,7 @@ class BatchLayout:
         # One row reads exactly its keys (so the causal mode needs no mask array);
         # several rows read whole blocks and the mask hides the rest.
         self.kv_width = self.kv_len if B == 1 else nb * bs
-        tables = np.zeros((B, nb), dtype=np.int32)
-        slots = np.zeros((B, L), dtype=np.int32)
-        for b, (start, n, table) in enumerate(zip(self.starts, self.lengths, self.block_tables)):
-            used = (start + n + bs - 1) // bs
-            tables[b, :used] = table[:used]
-            pos = np.arange(start, start + n)
-            slots[b, :n] = tables[b, pos // bs] * bs + pos % bs
+        tables, slots = table_arrays(self.starts, self.lengths, self.block_tables, bs, B, nb)
         self.gather_blocks = mx.array(tables)
         self.write_slots = mx.array(slots.reshape(-1))
         self.offset = self.starts[0] if B == 1 else mx.array(self.starts, dtype=mx.int32)
