@@ -111,14 +111,21 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.budget
 
+        # One pass sorts the running sequences (a step may hold hundreds of them).
+        decoding: list[tuple[Sequence, int]] = []
+        prefilling: list[Sequence] = []
+        for s in self.running:
+            n = s.num_tokens
+            if s.num_computed < n - 1:
+                prefilling.append(s)
+            elif not s.exhausted(self.max_model_len):
+                decoding.append((s, n))
+
         # 1. Running decodes, oldest first; preempt the newest when blocks run out.
-        decoding = [
-            s for s in self.running if not s.is_prefilling and not s.exhausted(self.max_model_len)
-        ]
-        for seq in decoding:
+        for seq, n in decoding:
             if seq.status is not Status.RUNNING:
                 continue  # preempted below in this same loop
-            while not self.bm.ensure_capacity(seq.table, seq.num_tokens):
+            while not self.bm.ensure_capacity(seq.table, n):
                 victim = self.running[-1]
                 self._preempt(victim)
                 out.preempted.append(victim)
@@ -130,10 +137,10 @@ class Scheduler:
             budget -= 1
 
         # 2. Prefills already running continue under the budget.
-        for seq in self.running:
+        for seq in prefilling:
             if budget <= 0:
                 break
-            if seq.is_prefilling:
+            if seq.status is Status.RUNNING:  # not preempted in 1.
                 n = min(seq.num_tokens - seq.num_computed, budget)
                 out.prefills.append(ScheduledSeq(seq, seq.num_computed, n))
                 budget -= n
