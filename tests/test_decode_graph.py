@@ -7,29 +7,10 @@ import random
 import mlx.core as mx
 import pytest
 from test_engine import _loaded
+from test_paged_attention import _greedy_logprobs
 
 from pippin.engine import decode_graph
-from pippin.engine.config import EngineConfig
-from pippin.engine.core import EngineCore
 from pippin.engine.model_runner import UnsupportedModelError
-from pippin.engine.types import SamplingParams
-
-
-def _greedy(loaded, prompts: list[list[int]], gens: list[int], **config) -> dict[str, list]:
-    core = EngineCore(
-        loaded, EngineConfig(num_blocks=400, block_size=4, max_model_len=512, **config)
-    )
-    for i, (p, n) in enumerate(zip(prompts, gens)):
-        params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, logprobs=True)
-        core.add_request(str(i), p, params)
-    out: dict[str, list] = {}
-    while core.has_work():
-        for o in core.step():
-            for c in o.outputs:
-                out.setdefault(o.request_id, []).extend(
-                    (lp.token_id, lp.logprob) for lp in c.logprobs or []
-                )
-    return out
 
 
 @pytest.mark.parametrize(
@@ -47,7 +28,7 @@ def test_compiled_decode_matches_op_by_op(
     gens = [rng.randrange(5, 70) for _ in prompts]
     monkeypatch.setenv("PIPPIN_COMPILE", "0")
     try:
-        eager = _greedy(loaded, prompts, gens, **config)
+        eager = _greedy_logprobs(loaded, prompts, gens, 400, **config)
     except UnsupportedModelError as e:  # MLX's CUDA quantised matmul lacks these tiny shapes
         pytest.skip(str(e))
 
@@ -61,7 +42,7 @@ def test_compiled_decode_matches_op_by_op(
         return real(self, *args)
 
     monkeypatch.setattr(decode_graph.DecodeGraph, "_step", counting)
-    compiled = _greedy(loaded, prompts, gens, **config)
+    compiled = _greedy_logprobs(loaded, prompts, gens, 400, **config)
     assert 0 < traced < 40  # traced once per padded shape, not once per step
     assert compiled.keys() == eager.keys()
     for rid, ref in eager.items():

@@ -87,10 +87,21 @@ def _loaded(path: Path) -> LoadedModel:
     )
 
 
-def _greedy_logprobs(loaded: LoadedModel, prompts: list[list[int]]) -> dict[str, list]:
-    core = EngineCore(loaded, EngineConfig(num_blocks=300, block_size=4, max_model_len=512))
+def _greedy_logprobs(
+    loaded: LoadedModel,
+    prompts: list[list[int]],
+    gens: list[int] | None = None,
+    num_blocks: int = 300,
+    **config: object,
+) -> dict[str, list]:
+    """Greedy (token, logprob) pairs per request; `gens`: max_tokens each (default 12)."""
+    core = EngineCore(
+        loaded,
+        EngineConfig(num_blocks=num_blocks, block_size=4, max_model_len=512, **config),  # type: ignore[arg-type]
+    )
     for i, p in enumerate(prompts):
-        params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=True)
+        n = gens[i] if gens else 12
+        params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, logprobs=True)
         core.add_request(str(i), p, params)
     out: dict[str, list] = {}
     while core.has_work():
