@@ -9,12 +9,11 @@ standing the gather-based reference in for the kernel.
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 import pytest
-from mlx_lm.utils import load
+from test_engine import _loaded
 
 from pippin.engine import paged_attention
 from pippin.engine.config import EngineConfig
@@ -73,18 +72,6 @@ def test_kernel_matches_gather_path(B: int, hq: int, hkv: int, d: int, dtype: mx
     err = mx.max(mx.abs(got.astype(mx.float32) - ref)).item()
     assert got.shape == q.shape and got.dtype == dtype
     assert err < tol, err
-
-
-def _loaded(path: Path) -> LoadedModel:
-    model, tokenizer = load(str(path))
-    return LoadedModel(
-        model=model,
-        tokenizer=tokenizer,
-        config={},
-        source=str(path),
-        name=path.name,
-        eos_token_ids=set(tokenizer.eos_token_ids),
-    )
 
 
 def _greedy_logprobs(

@@ -245,14 +245,9 @@ class AsyncEngine:
             elif kind == "call":
                 fn, fut = arg
                 self._resolve(fut, fn)
-        if outs:
-            # Ends (aborts, refusals) go out now, after anything held back for them.
-            for k, out in enumerate(outs):
-                held = self._held.pop(out.request_id, None)
-                if held is not None:
-                    outs[k] = held.then(out)
-                self._last_sent.pop(out.request_id, None)
-            self._deliver(outs)
+        # Ends (aborts, refusals) are never held back: they go out now, after anything
+        # held back for their requests.
+        self._pace(outs)
 
     def _resolve(self, fut: asyncio.Future[Any], fn: Callable[[EngineCore], Any]) -> None:
         assert self._loop is not None and self.core is not None

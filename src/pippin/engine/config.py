@@ -48,10 +48,6 @@ BATCHED_TOKENS_CUDA = 8192
 
 
 def default_batched_tokens() -> int:
-    import mlx.core as mx
+    from pippin.engine.paged_attention import on_cuda
 
-    try:
-        cuda = bool(mx.cuda.is_available()) and mx.default_device() == mx.gpu  # type: ignore[attr-defined]
-    except AttributeError:
-        cuda = False
-    return BATCHED_TOKENS_CUDA if cuda else EngineConfig.max_num_batched_tokens
+    return BATCHED_TOKENS_CUDA if on_cuda() else EngineConfig.max_num_batched_tokens

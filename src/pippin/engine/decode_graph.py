@@ -62,6 +62,7 @@ class DecodeGraph:
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
         self.order = sorted(runner.pools)
+        self.counts = [len(runner.pools[i].parts) for i in self.order]  # arrays per layer
         self.kernel = runner.paged_kernel
         self._fn = mx.compile(self._step)
 
@@ -74,8 +75,7 @@ class DecodeGraph:
         layout = DecodeLayout(tables, offsets, slots, r.block_size, kernel)
         pools = {}
         k = 0
-        for i in self.order:
-            n = len(r.pools[i].spec.part_shapes())
+        for i, n in zip(self.order, self.counts):
             pools[i] = r.pools[i].with_parts(list(parts[k : k + n]))
             k += n
         caches = [r._view(pools[i], layout) for i in range(r.num_caches)]
@@ -102,8 +102,7 @@ class DecodeGraph:
         )
         del parts
         k = 1
-        for i in self.order:
-            n = len(r.pools[i].spec.part_shapes())
+        for i, n in zip(self.order, self.counts):
             r.pools[i].parts = list(out[k : k + n])
             k += n
         logits = out[0]
