@@ -14,7 +14,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
 
-from pippin.engine import decode_graph, paged_attention
+from pippin.engine import decode_graph, head_rows, paged_attention
 from pippin.engine.paged_cache import (
     BatchLayout,
     LayerPool,
@@ -64,6 +64,7 @@ class ModelRunner:
         self.paged_kernel = not kv_bits and paged_attention.enabled_for(
             model, self.specs, self.state_sizes
         )
+        self.head = head_rows.install(model)
 
     @property
     def has_state_layers(self) -> bool:
@@ -191,7 +192,13 @@ class ModelRunner:
             self._view(self.pools[i], layout) if i in self.pools else self._stack_state(i, items)
             for i in range(self.num_caches)
         ]
-        logits = self.model(inputs, cache=caches)
+        cols = [lengths[b] - 1 for b in rows]
+        if self.head is not None and rows and L > 1:
+            # Only the sampling positions go through the LM head.
+            with self.head.select(rows, cols, (B, L)):
+                logits = self.model(inputs, cache=caches)
+        else:
+            logits = self.model(inputs, cache=caches)
 
         if self.state_sizes:
             for i in self.state_sizes:
@@ -205,7 +212,8 @@ class ModelRunner:
             return None
         if L == 1:
             return logits[mx.array(rows), 0] if len(rows) < len(items) else logits[:, 0]
-        cols = [lengths[b] - 1 for b in rows]
+        if logits.shape[:2] == (len(rows), 1) and self.head is not None:
+            return logits[:, 0]
         return logits[mx.array(rows), mx.array(cols)]
 
     def _stack_state(self, layer: int, items: list[ScheduledSeq]) -> ArraysCache:
