@@ -19,7 +19,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-BIN = Path(sys.executable).parent
+PY = sys.executable
 
 
 def thread_cpu(pid: int) -> dict[int, float]:
@@ -32,10 +32,29 @@ def thread_cpu(pid: int) -> dict[int, float]:
     return out
 
 
-def generated(url: str) -> float:
+def metric(url: str, name: str) -> float:
     text = urllib.request.urlopen(f"{url}/metrics").read().decode()
-    m = re.search(r"^pippin_generation_tokens_total (\S+)", text, re.M)
+    m = re.search(rf"^{name} (\S+)", text, re.M)
     return float(m.group(1)) if m else 0.0
+
+
+def generated(url: str) -> float:
+    return metric(url, "pippin_generation_tokens_total")
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds of `pid` and the processes under it (the bench's client processes)."""
+    total = 0.0
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            total += sum(thread_cpu(p).values())
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except FileNotFoundError:
+            pass
+    return total
 
 
 def main() -> int:
@@ -45,10 +64,13 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=18556)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--window", type=float, default=10.0)
+    ap.add_argument("--prompt-tokens", type=int, default=64)
+    ap.add_argument("--output-tokens", type=int, default=400)
+    ap.add_argument("--py-spy", type=Path, help="also record the server with py-spy into this file")
     args = ap.parse_args()
     url = f"http://127.0.0.1:{args.port}"
     server = subprocess.Popen(
-        [str(BIN / "pippin"), "serve", args.model, "--port", str(args.port), *args.serve_args],
+        [PY, "-m", "pippin.cli", "serve", args.model, "--port", str(args.port), *args.serve_args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -67,16 +89,18 @@ def main() -> int:
         )
         load = subprocess.Popen(
             [
-                str(BIN / "pippin"),
+                PY,
+                "-m",
+                "pippin.cli",
                 "bench",
                 "--url",
                 url,
                 "--concurrency",
                 str(args.concurrency),
                 "--prompt-tokens",
-                "64",
+                str(args.prompt_tokens),
                 "--output-tokens",
-                "400",
+                str(args.output_tokens),
                 "--num-requests",
                 str(args.concurrency * 5),
                 "--warmup",
@@ -87,8 +111,40 @@ def main() -> int:
         )
         time.sleep(8)
         c0, t0 = thread_cpu(pid), generated(url)
-        time.sleep(args.window)
+        spy = None
+        if args.py_spy:
+            # Samples every thread (idle ones too): --gil would show only the GIL's holder.
+            spy = subprocess.Popen(
+                [
+                    "py-spy",
+                    "record",
+                    "-p",
+                    str(pid),
+                    "-d",
+                    str(int(args.window)),
+                    "-r",
+                    "250",
+                    "-f",
+                    "raw",
+                    "-o",
+                    str(args.py_spy),
+                    "--threads",
+                    "--nonblocking",
+                ],
+                stdout=subprocess.DEVNULL,
+            )
+        steps0, client0 = metric(url, "pippin_engine_steps_total"), process_cpu(load.pid)
+        running = []
+        end = time.monotonic() + args.window
+        while time.monotonic() < end:
+            running.append(metric(url, "pippin_requests_running"))
+            time.sleep(0.5)
         c1, t1 = thread_cpu(pid), generated(url)
+        steps = metric(url, "pippin_engine_steps_total") - steps0
+        client = process_cpu(load.pid) - client0
+        if spy is not None:
+            spy.wait()
+        load.terminate()  # the window is measured; the rest of the load is not needed
         load.wait()
     finally:
         server.terminate()
@@ -98,7 +154,12 @@ def main() -> int:
     others = sorted((v for tid, v in per.items() if tid != pid), reverse=True)
     print(
         f"{tokens / args.window:.0f} tok/s; CPU µs per token: event loop {per.get(pid, 0):.1f}, "
-        f"other threads {', '.join(f'{v:.1f}' for v in others if v >= 0.5)}"
+        f"other threads {', '.join(f'{v:.1f}' for v in others if v >= 0.5)}; "
+        f"client {client / tokens * 1e6:.1f}"
+    )
+    print(
+        f"{steps / args.window:.1f} steps/s, {tokens / max(steps, 1):.1f} tokens a step, "
+        f"{sum(running) / len(running):.1f} requests running on average"
     )
     return 0
 

@@ -66,11 +66,12 @@ def build(hidden: int, layers: int, vocab: int, dtype: mx.Dtype) -> qwen3.Model:
     return model
 
 
-def run_pippin(model, prompts: list[list[int]], gen: int) -> float:
+def make_core(model, prompts: list[list[int]], gen: int) -> EngineCore:
+    """An engine whose pool holds every sequence whole, so the batch never shrinks by
+    preemption."""
     loaded = LoadedModel(model=model, tokenizer=_Tok(), config={}, source="", name="")
-    # A pool that holds every sequence whole, so the batch never shrinks by preemption.
     blocks = sum((len(p) + gen) // 16 + 2 for p in prompts) + 64
-    core = EngineCore(
+    return EngineCore(
         loaded,
         EngineConfig(
             num_blocks=max(blocks, 4096),
@@ -79,6 +80,10 @@ def run_pippin(model, prompts: list[list[int]], gen: int) -> float:
             max_num_seqs=max(256, len(prompts)),
         ),
     )
+
+
+def run_pippin(model, prompts: list[list[int]], gen: int) -> float:
+    core = make_core(model, prompts, gen)
     for i, p in enumerate(prompts):
         core.add_request(
             str(i), p, SamplingParams(max_tokens=gen, temperature=1.0, ignore_eos=True)

@@ -35,8 +35,9 @@ def fixed_workload(api: str = "chat") -> Workload:
     )
 
 
-@pytest.mark.parametrize("api", ["chat", "completions"])
-def test_numbers_match_a_known_latency_server(api: str) -> None:
+@pytest.mark.parametrize(("api", "processes"), [("chat", 1), ("completions", 1), ("chat", 2)])
+def test_numbers_match_a_known_latency_server(api: str, processes: int) -> None:
+    """Also with the clients spread over two processes: one window's results, merged."""
     with fake_server(Timing(TTFT, ITL)) as url:
         cfg = BenchConfig(
             targets=[Target("fake", url)],
@@ -45,6 +46,7 @@ def test_numbers_match_a_known_latency_server(api: str) -> None:
             num_requests=8,
             warmup=4,
             progress=False,
+            client_processes=processes,
         )
         rows = aggregate(asyncio.run(run_benchmark(cfg)))
     assert [r["concurrency"] for r in rows] == [2, 4]

@@ -75,6 +75,13 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         type=int,
         help="requests per window (default: 4 x concurrency, at least 8; or 10 s of arrivals)",
     )
+    load.add_argument(
+        "--client-processes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="spread closed-loop clients over N processes (default: one per 64 clients)",
+    )
     load.add_argument("--warmup", type=int, default=2, help="warm-up requests per server")
     load.add_argument(
         "--repetitions", type=int, default=1, help="windows per level and server (pooled)"
@@ -146,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
         max_concurrency=args.max_concurrency,
         timeout=args.timeout,
         progress=not args.no_progress,
+        client_processes=args.client_processes,
     )
     bench = asyncio.run(run_benchmark(cfg))
     rows = aggregate(bench)

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import math
+import multiprocessing
+import os
 import random
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -54,6 +57,15 @@ class BenchConfig:
     max_concurrency: int | None = None  # rate mode: cap on requests in flight
     timeout: float = 600.0
     progress: bool = True
+    # Closed-loop clients are spread over this many processes (0: one per 64 clients, up
+    # to the cores but one), so the client's own CPU does not cap what a fast server shows.
+    client_processes: int = 0
+
+    def processes_at(self, level: float) -> int:
+        if self.mode != "concurrency":
+            return 1
+        n = self.client_processes or min(math.ceil(level / 64), (os.cpu_count() or 2) - 1)
+        return max(1, min(n, int(level)))
 
     def requests_at(self, level: float) -> int:
         if self.num_requests is not None:
@@ -170,6 +182,40 @@ async def run_window(
     return Window(t.name, level, 0, max(end - start, 1e-9), results)
 
 
+def _client_part(t: Target, cfg: BenchConfig, clients: int, sessions: list[Session]) -> Window:
+    """One client process's share of a closed-loop window (run in a worker process)."""
+
+    async def run() -> Window:
+        timeout = httpx.Timeout(cfg.timeout, connect=30)
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+            return await run_window(client, t, cfg, clients, sessions, "", Progress(0, False))
+
+    return asyncio.run(run())
+
+
+async def run_window_in(
+    pool: ProcessPoolExecutor, t: Target, cfg: BenchConfig, level: float, sessions: list[Session]
+) -> Window:
+    """A closed-loop window with its clients and sessions dealt out to the pool's processes.
+    The window runs from the first process's start to the last one's end (perf_counter is
+    the machine's monotonic clock, the same in every process)."""
+    n = cfg.processes_at(level)
+    clients = int(level)
+    shares = [clients // n + (i < clients % n) for i in range(n)]
+    loop = asyncio.get_running_loop()
+    parts = await asyncio.gather(
+        *(
+            loop.run_in_executor(pool, _client_part, t, cfg, shares[i], sessions[i::n])
+            for i in range(n)
+        )
+    )
+    results = [r for p in parts for r in p.results]
+    start = min(r.start for r in results) if results else 0.0
+    end = max(r.start + (r.e2e or 0.0) for r in results) if results else 0.0
+    return Window(t.name, level, 0, max(end - start, 1e-9), results)
+
+
 async def _resolve_model(client: httpx.AsyncClient, t: Target) -> None:
     if t.model:
         return
@@ -199,20 +245,50 @@ async def run_benchmark(cfg: BenchConfig) -> BenchRun:
             if cfg.warmup:
                 await _warm_up(client, t, cfg, progress)
         windows: list[Window] = []
-        for rep in range(cfg.repetitions):
-            for li, level in enumerate(cfg.levels):
-                seed = f"{cfg.seed}|{rep}|{li}"
-                sessions = make_sessions(cfg.workload, cfg.requests_at(level), seed)
-                k = (rep + li) % len(cfg.targets)
-                for t in cfg.targets[k:] + cfg.targets[:k]:
-                    progress.start(f"{t.name} {cfg.mode} {level:g} rep {rep + 1}")
-                    before = await scrape(client, t.base_url, t.headers())
-                    win = await run_window(client, t, cfg, level, sessions, seed, progress)
-                    after = await scrape(client, t.base_url, t.headers())
-                    win.rep, win.cache = rep, cache_hit_rate(before, after)
-                    windows.append(win)
+        most = max((cfg.processes_at(lv) for lv in cfg.levels), default=1)
+        pool = (
+            ProcessPoolExecutor(most, mp_context=multiprocessing.get_context("spawn"))
+            if most > 1
+            else None
+        )
+        try:
+            if pool is not None:
+                # Start every process now (spawning imports httpx), not inside a window.
+                loop = asyncio.get_running_loop()
+                await asyncio.gather(
+                    *(loop.run_in_executor(pool, time.sleep, 0.2) for _ in range(most))
+                )
+            await _measure(client, cfg, progress, pool, windows)
+        finally:
+            if pool is not None:
+                pool.shutdown(cancel_futures=True)
     progress.close()
     return BenchRun(cfg, machine(), servers, windows, started)
+
+
+async def _measure(
+    client: httpx.AsyncClient,
+    cfg: BenchConfig,
+    progress: Progress,
+    pool: ProcessPoolExecutor | None,
+    windows: list[Window],
+) -> None:
+    for rep in range(cfg.repetitions):
+        for li, level in enumerate(cfg.levels):
+            seed = f"{cfg.seed}|{rep}|{li}"
+            sessions = make_sessions(cfg.workload, cfg.requests_at(level), seed)
+            k = (rep + li) % len(cfg.targets)
+            for t in cfg.targets[k:] + cfg.targets[:k]:
+                progress.start(f"{t.name} {cfg.mode} {level:g} rep {rep + 1}")
+                before = await scrape(client, t.base_url, t.headers())
+                if pool is not None and cfg.processes_at(level) > 1:
+                    win = await run_window_in(pool, t, cfg, level, sessions)
+                    progress.advance(len(win.results))
+                else:
+                    win = await run_window(client, t, cfg, level, sessions, seed, progress)
+                after = await scrape(client, t.base_url, t.headers())
+                win.rep, win.cache = rep, cache_hit_rate(before, after)
+                windows.append(win)
 
 
 async def _warm_up(client: httpx.AsyncClient, t: Target, cfg: BenchConfig, p: Progress) -> None:

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# GPU probes for issue 9, after `bash .gpu/b/install.sh` (see ../shared/gpu/README.md).
+#   bash bench/gpu_probe.sh env   : in-process decode (mlx-lm and pippin) under MLX's CUDA
+#                                   graph settings (MLX_USE_CUDA_GRAPHS, MLX_MAX_OPS_PER_BUFFER)
+#   bash bench/gpu_probe.sh loop  : a server under 256 streams: CPU per token of each thread,
+#                                   and a py-spy profile, at GIL switch intervals SWITCH_MS
+# Results in $OUT.
+set -u
+export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
+OUT=${OUT:-.tmp/gpu}
+MODEL=${MODEL:-llama-3.2-1b}
+mkdir -p "$OUT"
+path=$(python3 -c "import sys; sys.path.insert(0, 'bench'); from gpu_bench import build_model; from pathlib import Path; print(build_model('$MODEL', Path('/tmp/pippin-gpu-models')))" | tail -1)
+case $1 in
+env)
+  for e in ${ENVS:-"X=0" "MLX_USE_CUDA_GRAPHS=0" "MLX_MAX_OPS_PER_BUFFER=60" "MLX_MAX_OPS_PER_BUFFER=200"}; do
+    echo "== $e" | tee -a "$OUT/env.log"
+    env "$e" python3 bench/decode_profile.py --model "$path" --batches "${BATCHES:-1,256}" \
+      --modes compiled --gen 128 --out "$OUT/env-${e//=/-}" 2>&1 |
+      grep "tok/s" | tee -a "$OUT/env.log"
+  done
+  ;;
+loop)
+  for sw in ${SWITCH_MS:-5 0.5}; do
+    echo "== switch interval $sw ms" | tee -a "$OUT/loop.log"
+    PIPPIN_SWITCH_MS=$sw timeout 200 python3 bench/loop_cost.py --concurrency 256 \
+      --prompt-tokens 512 --output-tokens 256 --window 10 --py-spy "$OUT/spy-$sw.txt" \
+      "$path" -- --max-model-len 4096 ${EXTRA:-} 2>&1 | tail -3 | tee -a "$OUT/loop.log"
+  done
+  ;;
+esac

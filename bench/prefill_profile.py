@@ -1,0 +1,116 @@
+"""Prefill and whole-job throughput in-process: pippin's engine against mlx-lm.
+
+A server under many streams spends much of its device time reading prompts: with
+512-token prompts and 256 output tokens, two prompt tokens per output token. This times
+
+- a prefill step: `--prefill-batch` fresh prompts of `--prompt` tokens in one step
+  (pippin's `EngineCore`, one output token each), against mlx-lm's model called on the
+  same batch with a fresh KV cache;
+- a whole job: `--job` requests of `--prompt` + `--gen` tokens, all added at once and run
+  to the end (prefill included), against mlx-lm's `BatchGenerator`.
+
+    python3 bench/prefill_profile.py --model /tmp/pippin-gpu-models/llama-3.2-1b --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT / "src"))
+sys.path.insert(0, str(REPO_ROOT / "bench"))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=Path, required=True)
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--gen", type=int, default=256)
+    ap.add_argument("--prefill-batch", type=int, default=16)
+    ap.add_argument("--job", type=int, default=256)
+    ap.add_argument("--out", type=Path, default=Path(".tmp/prefill-profile"))
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.utils import load
+    from paged_vs_contiguous import make_core, run_mlx_lm
+
+    from pippin.engine.types import SamplingParams
+
+    model, _ = load(str(args.model))
+    vocab = model.args.vocab_size
+    rng = random.Random(0)
+    res: dict = {"model": str(args.model), "device": str(mx.default_device()), "args": vars(args)}
+
+    def prompts(n: int) -> list[list[int]]:
+        return [[rng.randrange(vocab) for _ in range(args.prompt)] for _ in range(n)]
+
+    def mlx_prefill(batch: list[list[int]]) -> float:
+        cache = make_prompt_cache(model)
+        t0 = time.perf_counter()
+        logits = model(mx.array(batch), cache=cache)
+        mx.eval(logits[:, -1], [c.state for c in cache])
+        return time.perf_counter() - t0
+
+    def pippin_prefill(batch: list[list[int]]) -> float:
+        core = make_core(model, batch, 1)
+        for i, p in enumerate(batch):
+            core.add_request(str(i), p, SamplingParams(max_tokens=1, ignore_eos=True))
+        t0 = time.perf_counter()
+        steps = 0
+        while core.has_work():
+            core.step()
+            steps += 1
+        res.setdefault("prefill_steps", steps)
+        return time.perf_counter() - t0
+
+    tokens = args.prefill_batch * args.prompt
+    for name, fn in (("mlx_lm", mlx_prefill), ("pippin", pippin_prefill)):
+        fn(prompts(args.prefill_batch))  # warm-up: kernels
+        best = min(fn(prompts(args.prefill_batch)) for _ in range(3))
+        res[f"prefill_{name}_tok_s"] = tokens / best
+        print(
+            f"prefill {args.prefill_batch}x{args.prompt}: {name:7s} {best * 1e3:7.1f} ms "
+            f"({tokens / best:,.0f} tok/s)",
+            flush=True,
+        )
+
+    def pippin_job(batch: list[list[int]]) -> float:
+        core = make_core(model, batch, args.gen)
+        for i, p in enumerate(batch):
+            core.add_request(
+                str(i), p, SamplingParams(max_tokens=args.gen, temperature=1.0, ignore_eos=True)
+            )
+        t0 = time.perf_counter()
+        n = 0
+        while core.has_work():
+            for o in core.step():
+                n += sum(len(c.token_ids) for c in o.outputs)
+        return n / (time.perf_counter() - t0)
+
+    def mlx_job(batch: list[list[int]]) -> float:
+        t0 = time.perf_counter()
+        run_mlx_lm(model, batch, args.gen)
+        return len(batch) * args.gen / (time.perf_counter() - t0)
+
+    for name, fn in (("mlx_lm", mlx_job), ("pippin", pippin_job)):
+        fn(prompts(min(args.job, 16)))  # warm-up
+        tps = fn(prompts(args.job))
+        res[f"job_{name}_tok_s"] = tps
+        print(
+            f"job {args.job} x ({args.prompt} + {args.gen}): {name:7s} {tps:,.0f} output tok/s",
+            flush=True,
+        )
+    (args.out / "prefill_profile.json").write_text(json.dumps(res, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
