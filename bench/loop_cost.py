@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -73,7 +74,9 @@ def main() -> int:
         [PY, "-m", "pippin.cli", "serve", args.model, "--port", str(args.port), *args.serve_args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
+    load = None
     try:
         for _ in range(120):
             try:
@@ -108,8 +111,15 @@ def main() -> int:
                 "--no-progress",
             ],
             stdout=subprocess.DEVNULL,
+            start_new_session=True,  # its client processes go with it
         )
-        time.sleep(8)
+        # The window starts once the load is up (the first steps compile kernels).
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if metric(url, "pippin_requests_running") >= 0.9 * args.concurrency:
+                break
+            time.sleep(1)
+        time.sleep(5)
         c0, t0 = thread_cpu(pid), generated(url)
         spy = None
         if args.py_spy:
@@ -144,11 +154,12 @@ def main() -> int:
         client = process_cpu(load.pid) - client0
         if spy is not None:
             spy.wait()
-        load.terminate()  # the window is measured; the rest of the load is not needed
-        load.wait()
     finally:
-        server.terminate()
-        server.wait()
+        # The window is measured; the rest of the load is not needed.
+        for proc in (load, server):
+            if proc is not None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
     tokens = t1 - t0
     per = {tid: (c1[tid] - c0.get(tid, 0.0)) / tokens * 1e6 for tid in c1}
     others = sorted((v for tid, v in per.items() if tid != pid), reverse=True)

@@ -33,6 +33,7 @@ def main() -> int:
     ap.add_argument("--gen", type=int, default=256)
     ap.add_argument("--prefill-batch", type=int, default=16)
     ap.add_argument("--job", type=int, default=256)
+    ap.add_argument("--parts", default="prefill,job,steady", help="which measurements to run")
     ap.add_argument("--out", type=Path, default=Path(".tmp/prefill-profile"))
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -40,7 +41,7 @@ def main() -> int:
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
     from mlx_lm.utils import load
-    from paged_vs_contiguous import make_core, run_mlx_lm
+    from paged_vs_contiguous import make_core, run_mlx_lm, run_pippin
 
     from pippin.engine.types import SamplingParams
 
@@ -71,8 +72,9 @@ def main() -> int:
         res.setdefault("prefill_steps", steps)
         return time.perf_counter() - t0
 
+    parts = args.parts.split(",")
     tokens = args.prefill_batch * args.prompt
-    for name, fn in (("mlx_lm", mlx_prefill), ("pippin", pippin_prefill)):
+    for name, fn in (("mlx_lm", mlx_prefill), ("pippin", pippin_prefill)) * ("prefill" in parts):
         fn(prompts(args.prefill_batch))  # warm-up: kernels
         best = min(fn(prompts(args.prefill_batch)) for _ in range(3))
         res[f"prefill_{name}_tok_s"] = tokens / best
@@ -100,7 +102,7 @@ def main() -> int:
         run_mlx_lm(model, batch, args.gen)
         return len(batch) * args.gen / (time.perf_counter() - t0)
 
-    for name, fn in (("mlx_lm", mlx_job), ("pippin", pippin_job)):
+    for name, fn in (("mlx_lm", mlx_job), ("pippin", pippin_job)) * ("job" in parts):
         fn(prompts(min(args.job, 16)))  # warm-up
         tps = fn(prompts(args.job))
         res[f"job_{name}_tok_s"] = tps
@@ -108,6 +110,50 @@ def main() -> int:
             f"job {args.job} x ({args.prompt} + {args.gen}): {name:7s} {tps:,.0f} output tok/s",
             flush=True,
         )
+
+    def pippin_steady(conc: int) -> tuple[float, float]:
+        """Closed loop, as a server under `conc` clients: each finished request is replaced
+        by a new one at once. Output tok/s over the second half, and steps per second."""
+        total = conc * 3
+        batch = prompts(total)
+        core = make_core(model, batch[: conc * 2], args.gen)
+        params = SamplingParams(max_tokens=args.gen, temperature=1.0, ignore_eos=True)
+        sent = 0
+        for _ in range(conc):
+            core.add_request(str(sent), batch[sent], params)
+            sent += 1
+        n, t0, steps0 = 0, 0.0, 0
+        done = 0
+        while core.has_work():
+            for o in core.step():
+                if done >= total // 2:
+                    n += sum(len(c.token_ids) for c in o.outputs)
+                if o.finished:
+                    done += 1
+                    if done == total // 2:
+                        t0, steps0 = time.perf_counter(), core.steps
+                    if sent < total:
+                        core.add_request(str(sent), batch[sent], params)
+                        sent += 1
+            if sent == total and done >= total - conc // 2:
+                break
+        wall = time.perf_counter() - t0
+        return n / wall, (core.steps - steps0) / wall
+
+    if "steady" not in parts:
+        (args.out / "prefill_profile.json").write_text(json.dumps(res, indent=2, default=str))
+        return 0
+    dec = run_pippin(model, prompts(args.job), args.gen)
+    res["decode_pippin_tok_s"] = dec
+    print(f"decode only, batch {args.job}: pippin {dec:,.0f} tok/s", flush=True)
+    pippin_steady(min(args.job, 16))  # warm-up
+    tps, sps = pippin_steady(args.job)
+    res["steady_pippin_tok_s"], res["steady_pippin_steps_s"] = tps, sps
+    print(
+        f"steady {args.job} clients x ({args.prompt} + {args.gen}): pippin {tps:,.0f} output "
+        f"tok/s, {sps:.1f} steps/s",
+        flush=True,
+    )
     (args.out / "prefill_profile.json").write_text(json.dumps(res, indent=2, default=str))
     return 0
 

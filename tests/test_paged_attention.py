@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from test_engine import _loaded
 
-from pippin.engine import paged_attention
+from pippin.engine import paged_attention, paged_cache
 from pippin.engine.config import EngineConfig
 from pippin.engine.core import EngineCore
 from pippin.engine.types import SamplingParams
@@ -147,3 +147,25 @@ def test_kernel_not_used_for_windows_or_recurrent_layers(
     loaded = _loaded(tiny_models(arch))
     core = EngineCore(loaded, EngineConfig(num_blocks=64, block_size=4, max_model_len=128))
     assert not core.runner.paged_kernel
+
+
+@pytest.mark.parametrize(
+    "arch,config", [("llama", {}), ("gemma3", {}), ("llama", {"kv_bits": 8, "kv_group_size": 32})]
+)
+def test_fresh_prefill_matches_reading_the_pool(
+    tiny_models, arch: str, config: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fresh prompts (no cached prefix) of different lengths, prefilled together, attend to
+    their own keys as computed: the same tokens and logprobs as reading them back from the
+    pool. gemma3 has sliding-window layers; 8-bit KV attends to the quantised keys."""
+    loaded = _loaded(tiny_models(arch, head_dim=32) if arch != "gemma3" else tiny_models(arch))
+    rng = random.Random(3)
+    prompts = [[rng.randrange(3, 200) for _ in range(rng.randrange(2, 40))] for _ in range(6)]
+    config = {"max_num_batched_tokens": 512, **config}
+    fast = _greedy_logprobs(loaded, prompts, **config)
+    monkeypatch.setattr(paged_cache, "FRESH_PREFILL", False)
+    slow = _greedy_logprobs(loaded, prompts, **config)
+    assert fast.keys() == slow.keys() == {str(i) for i in range(len(prompts))}
+    for rid in fast:
+        assert [t for t, _ in fast[rid]] == [t for t, _ in slow[rid]], rid
+        assert np.allclose([lp for _, lp in fast[rid]], [lp for _, lp in slow[rid]], atol=2e-3)

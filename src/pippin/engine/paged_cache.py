@@ -111,6 +111,10 @@ def table_arrays(
     return tables, slots
 
 
+# Fresh prompts attend to their own keys directly (tests turn it off to compare).
+FRESH_PREFILL = True
+
+
 @dataclass
 class BatchLayout:
     """Where B sequences, each with `lengths[b]` new tokens from `starts[b]`, read and write."""
@@ -129,6 +133,9 @@ class BatchLayout:
     # through the block tables, so neither the gather nor a mask array is built.
     paged_kernel: bool = False
     offsets: mx.array | None = None
+    # Every row starts at position 0 (a fresh prompt, no cached prefix): attention needs
+    # only this call's keys, so they are used as computed, with no gather from the pool.
+    fresh: bool = False
     _masks: dict[tuple[int | None, bool], mx.array | str | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -138,9 +145,11 @@ class BatchLayout:
         self.pad_len = L
         self.kv_len = max(s + n for s, n in zip(self.starts, self.lengths))
         nb = (self.kv_len + bs - 1) // bs
-        # One row reads exactly its keys (so the causal mode needs no mask array);
-        # several rows read whole blocks and the mask hides the rest.
-        self.kv_width = self.kv_len if B == 1 else nb * bs
+        self.fresh = FRESH_PREFILL and not any(self.starts)
+        # One row reads exactly its keys (so the causal mode needs no mask array); so do
+        # fresh rows, right-padded to L: causal attention never sees the padding. Other
+        # rows read whole blocks and the mask hides the rest.
+        self.kv_width = self.kv_len if B == 1 or self.fresh else nb * bs
         tables, slots = table_arrays(self.starts, self.lengths, self.block_tables, bs, B, nb)
         self.gather_blocks = mx.array(tables)
         self.write_slots = mx.array(slots.reshape(-1))
@@ -156,8 +165,8 @@ class BatchLayout:
 
     def _make_mask(self, window_size: int | None, as_array: bool) -> mx.array | str | None:
         B, L = len(self.starts), self.pad_len
-        if B == 1 and window_size is None and not as_array:
-            # One unpadded row: the fused kernel's causal mode is exact.
+        if (B == 1 or self.fresh) and window_size is None and not as_array:
+            # One unpadded row, or fresh rows: the fused kernel's causal mode is exact.
             return "causal" if L > 1 else None
         starts = mx.array(self.starts, dtype=mx.int32)[:, None, None]
         ends = starts + mx.array(self.lengths, dtype=mx.int32)[:, None, None]
@@ -177,6 +186,7 @@ class DecodeLayout:
     before each row's new one; write_slots [B] where each new token's KV goes."""
 
     pad_len = 1
+    fresh = False
 
     def __init__(
         self,
@@ -223,6 +233,8 @@ class PagedLayerCache:
         parts[1][:, lay.write_slots] = values.transpose(1, 0, 2, 3).reshape(H, B * L, -1)
         if lay.paged_kernel:
             return parts[0], parts[1]  # the paged kernel reads them in place
+        if lay.fresh:
+            return keys, values
         return self._gather(parts[0]), self._gather(parts[1])
 
     def _gather(self, flat: mx.array) -> mx.array:
@@ -268,5 +280,7 @@ class QuantizedPagedLayerCache(PagedLayerCache):
         ]
         for i, x in enumerate(new):
             parts[i][:, lay.write_slots] = x.transpose(1, 0, 2, 3).reshape(H, B * L, -1)
+        if lay.fresh:
+            return tuple(new[:3]), tuple(new[3:])
         gathered = tuple(self._gather(p) for p in parts)
         return gathered[:3], gathered[3:]
