@@ -2,9 +2,12 @@
 # GPU probes for issue 9, after `bash .gpu/b/install.sh` (see ../shared/gpu/README.md).
 #   bash bench/gpu_probe.sh env   : in-process decode (mlx-lm and pippin) under MLX's CUDA
 #                                   graph settings (MLX_USE_CUDA_GRAPHS, MLX_MAX_OPS_PER_BUFFER)
-#   bash bench/gpu_probe.sh loop  : a server under 256 streams: CPU per token of each thread,
-#                                   and a py-spy profile, at GIL switch intervals SWITCH_MS
-# Results in $OUT.
+#   bash bench/gpu_probe.sh loop  : a server under 256 streams (pippin bench, its clients in
+#                                   several processes): CPU per token of each thread, steps/s,
+#                                   requests running, and a py-spy profile of every thread
+#   bash bench/gpu_probe.sh steady: the same load in-process (EngineCore, closed loop, no
+#                                   HTTP): what the server loses to the event loop and the GIL
+# Results in $OUT. EXTRA: more `pippin serve` flags for `loop`.
 set -u
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
 OUT=${OUT:-.tmp/gpu}
@@ -21,11 +24,12 @@ env)
   done
   ;;
 loop)
-  for sw in ${SWITCH_MS:-5 0.5}; do
-    echo "== switch interval $sw ms" | tee -a "$OUT/loop.log"
-    PIPPIN_SWITCH_MS=$sw timeout 200 python3 bench/loop_cost.py --concurrency 256 \
-      --prompt-tokens 512 --output-tokens 256 --window 10 --py-spy "$OUT/spy-$sw.txt" \
-      "$path" -- --max-model-len 4096 ${EXTRA:-} 2>&1 | tail -3 | tee -a "$OUT/loop.log"
-  done
+  timeout -s KILL 240 python3 bench/loop_cost.py --concurrency 256 --prompt-tokens 512 \
+    --output-tokens 256 --window 10 --py-spy "$OUT/spy-server.txt" \
+    "$path" -- --max-model-len 4096 ${EXTRA:-} 2>&1 | tail -3 | tee -a "$OUT/loop.log"
+  ;;
+steady)
+  timeout -s KILL 240 python3 bench/prefill_profile.py --model "$path" --parts steady,job \
+    --out "$OUT/steady" 2>&1 | grep "tok/s" | tee -a "$OUT/steady.log"
   ;;
 esac

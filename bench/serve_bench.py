@@ -43,6 +43,8 @@ import asyncio
 import contextlib
 import datetime as _dt
 import json
+import math
+import multiprocessing
 import os
 import platform
 import random
@@ -55,6 +57,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -561,6 +564,51 @@ class Window:
     busy_retries: int = 0
 
 
+def _client_share(
+    bodies: Sequence[tuple[str, dict[str, Any]]],
+    clients: int,
+    first: int,
+    stagger_ms: float,
+    read_timeout: float,
+    retries: int,
+) -> tuple[float, float, list[RequestResult], float]:
+    """Closed loop: `clients` clients (numbered from `first`, for the stagger) take bodies
+    from a shared list until it is empty. (start, end, results, CPU seconds used)."""
+
+    async def go() -> tuple[float, float, list[RequestResult]]:
+        results: list[RequestResult] = []
+        next_idx = 0
+        limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
+        timeout = httpx.Timeout(connect=10.0, read=read_timeout, write=30.0, pool=None)
+        async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+
+            async def worker(i: int) -> None:
+                nonlocal next_idx
+                await asyncio.sleep((first + i) * stagger_ms / 1000.0)
+                while next_idx < len(bodies):
+                    url, body = bodies[next_idx]
+                    next_idx += 1
+                    results.append(await stream_request(client, url, body, None, retries))
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(worker(i) for i in range(clients)))
+            return t0, time.perf_counter(), results
+
+    cpu0 = time.process_time()
+    t0, t1, results = asyncio.run(go())
+    return t0, t1, results, time.process_time() - cpu0
+
+
+_POOL: ProcessPoolExecutor | None = None
+
+
+def client_processes(args: argparse.Namespace, concurrency: int) -> int:
+    """Processes the clients of one window are spread over: one Python client process
+    saturates its core at a few thousand streamed tokens/s, which a fast server exceeds."""
+    n = args.client_processes or min(math.ceil(concurrency / 64), (os.cpu_count() or 2) - 1)
+    return max(1, min(n, concurrency))
+
+
 async def run_window(
     srv: Server,
     others: Sequence[Server],
@@ -569,36 +617,57 @@ async def run_window(
     concurrency: int,
     max_tokens: int,
 ) -> tuple[float, list[RequestResult], dict[str, float | None]]:
-    """Closed loop: ``concurrency`` clients take prompts from a shared list until it is empty."""
+    """Closed loop: ``concurrency`` clients take prompts from a shared list until it is
+    empty, spread over `client_processes` processes (each with its share of the list).
+    The window runs from the first client's start to the last one's end (perf_counter is
+    the machine's monotonic clock, the same in every process)."""
+    global _POOL
     bodies = [request_body(srv, args, p, max_tokens) for p in prompts]
-    results: list[RequestResult] = []
-    next_idx = 0
-    limits = httpx.Limits(
-        max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4
-    )
-    timeout = httpx.Timeout(connect=10.0, read=args.request_timeout, write=30.0, pool=None)
-
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
-
-        async def worker(i: int) -> None:
-            nonlocal next_idx
-            await asyncio.sleep(i * args.stagger_ms / 1000.0)
-            while next_idx < len(bodies):
-                url, body = bodies[next_idx]
-                next_idx += 1
-                results.append(await stream_request(client, url, body, None, args.retries))
-
-        sys0 = system_busy_seconds()
-        cpu0 = srv.cpu_seconds()
-        others0 = [o.cpu_seconds() for o in others]
-        client0 = time.process_time()
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker(i) for i in range(concurrency)))
-        wall = time.perf_counter() - t0
-        client_cpu = time.process_time() - client0
-        sys1 = system_busy_seconds()
-        cpu1 = srv.cpu_seconds()
-        others1 = [o.cpu_seconds() for o in others]
+    n = client_processes(args, concurrency)
+    sys0 = system_busy_seconds()
+    cpu0 = srv.cpu_seconds()
+    others0 = [o.cpu_seconds() for o in others]
+    if n == 1:
+        t0, t1, results, client_cpu = await asyncio.to_thread(
+            _client_share,
+            bodies,
+            concurrency,
+            0,
+            args.stagger_ms,
+            args.request_timeout,
+            args.retries,
+        )
+    else:
+        if _POOL is None or _POOL._max_workers < n:  # type: ignore[attr-defined]
+            _POOL = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"))
+            loop = asyncio.get_running_loop()
+            # Start every process now (spawning imports httpx), not inside a window.
+            await asyncio.gather(*(loop.run_in_executor(_POOL, time.sleep, 0.2) for _ in range(n)))
+        shares = [concurrency // n + (i < concurrency % n) for i in range(n)]
+        firsts = [sum(shares[:i]) for i in range(n)]
+        loop = asyncio.get_running_loop()
+        parts = await asyncio.gather(
+            *(
+                loop.run_in_executor(
+                    _POOL,
+                    _client_share,
+                    bodies[i::n],
+                    shares[i],
+                    firsts[i],
+                    args.stagger_ms,
+                    args.request_timeout,
+                    args.retries,
+                )
+                for i in range(n)
+            )
+        )
+        t0, t1 = min(p[0] for p in parts), max(p[1] for p in parts)
+        results = [r for p in parts for r in p[2]]
+        client_cpu = sum(p[3] for p in parts)
+    wall = t1 - t0
+    sys1 = system_busy_seconds()
+    cpu1 = srv.cpu_seconds()
+    others1 = [o.cpu_seconds() for o in others]
     server_cpu = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
     other_cpu: float | None = 0.0
     for a, b in zip(others0, others1, strict=True):
@@ -946,6 +1015,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--stagger-ms", type=float, default=3.0, help="delay between client starts")
     p.add_argument("--retries", type=int, default=20, help="retries of a refused/reset connect")
+    p.add_argument(
+        "--client-processes",
+        type=int,
+        default=0,
+        help="spread each window's clients over this many processes (0: one per 64 clients)",
+    )
     p.add_argument("--request-timeout", type=float, default=600.0)
     p.add_argument("--startup-timeout", type=float, default=300.0)
     p.add_argument(
