@@ -71,6 +71,8 @@ def run_server(
     """`python -m pippin.cli serve *args` on a free port, until /health says ok."""
     port = free_port()
     cmd = [sys.executable, "-m", "pippin.cli", "serve", *args, "--port", str(port)]
+    if os.environ.get("PIPPIN_TEST_ENGINE_PROCESS") == "1" and "--engine-process" not in args:
+        cmd.append("--engine-process")  # the API suites against an engine process
     if api_key:
         cmd += ["--api-key", api_key]
     env = dict(os.environ)

@@ -265,6 +265,12 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         f"{BATCHED_TOKENS_CUDA} on NVIDIA GPUs)",
     )
     e.add_argument(
+        "--engine-process",
+        action="store_true",
+        help="run the engine (model, scheduler, detokenizing) in a process of its own, so "
+        "that the HTTP side's Python work does not take the GIL from it between steps",
+    )
+    e.add_argument(
         "--stream-interval-ms",
         type=float,
         default=None,
@@ -510,6 +516,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         revision=args.revision,
         max_request_body_bytes=int(args.max_request_body_mb * MIB),
         engine=engine,
+        engine_process=args.engine_process,
         sampling_overrides={k: v for k, v in overrides.items() if v is not None},
         default_chat_template_kwargs=args.default_chat_template_kwargs or {},
         metrics=args.metrics,

@@ -65,6 +65,8 @@ class ServerSettings:
     revision: str | None = None
     max_request_body_bytes: int = 16 * MIB
     engine: EngineConfig = field(default_factory=EngineConfig)
+    # Run the engine in a process of its own (--engine-process): its own GIL.
+    engine_process: bool = False
     # --default-temperature etc.: above the model's defaults, below the request.
     sampling_overrides: dict[str, Any] = field(default_factory=dict)
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -118,7 +120,7 @@ class ServerState:
         self.model_names = list(s.served_model_names) or [loaded.name]
         self.limits = Limits(
             max_model_len=engine.max_model_len,
-            vocab_size=_vocab_size(loaded),
+            vocab_size=loaded.vocab_size,
             max_tokens_cap=s.engine.max_tokens_cap,
         )
         self.defaults = merge_defaults(loaded.generation_defaults, s.sampling_overrides)
@@ -149,16 +151,6 @@ class ServerState:
             f"|{s.engine.kv_bits}|{s.engine.kv_group_size}"
         )
         self.fingerprint = "fp_" + hashlib.sha256(ident.encode()).hexdigest()[:10]
-
-
-def _vocab_size(loaded: LoadedModel) -> int:
-    """Width of the logits (token ids must be below it); the config knows it best."""
-    cfg = loaded.config
-    for c in (cfg, cfg.get("text_config") or {}):
-        v = c.get("vocab_size")
-        if isinstance(v, int) and v > 0:
-            return v
-    return len(loaded.tokenizer)
 
 
 # --- middleware ---------------------------------------------------------------
@@ -253,14 +245,19 @@ async def start_model(state: ServerState) -> None:
     log.info("loading the model")
     log.debug("model spec: %s", s.model or "(default)")
     t0 = time.monotonic()
-    loaded = await asyncio.to_thread(
-        lambda: materialize(
-            load_model(
-                s.model, dtype=s.dtype, trust_remote_code=s.trust_remote_code, revision=s.revision
-            )
-        )
+    load_kwargs: dict[str, Any] = dict(
+        spec=s.model, dtype=s.dtype, trust_remote_code=s.trust_remote_code, revision=s.revision
     )
-    engine = AsyncEngine(loaded, s.engine, observer=state.observer)
+    engine: AsyncEngine
+    if s.engine_process:
+        from pippin.engine.remote import RemoteEngine
+
+        # This process keeps the tokenizer and config; the engine process loads the weights.
+        loaded = await asyncio.to_thread(lambda: load_model(**load_kwargs, weights=False))
+        engine = RemoteEngine(load_kwargs, s.engine, observer=state.observer)
+    else:
+        loaded = await asyncio.to_thread(lambda: materialize(load_model(**load_kwargs)))
+        engine = AsyncEngine(loaded, s.engine, observer=state.observer)
     await engine.start()
     state.attach(loaded, engine)
     stats = engine.stats()

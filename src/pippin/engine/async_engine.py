@@ -128,7 +128,7 @@ class AsyncEngine:
         watch = self.observer.request(request_id, len(prompt_token_ids))
         q: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self._queues[request_id] = q
-        self._inbox.put(("add", (request_id, list(prompt_token_ids), params)))
+        self._submit(request_id, list(prompt_token_ids), params)
         finished = False
         try:
             while True:
@@ -147,6 +147,9 @@ class AsyncEngine:
             watch.end(finished)
             if not finished:
                 self.abort(request_id)
+
+    def _submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        self._inbox.put(("add", (request_id, prompt_token_ids, params)))
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))

@@ -54,6 +54,17 @@ def _machine_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def check_prompt(prompt_ids: list[int], max_model_len: int) -> None:
+    """Raise EngineError if the engine cannot take this prompt."""
+    if not prompt_ids:
+        raise EngineError("the prompt is empty")
+    # The context is capped to the pool, so a prompt that fits it fits the pool.
+    if len(prompt_ids) >= max_model_len:
+        raise EngineError(
+            f"the prompt has {len(prompt_ids)} tokens; the context is {max_model_len}"
+        )
+
+
 def _budget_near(s: Sequence) -> bool:
     tb = s.params.thinking
     assert tb is not None
@@ -128,13 +139,7 @@ class EngineCore:
 
     # -- requests ---------------------------------------------------------
     def check(self, prompt_ids: list[int], params: SamplingParams) -> None:
-        if not prompt_ids:
-            raise EngineError("the prompt is empty")
-        # The context is capped to the pool, so a prompt that fits it fits the pool.
-        if len(prompt_ids) >= self.max_model_len:
-            raise EngineError(
-                f"the prompt has {len(prompt_ids)} tokens; the context is {self.max_model_len}"
-            )
+        check_prompt(prompt_ids, self.max_model_len)
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         self.check(prompt_ids, params)

@@ -26,3 +26,13 @@ class LoadedModel:
     # The model's own context length (max_position_embeddings or GGUF's context_length).
     max_position_embeddings: int | None = None
     dtype: str = "float32"
+
+    @property
+    def vocab_size(self) -> int:
+        """Width of the logits (token ids must be below it); the config knows it best."""
+        cfg = self.config
+        for c in (cfg, cfg.get("text_config") or {}):
+            v = c.get("vocab_size")
+            if isinstance(v, int) and v > 0:
+                return v
+        return len(self.tokenizer)

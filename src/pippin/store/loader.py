@@ -62,8 +62,12 @@ def load_model(
     dtype: str | None = None,
     trust_remote_code: bool = False,
     revision: str | None = None,
+    weights: bool = True,
 ) -> LoadedModel:
     """Load `spec` (None for the default model) ready to serve.
+
+    weights False leaves the weights unread (lazy): for a process that only needs the
+    tokenizer and config while another process runs the model.
 
     dtype None keeps float32 on the CPU (MLX's fastest there) and the checkpoint's dtype on a GPU;
     an explicit dtype casts the floating-point parameters (quantised weights stay packed).
@@ -85,7 +89,8 @@ def load_model(
         for token_id in _eos_ids(generation, read_json(folder / "config.json")):
             tokenizer.add_eos_token(str(token_id))
         chosen = cast_params(model, config, dtype)
-        mx.eval(model.parameters())
+        if weights:
+            mx.eval(model.parameters())
     except ModelLoadError:
         raise
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, ImportError) as e:

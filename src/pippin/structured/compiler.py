@@ -119,4 +119,4 @@ class GrammarCompiler:
                 spec.param,
                 f"{spec.what} took longer than {self.timeout:g} s to compile; simplify it.",
             ) from None
-        return Constraint(matcher, spec.what, self.n_vocab)
+        return Constraint(matcher, spec.what, self.n_vocab, grammar=spec.grammar)

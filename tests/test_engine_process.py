@@ -1,0 +1,158 @@
+"""`pippin serve --engine-process`: the engine in a process of its own, over real HTTP.
+
+The same front as in one process; what crosses the pipe is checked here: requests and
+their outputs (streamed and not, n > 1, logprobs), a structured-output constraint
+(compiled again in the engine process), refusals before anything is sent, aborts of
+streams left early, the prefix cache's calls, the metrics the engine process reports,
+and what a client sees when the engine process dies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from server_utils import Server, run_server
+
+MSG = [{"role": "user", "content": "Hello, how are you today?"}]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_models: Callable[..., Path]) -> Iterator[Server]:
+    model = tiny_models("llama")
+    with run_server(
+        str(model), "--served-model-name", "tiny", "--max-model-len", "512", "--engine-process"
+    ) as s:
+        yield s
+
+
+def _metric(server: Server, name: str) -> float:
+    text = server.http().get("/metrics").text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _engine_process(server: Server) -> int:
+    """The pid of the server's engine process (`pippin serve` may have re-executed itself
+    as a child of the process the test started)."""
+    todo, found = [server.proc.pid], []
+    while todo:
+        pid = todo.pop()
+        kids = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+        for kid in map(int, kids.stdout.split()):
+            cmd = Path(f"/proc/{kid}/cmdline").read_bytes()
+            (found if b"spawn_main" in cmd else todo).append(kid)
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_outputs_cross_the_pipe(server: Server) -> None:
+    client = server.client()
+    kw = dict(
+        model="tiny", messages=MSG, max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
+    )
+    whole = client.chat.completions.create(**kw, logprobs=True, top_logprobs=2)  # type: ignore[call-overload]
+    assert whole.usage.completion_tokens == 12
+    assert len(whole.choices[0].logprobs.content) == 12
+    assert all(len(t.top_logprobs) == 2 for t in whole.choices[0].logprobs.content)
+
+    pieces = []
+    for chunk in client.chat.completions.create(**kw, stream=True):  # type: ignore[call-overload]
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+    assert "".join(pieces) == whole.choices[0].message.content  # greedy: the same text
+
+    two = client.chat.completions.create(**{**kw, "temperature": 1.0, "seed": 7}, n=2)  # type: ignore[call-overload]
+    assert sorted(c.index for c in two.choices) == [0, 1]
+    assert two.usage.completion_tokens == 24
+
+
+def test_structured_output_is_compiled_again_in_the_engine(server: Server) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
+    r = server.client().chat.completions.create(
+        model="tiny",
+        messages=MSG,
+        max_tokens=60,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "p", "schema": schema, "strict": True},
+        },
+    )
+    data = json.loads(r.choices[0].message.content or "")
+    assert set(data) == {"name", "age"} and isinstance(data["age"], int)
+
+
+def test_refusal_and_abort(server: Server) -> None:
+    client = server.client()
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "word " * 600}], max_tokens=4
+        )
+    assert "context" in str(err.value)
+
+    stream = client.chat.completions.create(
+        model="tiny", messages=MSG, max_tokens=400, stream=True, extra_body={"ignore_eos": True}
+    )
+    got = 0
+    for chunk in stream:
+        got += bool(chunk.choices and chunk.choices[0].delta.content)
+        if got >= 3:
+            break
+    stream.close()
+    deadline = time.monotonic() + 30
+    while _metric(server, "pippin_requests_running") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _metric(server, "pippin_requests_running") == 0  # the engine process aborted it
+    stats = server.http().get("/v1/cache/stats").json()
+    assert stats["memory"]["capacity_blocks"] > 0
+    assert server.http().delete("/v1/cache").status_code == 200
+    # Step timings and queue times come over from the engine process.
+    assert _metric(server, 'pippin_engine_step_duration_seconds_count{phase="decode"}') > 0
+    assert _metric(server, "pippin_request_queue_time_seconds_count") >= 4
+
+
+def test_engine_process_death_ends_streams_with_an_error(
+    tiny_models: Callable[..., Path],
+) -> None:
+    model = str(tiny_models("llama"))
+    with run_server(
+        model, "--served-model-name", "x", "--max-model-len", "8192", "--engine-process"
+    ) as s:
+        child = _engine_process(s)
+        with httpx.stream(
+            "POST",
+            f"{s.url}/v1/chat/completions",
+            json={
+                "model": "x",
+                "messages": MSG,
+                "max_tokens": 8000,
+                "stream": True,
+                "ignore_eos": True,
+            },
+            timeout=60,
+        ) as resp:
+            lines = resp.iter_lines()
+            assert next(lines).startswith("data:")
+            os.kill(child, signal.SIGKILL)
+            rest = list(lines)
+        # Ended early, with an error event rather than a finish reason.
+        events = [json.loads(line[5:]) for line in rest if line.startswith("data: {")]
+        assert "engine process exited" in str(events[-1].get("error")), (len(events), events[-2:])
+        assert not any(c.get("finish_reason") for e in events for c in e.get("choices", []))
+        assert s.http().get("/health").status_code == 503
