@@ -3,7 +3,8 @@
 Starts `pippin serve MODEL` with the given extra flags, loads it with `pippin bench`
 (streaming chat, 64 clients by default), and over a window in the middle of the run reads
 each thread's CPU time from /proc and the tokens generated from /metrics. The event loop
-is the main thread; the engine thread and MLX's workers are the others.
+is the main thread; the engine thread and MLX's workers are the others (with --engine-process,
+those of the engine process).
 
     python bench/loop_cost.py /tmp/pm/micro -- --stream-interval-ms 0
 """
@@ -41,6 +42,22 @@ def metric(url: str, name: str) -> float:
 
 def generated(url: str) -> float:
     return metric(url, "pippin_generation_tokens_total")
+
+
+def tree_threads(pid: int) -> dict[int, float]:
+    """CPU seconds of each thread of `pid` and of the processes under it (an engine
+    process started with --engine-process)."""
+    out: dict[int, float] = {}
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            out.update(thread_cpu(p))
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except FileNotFoundError:
+            pass
+    return out
 
 
 def process_cpu(pid: int) -> float:
@@ -120,7 +137,7 @@ def main() -> int:
                 break
             time.sleep(1)
         time.sleep(5)
-        c0, t0 = thread_cpu(pid), generated(url)
+        c0, t0 = tree_threads(pid), generated(url)
         spy = None
         if args.py_spy:
             # Samples every thread (idle ones too): --gil would show only the GIL's holder.
@@ -149,7 +166,7 @@ def main() -> int:
         while time.monotonic() < end:
             running.append(metric(url, "pippin_requests_running"))
             time.sleep(0.5)
-        c1, t1 = thread_cpu(pid), generated(url)
+        c1, t1 = tree_threads(pid), generated(url)
         steps = metric(url, "pippin_engine_steps_total") - steps0
         client = process_cpu(load.pid) - client0
         if spy is not None:
