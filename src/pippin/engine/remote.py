@@ -64,10 +64,11 @@ class RemoteEngine(AsyncEngine):
         self._loop = asyncio.get_running_loop()
         ctx = multiprocessing.get_context("spawn")
         conn, child = ctx.Pipe()
-        level = logging.getLogger("pippin").getEffectiveLevel()
+        from pippin.obs import logs
+
         self._proc = ctx.Process(
             target=_child_main,
-            args=(child, self.load_kwargs, self.config, level),
+            args=(child, self.load_kwargs, self.config, logs.CURRENT),
             name="pippin-engine",
             daemon=True,
         )
@@ -290,14 +291,18 @@ class _ChildEngine(AsyncEngine):
 
 
 def _child_main(
-    conn: Connection, load_kwargs: dict[str, Any], config: EngineConfig, level: int
+    conn: Connection,
+    load_kwargs: dict[str, Any],
+    config: EngineConfig,
+    log_setup: tuple[str, str] | None,
 ) -> None:
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from pippin.obs.logs import setup_logging
     from pippin.store.loader import load_model
     from pippin.structured import constraint
     from pippin.structured.compiler import GrammarCompiler
     from pippin.structured.spec import GrammarSpec
 
+    setup_logging(*(log_setup or ("info", "text")))  # as the API process logs
     try:
         loaded = materialize(load_model(**load_kwargs))
         grammars = GrammarCompiler(loaded.tokenizer, loaded.vocab_size, loaded.eos_token_ids)

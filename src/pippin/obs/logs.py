@@ -47,8 +47,14 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(body, default=str)
 
 
+# The last setup_logging call's (level, format): an engine process repeats it.
+CURRENT: tuple[str, str] | None = None
+
+
 def setup_logging(level: str, fmt: str = "text") -> None:
     """Configure the root logger; uvicorn's loggers propagate to it (log_config=None)."""
+    global CURRENT
+    CURRENT = (level, fmt)
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
