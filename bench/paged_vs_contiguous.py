@@ -82,13 +82,17 @@ def make_core(model, prompts: list[list[int]], gen: int) -> EngineCore:
     )
 
 
-def run_pippin(model, prompts: list[list[int]], gen: int) -> float:
+def run_pippin(model, prompts: list[list[int]], gen: int, with_prefill: bool = False) -> float:
+    """Output tokens/s of decoding `prompts` together: timed from the first decode step,
+    or (`with_prefill`) from the moment they are all added."""
     core = make_core(model, prompts, gen)
     for i, p in enumerate(prompts):
         core.add_request(
             str(i), p, SamplingParams(max_tokens=gen, temperature=1.0, ignore_eos=True)
         )
-    while any(s.is_prefilling for s in core.scheduler.running) or core.scheduler.waiting:
+    while not with_prefill and (
+        any(s.is_prefilling for s in core.scheduler.running) or core.scheduler.waiting
+    ):
         core.step()
     t0 = time.perf_counter()
     n = 0

@@ -85,17 +85,7 @@ def main() -> int:
         )
 
     def pippin_job(batch: list[list[int]]) -> float:
-        core = make_core(model, batch, args.gen)
-        for i, p in enumerate(batch):
-            core.add_request(
-                str(i), p, SamplingParams(max_tokens=args.gen, temperature=1.0, ignore_eos=True)
-            )
-        t0 = time.perf_counter()
-        n = 0
-        while core.has_work():
-            for o in core.step():
-                n += sum(len(c.token_ids) for c in o.outputs)
-        return n / (time.perf_counter() - t0)
+        return run_pippin(model, batch, args.gen, with_prefill=True)
 
     def mlx_job(batch: list[list[int]]) -> float:
         t0 = time.perf_counter()
