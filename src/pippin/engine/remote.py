@@ -23,6 +23,7 @@ import asyncio
 import logging
 import multiprocessing
 import pickle
+import signal
 import threading
 from multiprocessing.connection import Connection
 from types import SimpleNamespace
@@ -303,6 +304,9 @@ def _child_main(
     from pippin.structured.spec import GrammarSpec
 
     setup_logging(*(log_setup or ("info", "text")))  # as the API process logs
+    # Ctrl-C reaches the whole process group: the API process stops this one in order
+    # (its "stop" message, or the pipe closing), after its streams end.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         loaded = materialize(load_model(**load_kwargs))
         grammars = GrammarCompiler(loaded.tokenizer, loaded.vocab_size, loaded.eos_token_ids)
