@@ -7,6 +7,8 @@
 #                                   requests running, and a py-spy profile of every thread
 #   bash bench/gpu_probe.sh steady: the same load in-process (EngineCore, closed loop, no
 #                                   HTTP): what the server loses to the event loop and the GIL
+#   bash bench/gpu_probe.sh gil   : steady, then loop in one process, then loop with
+#                                   --engine-process: is the 256-stream server GIL-bound?
 # Results in $OUT. EXTRA: more `pippin serve` flags for `loop`.
 set -u
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
@@ -31,5 +33,13 @@ loop)
 steady)
   timeout -s KILL 240 python3 bench/prefill_profile.py --model "$path" --parts steady,job \
     --out "$OUT/steady" 2>&1 | grep "tok/s" | tee -a "$OUT/steady.log"
+  ;;
+gil)
+  bash "$0" steady
+  echo "== one process" | tee -a "$OUT/loop.log"
+  bash "$0" loop
+  mv "$OUT/spy-server.txt" "$OUT/spy-one-process.txt"
+  echo "== --engine-process" | tee -a "$OUT/loop.log"
+  EXTRA="--engine-process ${EXTRA:-}" bash "$0" loop
   ;;
 esac

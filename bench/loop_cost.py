@@ -157,6 +157,7 @@ def main() -> int:
                     str(args.py_spy),
                     "--threads",
                     "--nonblocking",
+                    "--subprocesses",
                 ],
                 stdout=subprocess.DEVNULL,
             )
