@@ -166,7 +166,7 @@ def main() -> int:
         end = time.monotonic() + args.window
         while time.monotonic() < end:
             running.append(metric(url, "pippin_requests_running"))
-            time.sleep(0.5)
+            time.sleep(2.0)  # a scrape costs the event loop CPU: not too often
         c1, t1 = tree_threads(pid), generated(url)
         steps = metric(url, "pippin_engine_steps_total") - steps0
         client = process_cpu(load.pid) - client0
