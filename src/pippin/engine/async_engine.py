@@ -33,6 +33,13 @@ T = TypeVar("T")
 _PROMOTION_WAIT_S = 0.05
 
 
+# The prefix cache's calls, by name (an engine process gets them by name over its pipe).
+CACHE_CALLS: dict[str, Callable[..., Any]] = {
+    "stats": lambda core: core.tiers.stats(),
+    "clear": lambda core, tier: core.tiers.clear(tier),
+}
+
+
 def materialize(loaded: LoadedModel) -> LoadedModel:
     """Evaluate a lazily loaded model in the thread that loaded it.
 
@@ -98,9 +105,12 @@ class AsyncEngine:
         self._inbox.put(("wake", None))
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 30)
-        # Streams still open end with an error instead of waiting forever.
+        self._fail_open("the server is shutting down")
+
+    def _fail_open(self, message: str) -> None:
+        """Streams still open end with an error instead of waiting forever."""
         for rid, q in list(self._queues.items()):
-            q.put_nowait(RequestOutput(rid, [], 0, 0, True, error="the server is shutting down"))
+            q.put_nowait(RequestOutput(rid, [], 0, 0, True, error=message))
 
     @property
     def ready(self) -> bool:
@@ -167,10 +177,13 @@ class AsyncEngine:
         return await fut
 
     async def cache_stats(self) -> dict[str, Any]:
-        return await self.call(lambda core: core.tiers.stats())
+        return await self._cache_call("stats")
 
     async def clear_cache(self, tier: str | None = None) -> dict[str, int]:
-        return await self.call(lambda core: core.tiers.clear(tier))
+        return await self._cache_call("clear", tier)
+
+    async def _cache_call(self, name: str, *args: Any) -> Any:
+        return await self.call(lambda core: CACHE_CALLS[name](core, *args))
 
     # -- engine thread ----------------------------------------------------
     def _run(self) -> None:

@@ -73,11 +73,7 @@ class DecodeGraph:
         B = tokens.shape[0]
         kernel = self.kernel and paged_attention.worth_it(B, tables.shape[1] * r.block_size)
         layout = DecodeLayout(tables, offsets, slots, r.block_size, kernel)
-        pools = {}
-        k = 0
-        for i, n in zip(self.order, self.counts):
-            pools[i] = r.pools[i].with_parts(list(parts[k : k + n]))
-            k += n
+        pools = {i: r.pools[i].with_parts(p) for i, p in self._by_layer(parts).items()}
         caches = [r._view(pools[i], layout) for i in range(r.num_caches)]
         logits = r.model(tokens, cache=caches)
         return (logits[:, 0], *(p for i in self.order for p in pools[i].parts))
@@ -101,12 +97,18 @@ class DecodeGraph:
             tokens, mx.array(tab), mx.array(offsets), mx.array(slots.reshape(-1)), *parts
         )
         del parts
-        k = 1
-        for i, n in zip(self.order, self.counts):
-            r.pools[i].parts = list(out[k : k + n])
-            k += n
+        for i, p in self._by_layer(out[1:]).items():
+            r.pools[i].parts = p
         logits = out[0]
         return logits if Bp == B else logits[:B]
+
+    def _by_layer(self, flat: Any) -> dict[int, list[mx.array]]:
+        """The pools' arrays, as one flat sequence in `order`, back to a list per layer."""
+        out, k = {}, 0
+        for i, n in zip(self.order, self.counts):
+            out[i] = list(flat[k : k + n])
+            k += n
+        return out
 
     @staticmethod
     def rows(B: int) -> int:

@@ -29,7 +29,7 @@ from multiprocessing.connection import Connection
 from types import SimpleNamespace
 from typing import Any
 
-from pippin.engine.async_engine import AsyncEngine, materialize
+from pippin.engine.async_engine import CACHE_CALLS, AsyncEngine, materialize
 from pippin.engine.config import EngineConfig
 from pippin.engine.core import EngineError, check_prompt
 from pippin.engine.observer import EngineObserver
@@ -37,7 +37,22 @@ from pippin.engine.types import RequestOutput, SamplingParams
 
 log = logging.getLogger(__name__)
 
-_CALLS = {"stats": lambda core: core.tiers.stats(), "clear": lambda core, t: core.tiers.clear(t)}
+
+class _Pipe:
+    """One end of the pipe; sends from several threads, one message at a time."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self._lock = threading.Lock()
+
+    def send(self, msg: tuple[Any, ...]) -> bool:
+        """False if the other process is gone."""
+        try:
+            with self._lock:
+                self.conn.send(msg)
+        except (OSError, ValueError):
+            return False
+        return True
 
 
 class RemoteEngine(AsyncEngine):
@@ -53,8 +68,7 @@ class RemoteEngine(AsyncEngine):
         super().__init__(None, config, observer)  # type: ignore[arg-type]
         self.load_kwargs = load_kwargs
         self._proc: Any = None
-        self._conn: Connection | None = None
-        self._send_lock = threading.Lock()
+        self._pipe: _Pipe | None = None
         self._remote_ready = False
         self._limit = 0
         self._stats: dict[str, int] = {}
@@ -75,7 +89,7 @@ class RemoteEngine(AsyncEngine):
         )
         self._proc.start()
         child.close()
-        self._conn = conn
+        self._pipe = _Pipe(conn)
         try:
             msg = await asyncio.to_thread(conn.recv)
         except EOFError:
@@ -122,13 +136,7 @@ class RemoteEngine(AsyncEngine):
     async def call(self, fn: Any) -> Any:
         raise NotImplementedError("an engine process runs only its named calls")
 
-    async def cache_stats(self) -> dict[str, Any]:
-        return await self._call("stats")
-
-    async def clear_cache(self, tier: str | None = None) -> dict[str, int]:
-        return await self._call("clear", tier)
-
-    async def _call(self, name: str, *args: Any) -> Any:
+    async def _cache_call(self, name: str, *args: Any) -> Any:
         if not self.ready:
             raise EngineError("the engine is not running")
         assert self._loop is not None
@@ -139,19 +147,15 @@ class RemoteEngine(AsyncEngine):
         return await fut
 
     def _send(self, msg: tuple[Any, ...]) -> None:
-        assert self._conn is not None
-        try:
-            with self._send_lock:
-                self._conn.send(msg)
-        except (OSError, ValueError):  # the engine process is gone: the reader reports it
-            pass
+        assert self._pipe is not None
+        self._pipe.send(msg)  # if the engine process is gone, the reader reports it
 
     # -- reader thread ----------------------------------------------------
     def _read(self) -> None:
-        assert self._conn is not None and self._loop is not None
+        assert self._pipe is not None and self._loop is not None
         while True:
             try:
-                msg = self._conn.recv()
+                msg = self._pipe.conn.recv()
             except (EOFError, OSError):
                 self._loop.call_soon_threadsafe(self._lost)
                 return
@@ -186,8 +190,7 @@ class RemoteEngine(AsyncEngine):
         self._fail_open("the engine process exited")
 
     def _fail_open(self, message: str) -> None:
-        for rid, q in list(self._queues.items()):
-            q.put_nowait(RequestOutput(rid, [], 0, 0, True, error=message))
+        super()._fail_open(message)
         for fut in self._calls.values():
             if not fut.done():
                 fut.set_exception(EngineError(message))
@@ -221,8 +224,7 @@ class _ChildEngine(AsyncEngine):
 
     def __init__(self, loaded: Any, config: EngineConfig, conn: Connection) -> None:
         super().__init__(loaded, config, _Recorder())
-        self.conn = conn
-        self._send_lock = threading.Lock()
+        self.pipe = _Pipe(conn)
         self._stats: dict[str, int] = {}  # as last sent
 
     def serve(self) -> None:
@@ -240,7 +242,7 @@ class _ChildEngine(AsyncEngine):
     def _read(self) -> None:
         while True:
             try:
-                msg = self.conn.recv()
+                msg = self.pipe.conn.recv()
             except (EOFError, OSError):  # the API process is gone
                 msg = ("stop",)
             kind = msg[0]
@@ -273,7 +275,7 @@ class _ChildEngine(AsyncEngine):
     def _resolve(self, fut: Any, fn: Any) -> None:
         n, (name, args) = fut, fn
         try:
-            self._send(("result", n, True, _CALLS[name](self.core, *args)))
+            self._send(("result", n, True, CACHE_CALLS[name](self.core, *args)))
         except Exception as e:
             self._send(("result", n, False, f"{type(e).__name__}: {e}"))
 
@@ -284,10 +286,7 @@ class _ChildEngine(AsyncEngine):
             self._send(("outs", outs, self._stats, self.observer.take()))
 
     def _send(self, msg: tuple[Any, ...]) -> None:
-        try:
-            with self._send_lock:
-                self.conn.send(msg)
-        except (OSError, ValueError):
+        if not self.pipe.send(msg):
             self._running = False  # the API process is gone
 
 
