@@ -46,7 +46,7 @@ def generated(url: str) -> float:
 
 def tree_threads(pid: int) -> dict[int, float]:
     """CPU seconds of each thread of `pid` and of the processes under it (an engine
-    process started with --engine-process)."""
+    process started with --engine-process, a bench's client processes)."""
     out: dict[int, float] = {}
     todo = [pid]
     while todo:
@@ -62,17 +62,7 @@ def tree_threads(pid: int) -> dict[int, float]:
 
 def process_cpu(pid: int) -> float:
     """CPU seconds of `pid` and the processes under it (the bench's client processes)."""
-    total = 0.0
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            total += sum(thread_cpu(p).values())
-            for task in Path(f"/proc/{p}/task").iterdir():
-                todo += [int(c) for c in (task / "children").read_text().split()]
-        except FileNotFoundError:
-            pass
-    return total
+    return sum(tree_threads(pid).values())
 
 
 def main() -> int:

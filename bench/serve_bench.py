@@ -43,8 +43,6 @@ import asyncio
 import contextlib
 import datetime as _dt
 import json
-import math
-import multiprocessing
 import os
 import platform
 import random
@@ -70,6 +68,7 @@ sys.path.insert(0, str(REPO_ROOT / "src"))
 # The request timing and percentiles are `pippin bench`'s; this script adds starting the
 # peers, pausing idle ones and checking for foreign CPU use around them.
 from pippin.bench.client import RequestResult, stream_request  # noqa: E402
+from pippin.bench.runner import client_processes, shares, start_pool  # noqa: E402
 from pippin.bench.stats import percentile as pct  # noqa: E402
 
 DEFAULT_VLLM_MLX_PYTHON = "/tmp/vllm-mlx-venv/bin/python"
@@ -602,13 +601,6 @@ def _client_share(
 _POOL: ProcessPoolExecutor | None = None
 
 
-def client_processes(args: argparse.Namespace, concurrency: int) -> int:
-    """Processes the clients of one window are spread over: one Python client process
-    saturates its core at a few thousand streamed tokens/s, which a fast server exceeds."""
-    n = args.client_processes or min(math.ceil(concurrency / 64), (os.cpu_count() or 2) - 1)
-    return max(1, min(n, concurrency))
-
-
 async def run_window(
     srv: Server,
     others: Sequence[Server],
@@ -623,7 +615,7 @@ async def run_window(
     the machine's monotonic clock, the same in every process)."""
     global _POOL
     bodies = [request_body(srv, args, p, max_tokens) for p in prompts]
-    n = client_processes(args, concurrency)
+    n = client_processes(args.client_processes, concurrency)
     sys0 = system_busy_seconds()
     cpu0 = srv.cpu_seconds()
     others0 = [o.cpu_seconds() for o in others]
@@ -639,12 +631,11 @@ async def run_window(
         )
     else:
         if _POOL is None or _POOL._max_workers < n:  # type: ignore[attr-defined]
-            _POOL = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"))
-            loop = asyncio.get_running_loop()
-            # Start every process now (spawning imports httpx), not inside a window.
-            await asyncio.gather(*(loop.run_in_executor(_POOL, time.sleep, 0.2) for _ in range(n)))
-        shares = [concurrency // n + (i < concurrency % n) for i in range(n)]
-        firsts = [sum(shares[:i]) for i in range(n)]
+            if _POOL is not None:
+                _POOL.shutdown()
+            _POOL = await start_pool(n)
+        share = shares(concurrency, n)
+        firsts = [sum(share[:i]) for i in range(n)]
         loop = asyncio.get_running_loop()
         parts = await asyncio.gather(
             *(
@@ -652,7 +643,7 @@ async def run_window(
                     _POOL,
                     _client_share,
                     bodies[i::n],
-                    shares[i],
+                    share[i],
                     firsts[i],
                     args.stagger_ms,
                     args.request_timeout,

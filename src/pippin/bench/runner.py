@@ -64,14 +64,35 @@ class BenchConfig:
     def processes_at(self, level: float) -> int:
         if self.mode != "concurrency":
             return 1
-        n = self.client_processes or min(math.ceil(level / 64), (os.cpu_count() or 2) - 1)
-        return max(1, min(n, int(level)))
+        return client_processes(self.client_processes, int(level))
 
     def requests_at(self, level: float) -> int:
         if self.num_requests is not None:
             return self.num_requests
         # Enough for each client to send a few; in rate mode about ten seconds' worth.
         return max(8, int(4 * level)) if self.mode == "concurrency" else max(16, int(10 * level))
+
+
+def client_processes(requested: int, clients: int) -> int:
+    """Processes a closed loop of `clients` clients is spread over: `requested`, or (0) one
+    per 64 clients, up to the cores but one. One Python client process saturates its core
+    at a few thousand streamed tokens/s, which a fast server exceeds."""
+    n = requested or min(math.ceil(clients / 64), (os.cpu_count() or 2) - 1)
+    return max(1, min(n, clients))
+
+
+def shares(clients: int, n: int) -> list[int]:
+    """`clients` dealt out to `n` processes as evenly as they go."""
+    return [clients // n + (i < clients % n) for i in range(n)]
+
+
+async def start_pool(n: int) -> ProcessPoolExecutor:
+    """`n` spawned client processes, all started now (spawning imports httpx), not inside
+    a measured window."""
+    pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"))
+    loop = asyncio.get_running_loop()
+    await asyncio.gather(*(loop.run_in_executor(pool, time.sleep, 0.2) for _ in range(n)))
+    return pool
 
 
 @dataclass
@@ -201,13 +222,11 @@ async def run_window_in(
     The window runs from the first process's start to the last one's end (perf_counter is
     the machine's monotonic clock, the same in every process)."""
     n = cfg.processes_at(level)
-    clients = int(level)
-    shares = [clients // n + (i < clients % n) for i in range(n)]
     loop = asyncio.get_running_loop()
     parts = await asyncio.gather(
         *(
-            loop.run_in_executor(pool, _client_part, t, cfg, shares[i], sessions[i::n])
-            for i in range(n)
+            loop.run_in_executor(pool, _client_part, t, cfg, k, sessions[i::n])
+            for i, k in enumerate(shares(int(level), n))
         )
     )
     results = [r for p in parts for r in p.results]
@@ -246,18 +265,8 @@ async def run_benchmark(cfg: BenchConfig) -> BenchRun:
                 await _warm_up(client, t, cfg, progress)
         windows: list[Window] = []
         most = max((cfg.processes_at(lv) for lv in cfg.levels), default=1)
-        pool = (
-            ProcessPoolExecutor(most, mp_context=multiprocessing.get_context("spawn"))
-            if most > 1
-            else None
-        )
+        pool = await start_pool(most) if most > 1 else None
         try:
-            if pool is not None:
-                # Start every process now (spawning imports httpx), not inside a window.
-                loop = asyncio.get_running_loop()
-                await asyncio.gather(
-                    *(loop.run_in_executor(pool, time.sleep, 0.2) for _ in range(most))
-                )
             await _measure(client, cfg, progress, pool, windows)
         finally:
             if pool is not None:
