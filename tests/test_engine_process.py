@@ -22,6 +22,8 @@ import openai
 import pytest
 from server_utils import Server, run_server
 
+from pippin.bench.scrape import parse_metrics, total
+
 MSG = [{"role": "user", "content": "Hello, how are you today?"}]
 
 
@@ -34,13 +36,8 @@ def server(tiny_models: Callable[..., Path]) -> Iterator[Server]:
         yield s
 
 
-def _metric(server: Server, name: str) -> float:
-    text = server.http().get("/metrics").text
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name) and not line.startswith("#"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+def _metric(server: Server, name: str, **labels: str) -> float | None:
+    return total(parse_metrics(server.http().get("/metrics").text), name, **labels)
 
 
 def _engine_process(server: Server) -> int:
@@ -81,8 +78,10 @@ def test_outputs_cross_the_pipe(server: Server) -> None:
 def test_structured_output_is_compiled_again_in_the_engine(server: Server) -> None:
     schema = {
         "type": "object",
-        "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"}},
-        "required": ["name", "age"],
+        # Bounded lengths: a random model writing an unbounded number could run past
+        # max_tokens.
+        "properties": {"name": {"type": "string", "maxLength": 8}, "ok": {"type": "boolean"}},
+        "required": ["name", "ok"],
         "additionalProperties": False,
     }
     r = server.client().chat.completions.create(
@@ -94,8 +93,9 @@ def test_structured_output_is_compiled_again_in_the_engine(server: Server) -> No
             "json_schema": {"name": "p", "schema": schema, "strict": True},
         },
     )
+    assert r.choices[0].finish_reason == "stop"
     data = json.loads(r.choices[0].message.content or "")
-    assert set(data) == {"name", "age"} and isinstance(data["age"], int)
+    assert set(data) == {"name", "ok"} and isinstance(data["ok"], bool)
 
 
 def test_refusal_and_abort(server: Server) -> None:
@@ -123,8 +123,10 @@ def test_refusal_and_abort(server: Server) -> None:
     assert stats["memory"]["capacity_blocks"] > 0
     assert server.http().delete("/v1/cache").status_code == 200
     # Step timings and queue times come over from the engine process.
-    assert _metric(server, 'pippin_engine_step_duration_seconds_count{phase="decode"}') > 0
-    assert _metric(server, "pippin_request_queue_time_seconds_count") >= 4
+    decode_steps = _metric(server, "pippin_engine_step_duration_seconds_count", phase="decode")
+    assert decode_steps is not None and decode_steps > 0
+    queued = _metric(server, "pippin_request_queue_time_seconds_count")
+    assert queued is not None and queued >= 4
 
 
 def test_engine_process_death_ends_streams_with_an_error(
