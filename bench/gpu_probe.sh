@@ -7,9 +7,13 @@
 #                                   requests running, and a py-spy profile of every thread
 #   bash bench/gpu_probe.sh steady: the same load in-process (EngineCore, closed loop, no
 #                                   HTTP): what the server loses to the event loop and the GIL
+#   bash bench/gpu_probe.sh spy-steady: steady alone under py-spy --native: where a step's
+#                                   host time goes, inside MLX's C++ included
 #   bash bench/gpu_probe.sh gil   : steady, then loop in one process, then loop with
 #                                   --engine-process: is the 256-stream server GIL-bound?
-# Results in $OUT. EXTRA: more `pippin serve` flags for `loop`.
+#   (gil-a and gil-b are its two halves, each under one device call's 10 minutes)
+# Results in $OUT. EXTRA: more `pippin serve` flags for `loop`; PARTS: prefill_profile parts for
+# `steady` (default steady,job).
 set -u
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
 OUT=${OUT:-.tmp/gpu}
@@ -31,11 +35,24 @@ loop)
     "$path" -- --max-model-len 4096 ${EXTRA:-} 2>&1 | tail -3 | tee -a "$OUT/loop.log"
   ;;
 steady)
-  timeout -s KILL 240 python3 bench/prefill_profile.py --model "$path" --parts steady,job \
+  timeout -s KILL 240 python3 bench/prefill_profile.py --model "$path" --parts "${PARTS:-steady,job}" \
     --out "$OUT/steady" 2>&1 | grep "tok/s" | tee -a "$OUT/steady.log"
   ;;
+spy-steady)
+  timeout -s KILL 240 py-spy record --native --threads -r 100 -f raw -o "$OUT/spy-steady.txt" \
+    -- python3 bench/prefill_profile.py --model "$path" --parts steady --out "$OUT/spy-steady" \
+    2>&1 | grep "tok/s" | tee -a "$OUT/steady.log"
+  python3 bench/spy_summary.py "$OUT/spy-steady.txt" --threads 1 --top 30 >"$OUT/spy-steady-summary.txt"
+  ;;
 gil)
+  bash "$0" gil-a
+  bash "$0" gil-b
+  ;;
+gil-a)
   bash "$0" steady
+  bash "$0" spy-steady
+  ;;
+gil-b)
   echo "== one process" | tee -a "$OUT/loop.log"
   bash "$0" loop
   mv "$OUT/spy-server.txt" "$OUT/spy-one-process.txt"
