@@ -7,7 +7,11 @@ A server under many streams spends much of its device time reading prompts: with
   (pippin's `EngineCore`, one output token each), against mlx-lm's model called on the
   same batch with a fresh KV cache;
 - a whole job: `--job` requests of `--prompt` + `--gen` tokens, all added at once and run
-  to the end (prefill included), against mlx-lm's `BatchGenerator`.
+  to the end (prefill included), against mlx-lm's `BatchGenerator`;
+- a steady closed loop of `--job` clients: a server's load without HTTP. `--server-core`
+  builds that engine as `pippin serve` does (the model's tokenizer, so outputs are
+  detokenized, and the server's pool and step sizes); `--shared-prefix N` starts every
+  prompt with the same N tokens, as a chat template's system header does.
 
     python3 bench/prefill_profile.py --model /tmp/pippin-gpu-models/llama-3.2-1b --out $OUT
 """
@@ -35,6 +39,9 @@ def main() -> int:
     ap.add_argument("--job", type=int, default=256)
     ap.add_argument("--parts", default="prefill,job,steady", help="which measurements to run")
     ap.add_argument("--out", type=Path, default=Path(".tmp/prefill-profile"))
+    ap.add_argument("--server-core", action="store_true", help="steady: the engine as served")
+    ap.add_argument("--own-stream", action="store_true", help="steady: on a new stream, as served")
+    ap.add_argument("--shared-prefix", type=int, default=0, help="steady: tokens all prompts share")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -43,6 +50,7 @@ def main() -> int:
     from mlx_lm.utils import load
     from paged_vs_contiguous import make_core, run_mlx_lm, run_pippin
 
+    from pippin.engine.core import EngineCore
     from pippin.engine.types import SamplingParams
 
     model, _ = load(str(args.model))
@@ -50,8 +58,19 @@ def main() -> int:
     rng = random.Random(0)
     res: dict = {"model": str(args.model), "device": str(mx.default_device()), "args": vars(args)}
 
-    def prompts(n: int) -> list[list[int]]:
-        return [[rng.randrange(vocab) for _ in range(args.prompt)] for _ in range(n)]
+    def prompts(n: int, shared: int = 0) -> list[list[int]]:
+        head = [rng.randrange(vocab) for _ in range(shared)]
+        return [
+            head + [rng.randrange(vocab) for _ in range(args.prompt - shared)] for _ in range(n)
+        ]
+
+    def served_core() -> EngineCore:
+        from pippin.engine.config import EngineConfig, default_batched_tokens
+        from pippin.store.loader import load_model
+
+        loaded = load_model(str(args.model))
+        cfg = EngineConfig(max_model_len=4096, max_num_batched_tokens=default_batched_tokens())
+        return EngineCore(loaded, cfg)
 
     def mlx_prefill(batch: list[list[int]]) -> float:
         cache = make_prompt_cache(model)
@@ -105,8 +124,8 @@ def main() -> int:
         """Closed loop, as a server under `conc` clients: each finished request is replaced
         by a new one at once. Output tok/s over the second half, and steps per second."""
         total = conc * 3
-        batch = prompts(total)
-        core = make_core(model, batch[: conc * 2], args.gen)
+        batch = prompts(total, args.shared_prefix)
+        core = served_core() if args.server_core else make_core(model, batch[: conc * 2], args.gen)
         params = SamplingParams(max_tokens=args.gen, temperature=1.0, ignore_eos=True)
         sent = 0
         for _ in range(conc):
@@ -136,8 +155,13 @@ def main() -> int:
     dec = run_pippin(model, prompts(args.job), args.gen)
     res["decode_pippin_tok_s"] = dec
     print(f"decode only, batch {args.job}: pippin {dec:,.0f} tok/s", flush=True)
-    pippin_steady(min(args.job, 16))  # warm-up
-    tps, sps = pippin_steady(args.job)
+    with mx.stream(
+        mx.new_stream(mx.default_device())
+        if args.own_stream
+        else mx.default_stream(mx.default_device())
+    ):
+        pippin_steady(min(args.job, 16))  # warm-up
+        tps, sps = pippin_steady(args.job)
     res["steady_pippin_tok_s"], res["steady_pippin_steps_s"] = tps, sps
     print(
         f"steady {args.job} clients x ({args.prompt} + {args.gen}): pippin {tps:,.0f} output "
