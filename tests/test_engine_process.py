@@ -158,3 +158,18 @@ def test_engine_process_death_ends_streams_with_an_error(
         assert "engine process exited" in str(events[-1].get("error")), (len(events), events[-2:])
         assert not any(c.get("finish_reason") for e in events for c in e.get("choices", []))
         assert s.http().get("/health").status_code == 503
+
+
+def test_engine_process_is_the_default_on_cuda_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pippin.cli import build_parser, settings_from_args
+    from pippin.engine import paged_attention
+
+    def settings(*flags: str) -> bool:
+        args = build_parser().parse_args(["serve", "--offline", *flags])
+        return settings_from_args(args).engine_process
+
+    for cuda in (False, True):
+        monkeypatch.setattr(paged_attention, "on_cuda", lambda cuda=cuda: cuda)
+        assert settings() is cuda
+        assert settings("--engine-process") is True
+        assert settings("--no-engine-process") is False

@@ -51,3 +51,13 @@ def default_batched_tokens() -> int:
     from pippin.engine.paged_attention import on_cuda
 
     return BATCHED_TOKENS_CUDA if on_cuda() else EngineConfig.max_num_batched_tokens
+
+
+def default_engine_process() -> bool:
+    """Whether `pippin serve` runs the engine in a process of its own when not told. On
+    CUDA a step's host work is most of its time, and the HTTP side's Python, sharing the
+    GIL, delays it: 256 streams on an H200 ran at 12.6k output tok/s in an engine
+    process against 9.0k in one process (docs/benchmarks.md)."""
+    from pippin.engine.paged_attention import on_cuda
+
+    return on_cuda()
