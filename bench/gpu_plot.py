@@ -20,6 +20,11 @@ def _load(name: str, part: str) -> dict[str, Any]:
     return data["http"]["summary"] if part == "http" else data["in_process"]["batches"]
 
 
+def _load_http(name: str) -> dict[str, Any]:
+    """A `serve_bench.py --out` file's summary."""
+    return json.loads((RES / name).read_text())["summary"]
+
+
 def main() -> None:
     pip, mlx = _load("gpu-after-http-pippin.json", "http"), _load("gpu-http-mlx_lm.json", "http")
     # The compiled decode step, pippin and mlx_lm.server in one run.
@@ -27,14 +32,23 @@ def main() -> None:
     runs = json.loads((RES / "gpu-decode-profile.json").read_text())["runs"]
     cs, bs = [1, 16, 64, 256], [1, 32, 256]
     fig, ax = plt.subplots(1, 2, figsize=(10, 4))
-    ax[0].plot(cs, [comp[str(c)]["pippin"]["tok_per_s"] for c in cs], "o-", label="pippin")
+    # Latest: 400 ops per CUDA graph, one process, with mlx_lm.server in the same run; then
+    # the engine process (the default on CUDA now) against one process, in one later run.
+    ops = _load("gpu-ops-per-buffer-inprocess-llama.json", "http")
+    ep = _load_http("gpu-engine-process-http-llama.json")
+    ax[0].plot(cs, [ops[str(c)]["pippin"]["tok_per_s"] for c in cs], "o-", label="pippin")
+    eps = sorted(int(c) for c in ep)
+    ax[0].plot(
+        eps, [ep[str(c)]["pippin"]["tok_per_s"] for c in eps], "s", label="pippin, engine process"
+    )
+    ax[0].plot(cs, [comp[str(c)]["pippin"]["tok_per_s"] for c in cs], "o:", label="pippin, earlier")
     ax[0].plot(
         cs,
         [pip[str(c)]["pippin"]["tok_per_s"] for c in cs],
-        "o:",
+        "x:",
         label="pippin, op by op, earlier",
     )
-    ax[0].plot(cs, [comp[str(c)]["mlx_lm"]["tok_per_s"] for c in cs], "o--", label="mlx_lm.server")
+    ax[0].plot(cs, [ops[str(c)]["mlx_lm"]["tok_per_s"] for c in cs], "o--", label="mlx_lm.server")
     earlier = [mlx[str(c)]["mlx_lm"]["tok_per_s"] for c in cs]
     ax[0].plot(cs, earlier, "x:", label="mlx_lm.server, earlier")
     ax[1].plot(bs, [runs[f"eager/{b}"] for b in bs], "o-", label="pippin, op by op")
