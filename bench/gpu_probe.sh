@@ -9,6 +9,9 @@
 #                                   HTTP): what the server loses to the event loop and the GIL
 #   bash bench/gpu_probe.sh spy-steady: steady alone under py-spy --native: where a step's
 #                                   host time goes, inside MLX's C++ included
+#   bash bench/gpu_probe.sh served: the closed loop as `steady`, then with the engine built as
+#                                   the server builds it (--server-core), then also on its
+#                                   own stream: what the served engine loses in-process
 #   bash bench/gpu_probe.sh gil   : steady, then loop in one process, then loop with
 #                                   --engine-process: is the 256-stream server GIL-bound?
 #   (gil-a and gil-b are its two halves, each under one device call's 10 minutes)
@@ -43,6 +46,13 @@ spy-steady)
     -- python3 bench/prefill_profile.py --model "$path" --parts steady --out "$OUT/spy-steady" \
     2>&1 | grep "tok/s" | tee -a "$OUT/steady.log"
   python3 bench/spy_summary.py "$OUT/spy-steady.txt" --threads 1 --top 30 >"$OUT/spy-steady-summary.txt"
+  ;;
+served)
+  for flags in "" "--server-core" "--server-core --own-stream"; do
+    echo "== steady $flags" | tee -a "$OUT/served.log"
+    timeout -s KILL 150 python3 bench/prefill_profile.py --model "$path" --parts steady \
+      --out "$OUT/served" $flags 2>&1 | grep "tok/s" | tee -a "$OUT/served.log"
+  done
   ;;
 gil)
   bash "$0" gil-a
