@@ -67,6 +67,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT / "src"))
 # The request timing and percentiles are `pippin bench`'s; this script adds starting the
 # peers, pausing idle ones and checking for foreign CPU use around them.
+from pippin import mlx_env  # noqa: E402
 from pippin.bench.client import RequestResult, stream_request  # noqa: E402
 from pippin.bench.runner import client_processes, shares, start_pool  # noqa: E402
 from pippin.bench.stats import percentile as pct  # noqa: E402
@@ -380,6 +381,9 @@ def make_server(name: str, args: argparse.Namespace, log_dir: Path) -> Server | 
     """Build the launch description of one server, or return why it is skipped."""
     port = free_port()
     env = dict(os.environ)
+    if name != "pippin":
+        for key in mlx_env.SET:  # pippin's MLX settings, not the peer's
+            env.pop(key, None)
     if name != "pippin" and args.blas_lib:
         env["LD_PRELOAD"] = ":".join(x for x in (args.blas_lib, env.get("LD_PRELOAD")) if x)
     if name == "pippin" and args.blas_lib is None:

@@ -3,6 +3,7 @@ never over the user's own."""
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -13,17 +14,19 @@ import mlx
 SRC = Path(__file__).resolve().parent.parent / "src"
 
 
-def _ops_per_buffer(site: Path | None, user: str | None) -> str:
+def _ops_per_buffer(site: Path | None, user: str | None) -> tuple[str, dict[str, str]]:
+    """MLX_MAX_OPS_PER_BUFFER after `import pippin`, and what pippin says it set."""
     env = {k: v for k, v in os.environ.items() if k != "MLX_MAX_OPS_PER_BUFFER"}
     env["PYTHONPATH"] = os.pathsep.join([*([str(site)] if site else []), str(SRC)])
     if user is not None:
         env["MLX_MAX_OPS_PER_BUFFER"] = user
     code = "import sys, os, pippin; assert 'mlx.core' not in sys.modules; "
-    code += "print(os.environ.get('MLX_MAX_OPS_PER_BUFFER', '-'))"
+    code += "print(os.environ.get('MLX_MAX_OPS_PER_BUFFER', '-'), pippin.mlx_env.SET)"
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
-    return out.stdout.strip()
+    value, _, set_by_pippin = out.stdout.strip().partition(" ")
+    return value, ast.literal_eval(set_by_pippin)
 
 
 def _cuda_site(tmp_path: Path) -> Path:
@@ -38,12 +41,15 @@ def _cuda_site(tmp_path: Path) -> Path:
 def test_cuda_build_gets_larger_graphs(tmp_path: Path) -> None:
     from pippin.mlx_env import OPS_PER_BUFFER_CUDA
 
-    assert _ops_per_buffer(_cuda_site(tmp_path), None) == OPS_PER_BUFFER_CUDA
+    assert _ops_per_buffer(_cuda_site(tmp_path), None) == (
+        OPS_PER_BUFFER_CUDA,
+        {"MLX_MAX_OPS_PER_BUFFER": OPS_PER_BUFFER_CUDA},
+    )
 
 
 def test_users_setting_wins(tmp_path: Path) -> None:
-    assert _ops_per_buffer(_cuda_site(tmp_path), "7") == "7"
+    assert _ops_per_buffer(_cuda_site(tmp_path), "7") == ("7", {})
 
 
 def test_other_builds_keep_mlx_defaults() -> None:
-    assert _ops_per_buffer(None, None) == "-"
+    assert _ops_per_buffer(None, None) == ("-", {})

@@ -14,6 +14,10 @@ from pathlib import Path
 # an in-process closed loop under 256 clients 16.0k -> 22.0k, single stream 395 -> 419.
 OPS_PER_BUFFER_CUDA = "400"
 
+# What `apply` set (not what the user did): benchmarks take these out of the environment
+# of the peer servers they start, which should run on their own defaults.
+SET: dict[str, str] = {}
+
 
 def cuda_build() -> bool:
     """Whether the installed MLX is the CUDA build (an `mlx-cuda-*` distribution beside
@@ -29,4 +33,4 @@ def apply() -> None:
     """Set pippin's defaults for what the user left unset. Metal keeps MLX's own: its
     command buffers follow other rules, and nobody here can measure them."""
     if "MLX_MAX_OPS_PER_BUFFER" not in os.environ and cuda_build():
-        os.environ["MLX_MAX_OPS_PER_BUFFER"] = OPS_PER_BUFFER_CUDA
+        os.environ["MLX_MAX_OPS_PER_BUFFER"] = SET["MLX_MAX_OPS_PER_BUFFER"] = OPS_PER_BUFFER_CUDA
