@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -210,6 +212,19 @@ def test_hub_id(hf_folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     lm = load_model("someorg/tiny-llama", revision="v1")
     assert calls == [("someorg/tiny-llama", "v1")]
     assert lm.name == lm.source == "someorg/tiny-llama"
+
+
+def test_serve_with_a_wrong_model_says_so_in_one_line(tmp_path: Path) -> None:
+    for spec, why in ((tmp_path / "nope", "no such file or folder"), (tmp_path, "config.json")):
+        out = subprocess.run(
+            [sys.executable, "-m", "pippin.cli", "serve", str(spec), "--offline", "--port", "1"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 3
+        assert why in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
+        assert out.stderr.strip().startswith("pippin serve: cannot load the model: ")
 
 
 def test_errors(tmp_path: Path) -> None:

@@ -555,6 +555,15 @@ def serve(args: argparse.Namespace) -> int:
         log.warning(
             "listening on %s without --api-key: anyone who can reach it can use it", args.host
         )
+    from pippin.store.loader import ModelLoadError, resolve_spec
+
+    try:
+        # Found (or downloaded) before the server starts: a wrong name or path is then one
+        # clear line, not the traceback of a failed application startup.
+        resolve_spec(settings.model, settings.revision)
+    except ModelLoadError as e:
+        print(f"pippin serve: cannot load the model: {e}", file=sys.stderr)
+        return 3
     app = create_app(settings)
     uvicorn.run(
         app,
