@@ -437,6 +437,17 @@ def test_gguf_matches_mlx_lm(
     text = "Hello, world! The capital of France is Paris."
     assert lm.tokenizer.encode(text) == original.encode(text)
 
+    # An engine process's API side: tokenizer and config alike, the file's weights unread.
+    def unread(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the weights were read")
+
+    with pytest.MonkeyPatch.context() as mp:
+        if qtype != "Q5_0":  # the cached safetensors of Q5_0 are read lazily anyway
+            mp.setattr(mx, "load", unread)
+        light = load_model(str(path), weights=False)
+    assert light.config == lm.config and light.eos_token_ids == lm.eos_token_ids
+    assert light.tokenizer.encode(text) == lm.tokenizer.encode(text)
+
 
 # --- Qwen2.5-Coder-0.5B Q4_K_M (K-quants: dequantised once, cached) ----------------------
 

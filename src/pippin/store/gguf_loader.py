@@ -93,14 +93,18 @@ def cache_root() -> Path:
 
 
 def load_gguf(
-    path: Path, *, trust_remote_code: bool = False
+    path: Path, *, trust_remote_code: bool = False, weights: bool = True
 ) -> tuple[nn.Module, TokenizerWrapper, dict[str, Any], Path]:
-    """(model, tokenizer, config, cache folder); the weights are not evaluated yet."""
+    """(model, tokenizer, config, cache folder); the weights are not evaluated yet.
+
+    weights False, for a process that never runs the model (the API process of an engine
+    process): a file MLX reads natively (read whole, not lazily) is not read; the model is
+    then a skeleton whose parameters are never computed."""
     folder = cache_folder(path)
     key = folder.name.rsplit("-v", 1)[0]
-    weights: dict[str, mx.array] | None = None
+    tensors: dict[str, mx.array] | None = None
     if not (folder / "config.json").exists():
-        weights = _convert(path, folder)
+        tensors = _convert(path, folder)
         for stale in folder.parent.glob(f"{key}-v*"):
             if stale != folder:  # the same file converted by an older pippin
                 shutil.rmtree(stale, ignore_errors=True)
@@ -108,9 +112,13 @@ def load_gguf(
         model, config = mlx_load_model(folder, lazy=True)
     else:
         config = load_config(folder)
-        if weights is None:
-            weights = _native_weights(path, config)
-        model = _instantiate(config, weights)
+        if not weights:
+            model_class, args_class = _get_classes(config)
+            model = model_class(args_class.from_dict(config))
+        else:
+            if tensors is None:
+                tensors = _native_weights(path, config)
+            model = _instantiate(config, tensors)
     tokenizer = load_tokenizer(
         folder,
         {"trust_remote_code": trust_remote_code},

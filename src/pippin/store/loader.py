@@ -80,7 +80,7 @@ def load_model(
             from . import gguf_loader
 
             model, tokenizer, config, folder = gguf_loader.load_gguf(
-                path, trust_remote_code=trust_remote_code
+                path, trust_remote_code=trust_remote_code, weights=weights
             )
         else:
             model, tokenizer, config = _load_folder(path, trust_remote_code)
