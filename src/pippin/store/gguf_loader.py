@@ -112,13 +112,9 @@ def load_gguf(
         model, config = mlx_load_model(folder, lazy=True)
     else:
         config = load_config(folder)
-        if not weights:
-            model_class, args_class = _get_classes(config)
-            model = model_class(args_class.from_dict(config))
-        else:
-            if tensors is None:
-                tensors = _native_weights(path, config)
-            model = _instantiate(config, tensors)
+        if weights and tensors is None:
+            tensors = _native_weights(path, config)
+        model = _instantiate(config, tensors if weights else None)
     tokenizer = load_tokenizer(
         folder,
         {"trust_remote_code": trust_remote_code},
@@ -569,10 +565,13 @@ def _save_dequantised(
             shard, size = {}, 0
 
 
-def _instantiate(config: dict[str, Any], weights: dict[str, mx.array]) -> nn.Module:
-    """Build the mlx-lm model and quantise the layers the file has quantised, as mlx-lm does."""
+def _instantiate(config: dict[str, Any], weights: dict[str, mx.array] | None) -> nn.Module:
+    """Build the mlx-lm model and quantise the layers the file has quantised, as mlx-lm does;
+    without weights, a skeleton whose parameters are never computed."""
     model_class, args_class = _get_classes(config)
     model = model_class(args_class.from_dict(config))
+    if weights is None:
+        return model
     if hasattr(model, "sanitize"):
         weights = model.sanitize(weights)
 
