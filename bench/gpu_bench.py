@@ -36,11 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT / "src"))
-sys.path.insert(0, str(REPO_ROOT / "bench"))
-
-import pippin  # noqa: E402,F401  (sets MLX's settings before MLX loads: pippin.mlx_env)
+from checkout import REPO_ROOT
 
 CONFIGS: dict[str, dict[str, Any]] = {
     # meta-llama/Llama-3.2-1B config.json (the fields mlx-lm reads)

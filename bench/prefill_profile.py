@@ -25,11 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT / "src"))
-sys.path.insert(0, str(REPO_ROOT / "bench"))
-
-import pippin  # noqa: E402,F401  (sets MLX's settings before MLX loads: pippin.mlx_env)
+import checkout  # noqa: F401  (src/ on the path, pippin imported before MLX)
 
 
 def main() -> int:

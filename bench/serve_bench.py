@@ -62,9 +62,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from checkout import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT / "src"))
 # The request timing and percentiles are `pippin bench`'s; this script adds starting the
 # peers, pausing idle ones and checking for foreign CPU use around them.
 from pippin import mlx_env  # noqa: E402
@@ -368,13 +367,9 @@ def resolve_blas(choice: str) -> str | None:
         return None
     if choice != "auto":
         return choice
-    sys.path.insert(0, str(REPO_ROOT / "src"))
-    try:
-        from pippin.blas import find_openblas  # pure Python: imports no MLX
+    from pippin.blas import find_openblas  # pure Python: imports no MLX
 
-        return find_openblas()
-    finally:
-        sys.path.pop(0)
+    return find_openblas()
 
 
 def make_server(name: str, args: argparse.Namespace, log_dir: Path) -> Server | str:
