@@ -210,6 +210,7 @@ def test_hub_id(hf_folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr("mlx_lm.utils.snapshot_download", fake_snapshot_download)
     lm = load_model("someorg/tiny-llama", revision="v1")
+    load_model("someorg/tiny-llama", revision="v1")  # as `pippin serve` resolves, then loads
     assert calls == [("someorg/tiny-llama", "v1")]
     assert lm.name == lm.source == "someorg/tiny-llama"
 

@@ -23,10 +23,8 @@ def cuda_build() -> bool:
     """Whether the installed MLX is the CUDA build (an `mlx-cuda-*` distribution beside
     the `mlx` package), found without importing MLX."""
     spec = importlib.util.find_spec("mlx")
-    for folder in spec.submodule_search_locations or [] if spec else []:
-        if any(Path(folder).parent.glob("mlx_cuda*.dist-info")):
-            return True
-    return False
+    folders = (spec.submodule_search_locations or []) if spec is not None else []
+    return any(any(Path(f).parent.glob("mlx_cuda*.dist-info")) for f in folders)
 
 
 def apply() -> None:

@@ -6,6 +6,7 @@ as an mlx-lm model, a `TokenizerWrapper` and the model's own defaults in a `Load
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import logging
@@ -139,6 +140,7 @@ def _is_hub_spec(spec: str) -> bool:
     return bool(_HUB_ID.match(spec))
 
 
+@functools.cache  # once per process: `pippin serve` resolves the model before it loads it
 def _download(spec: str, revision: str | None) -> Path:
     try:
         if spec.endswith(".gguf"):
