@@ -7,8 +7,8 @@
 #                                   requests running, and a py-spy profile of every thread
 #   bash bench/gpu_probe.sh steady: the same load in-process (EngineCore, closed loop, no
 #                                   HTTP): what the server loses to the event loop and the GIL
-#   bash bench/gpu_probe.sh spy-steady: steady alone under py-spy --native: where a step's
-#                                   host time goes, inside MLX's C++ included
+#   bash bench/gpu_probe.sh spy-steady: steady alone under py-spy (NATIVE=1: --native, MLX's
+#                                   C++ included; FLAGS: prefill_profile flags)
 #   bash bench/gpu_probe.sh served: the closed loop as `steady`, then with the engine built as
 #                                   the server builds it (--server-core), then also on its
 #                                   own stream: what the served engine loses in-process
@@ -18,7 +18,8 @@
 # Results in $OUT. EXTRA: more `pippin serve` flags for `loop`; PARTS: prefill_profile parts for
 # `steady` (default steady,job).
 set -u
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
+# PIPPIN_PROBE_EVAL=DIR: time every mx.async_eval (bench/probe_site/sitecustomize.py)
+export PYTHONPATH=/tmp/site:$PWD/src${PIPPIN_PROBE_EVAL:+:$PWD/bench/probe_site} PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
 OUT=${OUT:-.tmp/gpu}
 MODEL=${MODEL:-llama-3.2-1b}
 mkdir -p "$OUT"
@@ -39,13 +40,15 @@ loop)
   ;;
 steady)
   timeout -s KILL 240 python3 bench/prefill_profile.py --model "$path" --parts "${PARTS:-steady,job}" \
-    --out "$OUT/steady" 2>&1 | grep "tok/s" | tee -a "$OUT/steady.log"
+    --out "$OUT/steady" ${FLAGS:-} 2>&1 | grep "tok/s" | tee -a "$OUT/steady.log"
   ;;
 spy-steady)
-  timeout -s KILL 240 py-spy record --native --threads -r 100 -f raw -o "$OUT/spy-steady.txt" \
-    -- python3 bench/prefill_profile.py --model "$path" --parts steady --out "$OUT/spy-steady" \
-    2>&1 | grep "tok/s" | tee -a "$OUT/steady.log"
-  python3 bench/spy_summary.py "$OUT/spy-steady.txt" --threads 1 --top 30 >"$OUT/spy-steady-summary.txt"
+  # NATIVE=1: MLX's C++ frames too (slows the loop a lot); FLAGS: prefill_profile flags.
+  tag=spy-steady${FLAGS:+$(echo "$FLAGS" | tr -d ' ')}
+  timeout -s KILL 240 py-spy record ${NATIVE:+--native} --threads -r 100 -f raw -o "$OUT/$tag.txt" \
+    -- python3 bench/prefill_profile.py --model "$path" --parts steady --out "$OUT/$tag" \
+    ${FLAGS:-} 2>&1 | grep "tok/s" | tee -a "$OUT/steady.log"
+  python3 bench/spy_summary.py "$OUT/$tag.txt" --threads 1 --top 30 >"$OUT/$tag-summary.txt"
   ;;
 served)
   for flags in "" "--server-core" "--server-core --own-stream"; do

@@ -14,7 +14,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
 
-from pippin.engine import decode_graph, head_rows, paged_attention
+from pippin.engine import decode_graph, fused_proj, head_rows, paged_attention
 from pippin.engine.paged_cache import (
     BatchLayout,
     LayerPool,
@@ -54,6 +54,7 @@ class ModelRunner:
         self.num_caches = 0  # entries of the model's cache list, one per layer
         self.specs: dict[int, LayerSpec] = {}  # attention layers
         self.state_sizes: dict[int, int] = {}  # recurrent layers
+        fused_proj.install(model)  # q/k/v and gate/up: one matmul each
         self._probe()
         self.pools: dict[int, LayerPool] = {}
         self.graph: decode_graph.DecodeGraph | None = None
