@@ -228,6 +228,32 @@ def test_serve_with_a_wrong_model_says_so_in_one_line(tmp_path: Path) -> None:
         assert out.stderr.strip().startswith("pippin serve: cannot load the model: ")
 
 
+def test_serve_with_a_wrong_embedding_or_rerank_model_says_so_in_one_line(
+    tmp_path: Path, tiny_models
+) -> None:
+    model = tiny_models("llama")
+    gguf_file = tmp_path / "encoder.gguf"
+    gguf_file.write_bytes(b"GGUF")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases = (
+        ("--embedding-model", tmp_path / "nope", "embedding", "no such file or folder"),
+        ("--rerank-model", empty, "rerank", "config.json"),
+        ("--embedding-model", gguf_file, "embedding", "loaded from a model folder"),
+    )
+    for flag, spec, kind, why in cases:
+        out = subprocess.run(
+            [sys.executable, "-m", "pippin.cli", "serve", str(model), flag, str(spec)]
+            + ["--offline", "--port", "1"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 3, out.stderr[-2000:]
+        assert why in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
+        assert out.stderr.strip().startswith(f"pippin serve: cannot load the {kind} model: ")
+
+
 def test_errors(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match="no such file or folder"):
         load_model(str(tmp_path / "nope"))

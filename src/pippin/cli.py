@@ -555,14 +555,21 @@ def serve(args: argparse.Namespace) -> int:
         log.warning(
             "listening on %s without --api-key: anyone who can reach it can use it", args.host
         )
+    from pippin.embed.models import resolve_served
     from pippin.store.loader import ModelLoadError, resolve_spec
 
+    # Found (or downloaded) before the server starts: a wrong name or path is then one
+    # clear line, not the traceback of a failed application startup.
+    served = (("embedding", args.embedding_model), ("rerank", args.rerank_model))
+    what = "the model"
     try:
-        # Found (or downloaded) before the server starts: a wrong name or path is then one
-        # clear line, not the traceback of a failed application startup.
         resolve_spec(settings.model, settings.revision)
+        for kind, spec in served:
+            if spec:
+                what = f"the {kind} model"
+                resolve_served(spec, kind, settings.revision)
     except ModelLoadError as e:
-        print(f"pippin serve: cannot load the model: {e}", file=sys.stderr)
+        print(f"pippin serve: cannot load {what}: {e}", file=sys.stderr)
         return 3
     app = create_app(settings)
     uvicorn.run(

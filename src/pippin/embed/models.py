@@ -159,12 +159,19 @@ class YesNoReranker(Reranker):
 # --- loading --------------------------------------------------------------------
 
 
+def resolve_served(spec: str, kind: Kind, revision: str | None) -> tuple[Path, str, str]:
+    """(folder, source, name) of an embedding or rerank model; ModelLoadError if there is
+    none (`pippin serve` checks this before the server starts)."""
+    path, source, name = resolve_spec(spec, revision)
+    if not path.is_dir():
+        raise ModelLoadError(f"{source}: {kind} models are loaded from a model folder")
+    return path, source, name
+
+
 def load_served_model(spec: str, kind: Kind, opts: LoadOptions) -> ServedModel:
     """Load ``spec`` (a folder or a Hub id) as an embedding or rerank model; anything it
     cannot serve exactly fails here, with a one-line ModelLoadError."""
-    path, source, name = resolve_spec(spec, opts.revision)
-    if not path.is_dir():
-        raise ModelLoadError(f"{source}: {kind} models are loaded from a model folder")
+    path, source, name = resolve_served(spec, kind, opts.revision)
     config = read_json(path / "config.json")
     model_type = str(config.get("model_type", ""))
     if model_type in _UNSUPPORTED:
