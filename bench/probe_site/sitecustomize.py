@@ -3,7 +3,8 @@
 Put this folder on PYTHONPATH with PIPPIN_PROBE_EVAL=DIR set: every Python process then
 (an engine process too) writes DIR/async-eval-PID.txt at exit: per call site, calls and
 the p50/p90/mean milliseconds. PIPPIN_PROBE_SYNC=1 waits for the device before each call
-(timed apart, as `sync`), so the call's own time is host work only.
+(timed apart, as `sync`), so the call's own time is host work only; =2 also waits after
+it (`device after`: the device's time for what the call launched) and lists every call.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ _DIR = os.environ.get("PIPPIN_PROBE_EVAL")
 def _install() -> None:
     import mlx.core as mx
 
-    original, sync = mx.async_eval, os.environ.get("PIPPIN_PROBE_SYNC") == "1"
+    sync_mode = os.environ.get("PIPPIN_PROBE_SYNC", "0")
+    original, sync, after = mx.async_eval, sync_mode in ("1", "2"), sync_mode == "2"
+    log: list[str] = []  # with after: each call's site, host ms, device ms after it
     times: dict[str, list[float]] = {}
     calls = [0]
     start = time.perf_counter()
@@ -36,6 +39,11 @@ def _install() -> None:
         t0 = time.perf_counter()
         original(*args)
         t1 = time.perf_counter()
+        if after:
+            mx.synchronize()
+            t2 = time.perf_counter()
+            times.setdefault("device after " + site, []).append(t2 - t1)
+            log.append(f"{site} {(t1 - t0) * 1e3:.2f} {(t2 - t1) * 1e3:.2f}")
         times.setdefault(site, []).append(t1 - t0)
         sec = seconds.setdefault(int(t1 - start), [0, 0.0, 0.0])
         sec[0] += 1
@@ -59,6 +67,8 @@ def _install() -> None:
         lines.append("second  calls  ms in async_eval  longest ms")
         for sec, (n, total, longest) in sorted(seconds.items()):
             lines.append(f"{sec:6d} {n:6d} {total * 1e3:9.1f} {longest * 1e3:9.1f}")
+        if log:
+            lines += ["call site, ms in the call, ms the device ran after it", *log]
         with open(os.path.join(_DIR or ".", f"async-eval-{os.getpid()}.txt"), "w") as out:
             out.write(" ".join(sys.argv[:2]) + "\n" + "\n".join(lines) + "\n")
 
