@@ -41,6 +41,22 @@ def main() -> None:
     ax[0].plot(
         eps, [ep[str(c)]["pippin"]["tok_per_s"] for c in eps], "s", label="pippin, engine process"
     )
+    # Fused projections (engine process): two runs at 256 (one wave per window).
+    sep = _load("gpu-fused-proj-http-unfused.json", "http")
+    fused = json.loads((RES / "gpu-fused-proj-http.json").read_text())["runs"]
+    ax[0].plot(
+        [1, 256],
+        [sep[c]["pippin"]["tok_per_s"] for c in ("1", "256")],
+        "^",
+        label="pippin, separate projections",
+    )
+    ax[0].plot(
+        [r["concurrency"] for r in fused],
+        [r["tok_per_s"] for r in fused],
+        "*",
+        markersize=10,
+        label="pippin, fused projections",
+    )
     ax[0].plot(cs, [comp[str(c)]["pippin"]["tok_per_s"] for c in cs], "o:", label="pippin, earlier")
     ax[0].plot(
         cs,
@@ -53,6 +69,12 @@ def main() -> None:
     ax[0].plot(cs, earlier, "x:", label="mlx_lm.server, earlier")
     ax[1].plot(bs, [runs[f"eager/{b}"] for b in bs], "o-", label="pippin, op by op")
     ax[1].plot(bs, [runs[f"compiled/{b}"] for b in bs], "o-", label="pippin, compiled step")
+    for name, mark, label in (
+        ("separate", "^", "separate projections"),
+        ("fused", "*", "fused projections"),
+    ):
+        r = json.loads((RES / f"gpu-fused-proj-decode-{name}.json").read_text())["runs"]
+        ax[1].plot([1, 256], [r["compiled/1"], r["compiled/256"]], mark, label=f"pippin, {label}")
     titles = ("over HTTP, 512 -> 256 tokens", "in-process decode, 512 + 128 tokens")
     for a, title, xlabel in zip(ax, titles, ("concurrency", "batch")):
         a.set_xscale("log", base=2)
