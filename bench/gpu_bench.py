@@ -239,9 +239,9 @@ def http(path: Path, name: str, args: argparse.Namespace, out_dir: Path) -> dict
         "--concurrency",
         args.concurrency,
         "--repetitions",
-        "1",
+        str(args.repetitions),
         "--requests-per-client",
-        "1",
+        str(args.requests_per_client),
         "--min-requests",
         "4",
         "--warmup-requests",
@@ -279,6 +279,10 @@ def main() -> int:
     ap.add_argument("--pippin-args", default="--max-model-len 4096")
     ap.add_argument("--batches", default="32,128,256", help="in-process batch sizes")
     ap.add_argument("--skip-in-process", action="store_true")
+    # One request per client makes each window at concurrency 256 a single wave of prompts,
+    # whose figure moves by a third between runs: more requests per client average waves.
+    ap.add_argument("--requests-per-client", type=int, default=1)
+    ap.add_argument("--repetitions", type=int, default=1)
     ap.add_argument("--skip-http", action="store_true")
     ap.add_argument("--http-timeout", type=float, default=900)
     args = ap.parse_args()

@@ -9,10 +9,13 @@ against mlx-lm's contiguous batch cache. Random-weight Qwen3-shaped model.
 from __future__ import annotations
 
 import argparse
+import copy
 import random
 import time
+from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx.utils import tree_map
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models import qwen3
@@ -66,10 +69,36 @@ def build(hidden: int, layers: int, vocab: int, dtype: mx.Dtype) -> qwen3.Model:
     return model
 
 
+def _tree_copy(x: Any) -> Any:
+    if isinstance(x, nn.Module):
+        out = copy.copy(x)  # its attributes; the children are replaced just below
+        for k, v in x.items():
+            out[k] = _tree_copy(v)
+        return out
+    if isinstance(x, list):
+        return [_tree_copy(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _tree_copy(v) for k, v in x.items()}
+    return x  # arrays are shared
+
+
+_ENGINE_MODELS: dict[int, tuple[nn.Module, nn.Module]] = {}
+
+
+def engine_model(model: nn.Module) -> nn.Module:
+    """`model` as pippin's engine may change it: the engine swaps modules in place (fused
+    projections, the LM head's norm), and mlx-lm measured on `model` in the same process
+    must run its own layers. A copy of the module tree, sharing the weights; one per model."""
+    got = _ENGINE_MODELS.get(id(model))
+    if got is None or got[0] is not model:
+        got = _ENGINE_MODELS[id(model)] = (model, _tree_copy(model))
+    return got[1]
+
+
 def make_core(model, prompts: list[list[int]], gen: int) -> EngineCore:
     """An engine whose pool holds every sequence whole, so the batch never shrinks by
     preemption."""
-    loaded = LoadedModel(model=model, tokenizer=_Tok(), config={}, source="", name="")
+    loaded = LoadedModel(model=engine_model(model), tokenizer=_Tok(), config={}, source="", name="")
     blocks = sum((len(p) + gen) // 16 + 2 for p in prompts) + 64
     return EngineCore(
         loaded,
