@@ -21,6 +21,8 @@ from pippin.engine.paged_cache import (
     LayerSpec,
     PagedLayerCache,
     QuantizedPagedLayerCache,
+    padded_len,
+    prefill_bucket,
 )
 from pippin.engine.scheduler import ScheduledSeq
 
@@ -66,6 +68,8 @@ class ModelRunner:
             model, self.specs, self.state_sizes
         )
         self.head = head_rows.install(model)
+        # Padding would run through recurrent state: those models keep exact lengths.
+        self.prefill_bucket = None if self.state_sizes else prefill_bucket()
 
     @property
     def has_state_layers(self) -> bool:
@@ -154,7 +158,8 @@ class ModelRunner:
         L = max(lengths)
         compiled = self.graph is not None and L == 1
         B = len(items)
-        tokens = np.zeros((self.graph.rows(B) if compiled else B, L), dtype=np.int32)
+        Lp = padded_len(L, self.prefill_bucket)
+        tokens = np.zeros((self.graph.rows(B) if compiled else B, Lp), dtype=np.int32)
         lazy: list[tuple[int, mx.array, int]] = []
         for b, it in enumerate(items):
             seq = it.seq
@@ -186,7 +191,7 @@ class ModelRunner:
                 return None
             return logits if len(rows) == B else logits[mx.array(rows)]
 
-        layout = BatchLayout(starts, lengths, tables, self.block_size)
+        layout = BatchLayout(starts, lengths, tables, self.block_size, self.prefill_bucket)
         if self.paged_kernel:
             paged_attention.use_kernel(layout)
         caches: list[Any] = [
@@ -196,7 +201,7 @@ class ModelRunner:
         cols = [lengths[b] - 1 for b in rows]
         if self.head is not None and rows and L > 1:
             # Only the sampling positions go through the LM head.
-            with self.head.select(rows, cols, (B, L)):
+            with self.head.select(rows, cols, (B, Lp)):
                 logits = self.model(inputs, cache=caches)
         else:
             logits = self.model(inputs, cache=caches)

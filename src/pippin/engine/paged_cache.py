@@ -18,6 +18,7 @@ With quantised KV (`LayerSpec.bits`), the pool holds mx.quantize's three parts
 from __future__ import annotations
 
 import copy
+import os
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -93,15 +94,16 @@ def table_arrays(
     block_size: int,
     rows: int,
     width: int,
+    pad_len: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Block tables [rows, width] (the blocks each row reads, 0 after them) and the slot of
-    each new token [rows, max(lengths)] (0, in the null block, for padding)."""
+    each new token [rows, max(max(lengths), pad_len)] (0, in the null block, for padding)."""
     bs = block_size
     tables = np.zeros((rows, width), dtype=np.int32)
     for b, (start, n, table) in enumerate(zip(starts, lengths, block_tables)):
         used = (start + n + bs - 1) // bs
         tables[b, :used] = table[:used]
-    L = max(lengths)
+    L = max(max(lengths), pad_len)
     n_rows = len(starts)
     col = np.arange(L)[None, :]
     pos = np.asarray(starts)[:, None] + col
@@ -115,6 +117,24 @@ def table_arrays(
 FRESH_PREFILL = True
 
 
+def prefill_bucket() -> int | None:
+    """Tokens a batch of prompt chunks is padded to a multiple of (None: to its longest
+    chunk), from PIPPIN_PREFILL_BUCKET. On CUDA each new shape of a prefill call costs host
+    time (cuDNN builds an attention graph per shape, which it keeps for 256 shapes; kernels
+    and CUDA graphs are chosen per shape), and prompts of every length make every call a
+    new shape; a bucket bounds the shapes, at the cost of computing the padding."""
+    value = os.environ.get("PIPPIN_PREFILL_BUCKET", "")
+    return int(value) if value.isdigit() and int(value) > 1 else None
+
+
+def padded_len(longest: int, bucket: int | None) -> int:
+    """The padded length of a batch whose longest row has `longest` new tokens; decode
+    batches (one token a row) keep their shape."""
+    if bucket is None or longest <= 1:
+        return longest
+    return -(-longest // bucket) * bucket
+
+
 @dataclass
 class BatchLayout:
     """Where B sequences, each with `lengths[b]` new tokens from `starts[b]`, read and write."""
@@ -123,6 +143,7 @@ class BatchLayout:
     lengths: list[int]
     block_tables: list[list[int]]
     block_size: int
+    bucket: int | None = None  # pad L to a multiple of this (`prefill_bucket`)
     pad_len: int = 0  # L, the padded number of new tokens per row
     kv_len: int = 0  # the longest row's keys
     kv_width: int = 0  # keys attention sees per row (padded rows are masked)
@@ -141,16 +162,24 @@ class BatchLayout:
     def __post_init__(self) -> None:
         bs = self.block_size
         B = len(self.starts)
-        L = max(self.lengths)
+        L = padded_len(max(self.lengths), self.bucket)
         self.pad_len = L
         self.kv_len = max(s + n for s, n in zip(self.starts, self.lengths))
         nb = (self.kv_len + bs - 1) // bs
+        if self.bucket and L > 1:
+            # A padded lone row reads start + L keys; whole multiples of the bucket keep
+            # the key length to few shapes too.
+            unit = max(1, (self.bucket or 1) // bs)
+            nb = -(-((max(self.starts) + L + bs - 1) // bs) // unit) * unit
         self.fresh = FRESH_PREFILL and not any(self.starts)
         # One row reads exactly its keys (so the causal mode needs no mask array); so do
-        # fresh rows, right-padded to L: causal attention never sees the padding. Other
-        # rows read whole blocks and the mask hides the rest.
-        self.kv_width = self.kv_len if B == 1 or self.fresh else nb * bs
-        tables, slots = table_arrays(self.starts, self.lengths, self.block_tables, bs, B, nb)
+        # fresh rows, right-padded to L: causal attention never sees the padding, and a
+        # lone row's queries, aligned to its last key, see none either. Other rows read
+        # whole blocks and the mask hides the rest.
+        self.kv_width = max(self.starts) + L if B == 1 or self.fresh else nb * bs
+        tables, slots = table_arrays(
+            self.starts, self.lengths, self.block_tables, bs, B, nb, pad_len=L
+        )
         self.gather_blocks = mx.array(tables)
         self.write_slots = mx.array(slots.reshape(-1))
         self.offset = self.starts[0] if B == 1 else mx.array(self.starts, dtype=mx.int32)
