@@ -12,6 +12,8 @@
 #   bash bench/gpu_probe.sh served: the closed loop as `steady`, then with the engine built as
 #                                   the server builds it (--server-core), then also on its
 #                                   own stream: what the served engine loses in-process
+#   bash bench/gpu_probe.sh bucket: loop in an engine process without and with
+#                                   PIPPIN_PREFILL_BUCKET=64, mx.async_eval timed per call
 #   bash bench/gpu_probe.sh gil   : steady, then loop in one process, then loop with
 #                                   --engine-process: is the 256-stream server GIL-bound?
 #   (gil-a and gil-b are its two halves, each under one device call's 10 minutes)
@@ -55,6 +57,17 @@ served)
     echo "== steady $flags" | tee -a "$OUT/served.log"
     timeout -s KILL 150 python3 bench/prefill_profile.py --model "$path" --parts steady \
       --out "$OUT/served" $flags 2>&1 | grep "tok/s" | tee -a "$OUT/served.log"
+  done
+  ;;
+bucket)
+  # The server under 256 streams without and with PIPPIN_PREFILL_BUCKET=64, each call of
+  # mx.async_eval timed (does padding prompt chunks remove the 50-140 ms stalls?).
+  for b in 0 64; do
+    echo "== PIPPIN_PREFILL_BUCKET=$b" | tee -a "$OUT/loop.log"
+    mkdir -p "$OUT/bucket-$b"
+    PIPPIN_PROBE_EVAL="$OUT/bucket-$b" PIPPIN_PREFILL_BUCKET=$b \
+      EXTRA="--engine-process ${EXTRA:-}" bash "$0" loop
+    mv "$OUT/spy-server.txt" "$OUT/bucket-$b/spy-server.txt"
   done
   ;;
 gil)
