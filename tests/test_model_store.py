@@ -33,6 +33,7 @@ from tiny_models import (
 )
 from transformers import PreTrainedTokenizerFast
 
+from pippin.engine import fused_proj
 from pippin.store import gguf_loader
 from pippin.store.loaded import LoadedModel
 from pippin.store.loader import ModelLoadError, default_model_path, load_model
@@ -455,6 +456,9 @@ def test_gguf_matches_mlx_lm(
     expected, got = reference(tokens), lm.model(tokens)
     scale = float(mx.abs(expected).max())
     assert float(mx.abs(expected - got).max()) < tolerance * scale
+    # The engine fuses q/k/v and gate/up: the file's layers (quantised or not) fuse alike.
+    assert fused_proj.install(lm.model) > 0
+    assert float(mx.abs(expected - lm.model(tokens)).max()) < tolerance * scale
     entry = gguf_loader.cache_folder(path)
     assert entry.parent == tmp_cache / "gguf"
     assert any(entry.glob("model*.safetensors")) == (qtype == "Q5_0")
