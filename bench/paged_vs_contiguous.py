@@ -82,6 +82,7 @@ def _tree_copy(x: Any) -> Any:
     return x  # arrays are shared
 
 
+# id(model) -> (model, its copy); holding the model keeps its id from being reused.
 _ENGINE_MODELS: dict[int, tuple[nn.Module, nn.Module]] = {}
 
 
@@ -90,7 +91,7 @@ def engine_model(model: nn.Module) -> nn.Module:
     projections, the LM head's norm), and mlx-lm measured on `model` in the same process
     must run its own layers. A copy of the module tree, sharing the weights; one per model."""
     got = _ENGINE_MODELS.get(id(model))
-    if got is None or got[0] is not model:
+    if got is None:
         got = _ENGINE_MODELS[id(model)] = (model, _tree_copy(model))
     return got[1]
 

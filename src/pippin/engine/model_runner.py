@@ -69,7 +69,7 @@ class ModelRunner:
         )
         self.head = head_rows.install(model)
         # Padding would run through recurrent state: those models keep exact lengths.
-        self.prefill_bucket = None if self.state_sizes else prefill_bucket()
+        self.prefill_bucket = None if self.has_state_layers else prefill_bucket()
 
     @property
     def has_state_layers(self) -> bool:

@@ -169,7 +169,7 @@ class BatchLayout:
         if self.bucket and L > 1:
             # A padded lone row reads start + L keys; whole multiples of the bucket keep
             # the key length to few shapes too.
-            unit = max(1, (self.bucket or 1) // bs)
+            unit = max(1, self.bucket // bs)
             nb = -(-((max(self.starts) + L + bs - 1) // bs) // unit) * unit
         self.fresh = FRESH_PREFILL and not any(self.starts)
         # One row reads exactly its keys (so the causal mode needs no mask array); so do
