@@ -5,6 +5,7 @@
 #   bash bench/gpu_probe.sh loop  : a server under 256 streams (pippin bench, its clients in
 #                                   several processes): CPU per token of each thread, steps/s,
 #                                   requests running, and a py-spy profile of every thread
+#                                   (NATIVE=1: with MLX's C++ frames)
 #   bash bench/gpu_probe.sh steady: the same load in-process (EngineCore, closed loop, no
 #                                   HTTP): what the server loses to the event loop and the GIL
 #   bash bench/gpu_probe.sh spy-steady: steady alone under py-spy (NATIVE=1: --native, MLX's
@@ -37,7 +38,7 @@ env)
   ;;
 loop)
   timeout -s KILL 240 python3 bench/loop_cost.py --concurrency 256 --prompt-tokens 512 \
-    --output-tokens 256 --window 10 --py-spy "$OUT/spy-server.txt" \
+    --output-tokens 256 --window 10 --py-spy "$OUT/spy-server.txt" ${NATIVE:+--native} \
     "$path" -- --max-model-len 4096 ${EXTRA:-} 2>&1 | tail -3 | tee -a "$OUT/loop.log"
   ;;
 steady)

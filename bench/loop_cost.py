@@ -75,6 +75,9 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--output-tokens", type=int, default=400)
     ap.add_argument("--py-spy", type=Path, help="also record the server with py-spy into this file")
+    ap.add_argument(
+        "--native", action="store_true", help="py-spy --native: MLX's C++ frames too (slower)"
+    )
     args = ap.parse_args()
     url = f"http://127.0.0.1:{args.port}"
     server = subprocess.Popen(
@@ -146,8 +149,9 @@ def main() -> int:
                     "-o",
                     str(args.py_spy),
                     "--threads",
-                    "--nonblocking",
                     "--subprocesses",
+                    # py-spy cannot unwind C++ frames of a running process.
+                    *(["--native"] if args.native else ["--nonblocking"]),
                 ],
                 stdout=subprocess.DEVNULL,
             )

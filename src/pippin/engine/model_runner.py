@@ -14,7 +14,13 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
 
-from pippin.engine import decode_graph, fused_proj, head_rows, paged_attention
+from pippin.engine import (
+    decode_graph,
+    fused_proj,
+    head_rows,
+    paged_attention,
+    prefill_attention,
+)
 from pippin.engine.paged_cache import (
     BatchLayout,
     LayerPool,
@@ -67,6 +73,8 @@ class ModelRunner:
         self.paged_kernel = not kv_bits and paged_attention.enabled_for(
             model, self.specs, self.state_sizes
         )
+        if prefill_attention.wanted():
+            paged_attention.install(model)  # prompt chunks without a cuDNN build per shape
         self.head = head_rows.install(model)
         # Padding would run through recurrent state: those models keep exact lengths.
         self.prefill_bucket = None if self.has_state_layers else prefill_bucket()

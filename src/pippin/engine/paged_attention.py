@@ -9,7 +9,8 @@ blocks where they lie: no gather, no dense copy, no mask array.
 How it hooks in without touching the model classes: mlx-lm's attention layers
 call the `scaled_dot_product_attention` bound in their own module. `install`
 wraps that name in the model's modules; the wrapper runs the kernel when the
-layer's cache is a `PagedLayerCache` of a decode batch that opted in, and
+layer's cache is a `PagedLayerCache` of a decode batch that opted in, composes a
+prompt chunk's attention of plain ops where `prefill_attention` says so, and
 otherwise calls the original. The gather path stays the fallback, and the
 default wherever the kernel cannot run (CPU, Metal, models that call MLX's
 attention directly, prefill).
@@ -26,6 +27,8 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+
+from pippin.engine import prefill_attention
 
 # The kernel gives each (row, KV head) one thread block and does not split a row's
 # context, so a few rows of long context would leave most of the GPU idle: those
@@ -345,6 +348,13 @@ def _wrap(original: Any) -> Any:
             # The cache returned the pools themselves (the new token already written).
             fn = reference_decode_attention if force_reference else paged_decode_attention
             return fn(queries, keys, values, lay.gather_blocks, lay.offsets, scale, lay.block_size)
+        if (
+            lay is not None
+            and sinks is None
+            and not hasattr(cache, "bits")  # quantised pools: mlx-lm's own path
+            and prefill_attention.use_composed(queries, keys)
+        ):
+            return prefill_attention.composed_attention(queries, keys, values, scale, mask)
         return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
 
     scaled_dot_product_attention._pippin_paged = True  # type: ignore[attr-defined]
@@ -352,7 +362,8 @@ def _wrap(original: Any) -> Any:
 
 
 def install(model: nn.Module) -> bool:
-    """Route the attention of `model`'s mlx-lm modules through the paged kernel.
+    """Route the attention of `model`'s mlx-lm modules through the paged kernel (decode
+    batches that opted in) and `prefill_attention` (prompt chunks, where it applies).
 
     True when at least one module of the model calls mlx-lm's shared
     `scaled_dot_product_attention` (so that the kernel can be used)."""
