@@ -45,57 +45,87 @@ def test_composed_matches_fused(
     assert np.allclose(got_np, want_np, atol=tol)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3])
+@pytest.mark.parametrize("mask_kind", ["causal", "per-row", "shared"])
+def test_rows_in_pieces_match_whole(rows: int, mask_kind: str) -> None:
+    B, hq, hkv, L, S, D = 5, 4, 2, 6, 10, 16
+    rng = np.random.default_rng(rows)
+    q, k, v = (
+        mx.array(rng.standard_normal(shape), dtype=mx.float32)
+        for shape in ((B, hq, L, D), (B, hkv, S, D), (B, hkv, S, D))
+    )
+    m = rng.random((B if mask_kind == "per-row" else 1, 1, L, S)) > 0.3
+    m[..., 0] = True
+    mask = "causal" if mask_kind == "causal" else mx.array(m)
+    whole = prefill_attention.composed_attention(q, k, v, 0.25, mask)
+    pieces = prefill_attention.composed_attention(q, k, v, 0.25, mask, rows)
+    assert np.allclose(np.array(pieces), np.array(whole), atol=1e-6)
+
+
 def test_route_policy(monkeypatch: pytest.MonkeyPatch) -> None:
-    small_q, small_k = mx.zeros((2, 32, 512, 64)), mx.zeros((2, 8, 512, 64))
-    big_q, big_k = mx.zeros((16, 32, 1024, 1)), mx.zeros((16, 8, 2048, 1))
-    one = mx.zeros((2, 32, 1, 64))
+    def rows(B: int, L: int, S: int) -> int:
+        q, k = mx.zeros((B, 32, L, 1)), mx.zeros((B, 8, S, 1))
+        return prefill_attention.composed_rows(q, k)
+
     monkeypatch.setattr(prefill_attention, "_on_cuda", lambda: True)
     monkeypatch.delenv("PIPPIN_PREFILL_ATTENTION", raising=False)
     assert prefill_attention.wanted()
-    assert prefill_attention.use_composed(small_q, small_k)
-    assert not prefill_attention.use_composed(big_q, big_k)  # over the budget: cuDNN
-    assert not prefill_attention.use_composed(one, small_k)  # decode
+    assert rows(16, 512, 528) == 16  # 16 prompts of 512 tokens: one piece
+    assert rows(6, 1692, 1696) == 2  # 92M score elements a row: two rows a piece
+    assert rows(1, 4096, 4096) == 0  # a long prompt's row alone is over: cuDNN
+    assert rows(4, 1, 512) == 0  # decode
     monkeypatch.setenv("PIPPIN_PREFILL_ATTENTION", "fused")
     assert not prefill_attention.wanted()
-    assert not prefill_attention.use_composed(small_q, small_k)
+    assert rows(16, 512, 528) == 0
     monkeypatch.setenv("PIPPIN_PREFILL_ATTENTION", "composed")
-    assert prefill_attention.use_composed(big_q, big_k)
+    assert rows(1, 4096, 4096) == 1
     monkeypatch.setattr(prefill_attention, "_on_cuda", lambda: False)
     monkeypatch.delenv("PIPPIN_PREFILL_ATTENTION")
     assert not prefill_attention.wanted()  # Metal and CPU build nothing per shape
-    assert not prefill_attention.use_composed(small_q, small_k)
+    assert rows(16, 512, 528) == 0
 
 
+@pytest.mark.parametrize("route", ["composed", "pieces"])
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
 def test_engine_outputs_match_with_composed_prefill(
-    tiny_models, arch: str, monkeypatch: pytest.MonkeyPatch
+    tiny_models, arch: str, route: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Fresh prompts batched together, prompts after a cached prefix (array masks), and
     chunked prompts: the same greedy tokens and logprobs as the fused attention. gemma3
-    has sliding-window layers."""
+    has sliding-window layers. `pieces`: the CUDA default's policy with a budget small
+    enough that batches of rows go in pieces, and the longest rows to the fused kernel."""
     loaded = _loaded(tiny_models(arch, head_dim=32) if arch != "gemma3" else tiny_models(arch))
     rng = random.Random(5)
     header = [rng.randrange(3, 200) for _ in range(20)]
     prompts = [[rng.randrange(3, 200) for _ in range(rng.randrange(2, 40))] for _ in range(4)]
     prompts += [header + [rng.randrange(3, 200) for _ in range(n)] for n in (3, 17, 30)]
     prompts.append([rng.randrange(3, 200) for _ in range(90)])  # chunked at 64 tokens a step
+    prompts += [[rng.randrange(3, 200) for _ in range(rng.randrange(5, 8))] for _ in range(6)]
     config = {"max_num_batched_tokens": 64}
 
     monkeypatch.setenv("PIPPIN_PREFILL_ATTENTION", "fused")
     fused = _greedy_logprobs(loaded, prompts, **config)
 
-    monkeypatch.setenv("PIPPIN_PREFILL_ATTENTION", "composed")
-    calls = 0
+    if route == "pieces":
+        monkeypatch.delenv("PIPPIN_PREFILL_ATTENTION")
+        monkeypatch.setattr(prefill_attention, "_on_cuda", lambda: True)
+        # 4 query heads: rows of up to 7 tokens go two a piece, longer ones to the fused kernel.
+        monkeypatch.setattr(prefill_attention, "SCORES_BUDGET", 2 * 4 * 7 * 7)
+    else:
+        monkeypatch.setenv("PIPPIN_PREFILL_ATTENTION", "composed")
+    calls, split = 0, 0
     real = prefill_attention.composed_attention
 
     def counting(*args: object) -> mx.array:
-        nonlocal calls
+        nonlocal calls, split
         calls += 1
+        split += args[5] < args[0].shape[0]  # type: ignore[operator,attr-defined]
         return real(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(prefill_attention, "composed_attention", counting)
     composed = _greedy_logprobs(loaded, prompts, **config)
     assert calls > 0
+    assert (split > 0) == (route == "pieces")
     assert fused.keys() == composed.keys() == {str(i) for i in range(len(prompts))}
     for rid in fused:
         assert [t for t, _ in composed[rid]] == [t for t, _ in fused[rid]], rid

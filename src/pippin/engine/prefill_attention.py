@@ -7,11 +7,12 @@ A server's prefill batches rarely repeat a shape (rows, padded length, key width
 vary), so under a stream of new prompts most steps that carry a prompt chunk stalled for
 that long (a native profile of the H200 server at 256 streams: docs/benchmarks.md).
 
-Below `SCORES_BUDGET` score elements a chunk's attention is instead composed of plain
-ops (two matmuls, the mask, a softmax), as MLX's own fallback does: no per-shape build,
-and at those sizes a few milliseconds of device time at most. Larger chunks (long
-prompts) keep cuDNN's flash kernel, where the build is paid once per shape against much
-more compute, and where the scores would not fit in memory anyway.
+A chunk's attention is instead composed of plain ops (two matmuls, the mask, a softmax),
+as MLX's own fallback does: no per-shape build. Its rows go in pieces of at most
+`SCORES_BUDGET` score elements, a few milliseconds of device time each. A row that is
+over the budget alone (a long prompt) keeps cuDNN's flash kernel: there the build is
+paid once per shape against much more compute, and the scores would take too much
+memory.
 
 `PIPPIN_PREFILL_ATTENTION`: `auto` (the default: composed on CUDA under the budget),
 `fused` (always MLX's fused attention) or `composed` (always composed; tests use it on
@@ -45,17 +46,21 @@ def _on_cuda() -> bool:
     return on_cuda()
 
 
-def use_composed(queries: mx.array, keys: mx.array) -> bool:
-    """Whether a prompt chunk's attention (queries [B, Hq, L, D], keys [B, Hkv, S, D])
-    is composed of plain ops rather than handed to the fused kernel."""
+def composed_rows(queries: mx.array, keys: mx.array) -> int:
+    """How many rows of a prompt chunk batch (queries [B, Hq, L, D], keys [B, Hkv, S, D])
+    each composed piece takes; 0: the batch goes to the fused kernel instead."""
     m = mode()
-    if m == "fused" or queries.shape[2] == 1:
-        return False
-    if m == "composed":
-        return True
     B, hq, L, _ = queries.shape
-    # Elsewhere (Metal, CPU) the fused attention builds nothing per shape.
-    return B * hq * L * keys.shape[2] <= SCORES_BUDGET and _on_cuda()
+    if m == "fused" or L == 1:
+        return 0
+    if m == "composed":
+        return B
+    per_row = hq * L * keys.shape[2]
+    # Elsewhere (Metal, CPU) the fused attention builds nothing per shape. A row over the
+    # budget alone is a long prompt: cuDNN's flash kernel, built once for its shape.
+    if per_row > SCORES_BUDGET or not _on_cuda():
+        return 0
+    return min(B, SCORES_BUDGET // per_row)
 
 
 def composed_attention(
@@ -64,13 +69,40 @@ def composed_attention(
     values: mx.array,
     scale: float,
     mask: mx.array | str | None,
+    rows: int | None = None,
 ) -> mx.array:
     """`mx.fast.scaled_dot_product_attention` as plain ops: the same arithmetic as
     MLX's fallback (scaled queries, scores in the input dtype, a precise softmax).
 
     queries [B, Hq, L, D]; keys, values [B, Hkv, S, D]; mask "causal" (queries aligned
     to the last keys), a boolean or additive array broadcastable to [B, Hq, L, S], or
-    None. Returns [B, Hq, L, Dv]."""
+    None. `rows`: at most this many rows at a time (bounds the scores' memory).
+    Returns [B, Hq, L, Dv]."""
+    B = queries.shape[0]
+    if rows is not None and rows < B:
+        per_row = isinstance(mask, mx.array) and mask.shape[0] == B
+        return mx.concatenate(
+            [
+                _composed(
+                    queries[i : i + rows],
+                    keys[i : i + rows],
+                    values[i : i + rows],
+                    scale,
+                    mask[i : i + rows] if per_row else mask,  # type: ignore[index]
+                )
+                for i in range(0, B, rows)
+            ]
+        )
+    return _composed(queries, keys, values, scale, mask)
+
+
+def _composed(
+    queries: mx.array,
+    keys: mx.array,
+    values: mx.array,
+    scale: float,
+    mask: mx.array | str | None,
+) -> mx.array:
     B, hq, L, _ = queries.shape
     hkv, S = keys.shape[1], keys.shape[2]
     g = hq // hkv
