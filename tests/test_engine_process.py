@@ -173,3 +173,35 @@ def test_engine_process_is_the_default_on_cuda_only(monkeypatch: pytest.MonkeyPa
         assert settings() is cuda
         assert settings("--engine-process") is True
         assert settings("--no-engine-process") is False
+
+
+def test_sigterm_to_the_process_group_stops_in_order(
+    tiny_models: Callable[..., Path], tmp_path: Path
+) -> None:
+    """systemd's stop (or `kill -- -PGID`) sends SIGTERM to both processes at once: the
+    engine process waits for the API process to stop it, so nothing is logged as lost
+    and the SSD tier is written before it exits."""
+    args = (
+        str(tiny_models("llama")),
+        "--served-model-name",
+        "x",
+        "--max-model-len",
+        "512",
+        "--block-size",
+        "16",
+        "--engine-process",
+        "--ssd-cache-dir",
+        str(tmp_path / "ssd"),
+    )
+    prompt = "Hello there, how are you today? " * 12
+    with run_server(*args) as s:
+        s.client().completions.create(model="x", prompt=prompt, max_tokens=2)
+        os.kill(_engine_process(s), signal.SIGTERM)
+        os.kill(s.proc.pid, signal.SIGTERM)
+        s.proc.wait(timeout=60)  # uvicorn exits by the signal again once shut down
+        assert "Application shutdown complete" in s.log()
+        assert "engine process exited" not in s.log()
+    with run_server(*args) as s:
+        r = s.client().completions.create(model="x", prompt=prompt, max_tokens=2)
+        assert r.usage is not None and r.usage.prompt_tokens_details is not None
+        assert (r.usage.prompt_tokens_details.cached_tokens or 0) >= 64  # read back from disk

@@ -107,7 +107,8 @@ class RemoteEngine(AsyncEngine):
                 self._send(("stop",))
             await asyncio.to_thread(self._proc.join, 30)
             if self._proc.is_alive():
-                self._proc.terminate()
+                self._proc.kill()  # it ignores SIGTERM (see `_child_main`)
+                await asyncio.to_thread(self._proc.join, 5)
         self._fail_open("the server is shutting down")
 
     @property
@@ -303,9 +304,11 @@ def _child_main(
     from pippin.structured.spec import GrammarSpec
 
     setup_logging(*(log_setup or ("info", "text")))  # as the API process logs
-    # Ctrl-C reaches the whole process group: the API process stops this one in order
-    # (its "stop" message, or the pipe closing), after its streams end.
+    # Ctrl-C, and a service manager's SIGTERM (systemd, `kill -- -PGID`), reach the whole
+    # process group: the API process stops this one in order (its "stop" message, or the
+    # pipe closing), after its streams end, and the SSD tier is written first.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         loaded = materialize(load_model(**load_kwargs))
         grammars = GrammarCompiler(loaded.tokenizer, loaded.vocab_size, loaded.eos_token_ids)
