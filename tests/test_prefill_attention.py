@@ -21,8 +21,9 @@ from pippin.engine import prefill_attention
 @pytest.mark.parametrize("L,S", [(5, 9), (7, 7), (1, 6)])
 @pytest.mark.parametrize("mask_kind", ["causal", "none", "bool", "additive"])
 @pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
+@pytest.mark.parametrize("with_sinks", [False, True])
 def test_composed_matches_fused(
-    hq: int, hkv: int, L: int, S: int, mask_kind: str, dtype: mx.Dtype
+    hq: int, hkv: int, L: int, S: int, mask_kind: str, dtype: mx.Dtype, with_sinks: bool
 ) -> None:
     B, D = 3, 16
     rng = np.random.default_rng(L * 100 + S + hq)
@@ -37,8 +38,9 @@ def test_composed_matches_fused(
         mask = mx.array(m)
     elif mask_kind == "additive":
         mask = mx.array(rng.standard_normal((B, 1, L, S)), dtype=dtype)
-    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.3, mask=mask)
-    got = prefill_attention.composed_attention(q, k, v, 0.3, mask)
+    sinks = mx.array(rng.standard_normal(hq), dtype=dtype) if with_sinks else None
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.3, mask=mask, sinks=sinks)
+    got = prefill_attention.composed_attention(q, k, v, 0.3, mask, sinks=sinks)
     assert got.shape == want.shape and got.dtype == want.dtype
     tol = 1e-5 if dtype == mx.float32 else 2e-2
     got_np, want_np = (np.array(x.astype(mx.float32)) for x in (got, want))

@@ -348,11 +348,11 @@ def _wrap(original: Any) -> Any:
             # The cache returned the pools themselves (the new token already written).
             fn = reference_decode_attention if force_reference else paged_decode_attention
             return fn(queries, keys, values, lay.gather_blocks, lay.offsets, scale, lay.block_size)
-        if lay is not None and sinks is None and not hasattr(cache, "bits"):  # not quantised
+        if lay is not None and not hasattr(cache, "bits"):  # not quantised
             rows = prefill_attention.composed_rows(queries, keys)
             if rows:
                 return prefill_attention.composed_attention(
-                    queries, keys, values, scale, mask, rows
+                    queries, keys, values, scale, mask, rows, sinks
                 )
         return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
 

@@ -70,13 +70,15 @@ def composed_attention(
     scale: float,
     mask: mx.array | str | None,
     rows: int | None = None,
+    sinks: mx.array | None = None,
 ) -> mx.array:
     """`mx.fast.scaled_dot_product_attention` as plain ops: the same arithmetic as
     MLX's fallback (scaled queries, scores in the input dtype, a precise softmax).
 
     queries [B, Hq, L, D]; keys, values [B, Hkv, S, D]; mask "causal" (queries aligned
     to the last keys), a boolean or additive array broadcastable to [B, Hq, L, S], or
-    None. `rows`: at most this many rows at a time (bounds the scores' memory).
+    None. `rows`: at most this many rows at a time (bounds the scores' memory). `sinks`
+    [Hq]: a logit per query head that takes a share of the softmax and no value (gpt-oss).
     Returns [B, Hq, L, Dv]."""
     B = queries.shape[0]
     if rows is not None and rows < B:
@@ -89,11 +91,12 @@ def composed_attention(
                     values[i : i + rows],
                     scale,
                     mask[i : i + rows] if per_row else mask,  # type: ignore[index]
+                    sinks,
                 )
                 for i in range(0, B, rows)
             ]
         )
-    return _composed(queries, keys, values, scale, mask)
+    return _composed(queries, keys, values, scale, mask, sinks)
 
 
 def _composed(
@@ -102,6 +105,7 @@ def _composed(
     values: mx.array,
     scale: float,
     mask: mx.array | str | None,
+    sinks: mx.array | None,
 ) -> mx.array:
     B, hq, L, _ = queries.shape
     hkv, S = keys.shape[1], keys.shape[2]
@@ -127,5 +131,9 @@ def _composed(
             scores = mx.where(mask, scores, mx.array(mx.finfo(scores.dtype).min, scores.dtype))
         else:
             scores = scores + mask
-    out = mx.softmax(scores, axis=-1, precise=True) @ v
+    if sinks is not None:
+        sink = sinks.astype(scores.dtype).reshape(*q.shape[1:-2], 1, 1)  # per query head
+        scores = mx.concatenate([mx.broadcast_to(sink, (*scores.shape[:-1], 1)), scores], -1)
+    probs = mx.softmax(scores, axis=-1, precise=True)
+    out = (probs[..., 1:] if sinks is not None else probs) @ v
     return out.reshape(B, hq, L, -1) if g > 1 else out
