@@ -15,6 +15,8 @@
 #                                   own stream: what the served engine loses in-process
 #   bash bench/gpu_probe.sh bucket: loop in an engine process without and with
 #                                   PIPPIN_PREFILL_BUCKET=64, mx.async_eval timed per call
+#   bash bench/gpu_probe.sh attn  : loop in an engine process with PIPPIN_PREFILL_ATTENTION=fused,
+#                                   then the default (composed), mx.async_eval timed per call
 #   bash bench/gpu_probe.sh gil   : steady, then loop in one process, then loop with
 #                                   --engine-process: is the 256-stream server GIL-bound?
 #   (gil-a and gil-b are its two halves, each under one device call's 10 minutes)
@@ -69,6 +71,21 @@ bucket)
     PIPPIN_PROBE_EVAL="$OUT/bucket-$b" PIPPIN_PREFILL_BUCKET=$b \
       EXTRA="--engine-process ${EXTRA:-}" bash "$0" loop
     mv "$OUT/spy-server.txt" "$OUT/bucket-$b/spy-server.txt"
+  done
+  ;;
+attn)
+  # The server under 256 streams with prefill attention fused (MLX's cuDNN path) and
+  # composed (the CUDA default), each call of mx.async_eval timed: slow seconds left?
+  for m in fused auto; do
+    echo "== PIPPIN_PREFILL_ATTENTION=$m" | tee -a "$OUT/loop.log"
+    mkdir -p "$OUT/attn-$m"
+    PIPPIN_PROBE_EVAL="$OUT/attn-$m" PIPPIN_PREFILL_ATTENTION=$m \
+      EXTRA="--engine-process ${EXTRA:-}" bash "$0" loop
+    mv "$OUT/spy-server.txt" "$OUT/attn-$m/spy-server.txt"
+    for f in "$OUT/attn-$m"/async-eval-*.txt; do
+      head -4 "$f"  # calls per site; then per second: calls, ms in the calls, longest
+      sed -n '/^second/,/^call site/p' "$f" | sed 1d | awk '{printf "%s |", $0} END {print ""}'
+    done
   done
   ;;
 gil)
