@@ -6,8 +6,9 @@ PIPPIN_PREFILL_BUCKET (CPU is fine: shapes do not depend on the device).
 A closed loop of 256 requests, as a server under 256 clients sees it: prompts of a
 32-token shared header (a chat template's) and 468-498 more tokens, 200-299 output tokens
 each, so requests end and new ones arrive at different steps. On CUDA every new shape of
-a prefill call costs host time (cuDNN builds an attention graph per shape), so fewer
-shapes means fewer such stalls; the padding costs the extra tokens computed.
+a prefill call that reaches cuDNN costs host time (it builds an attention plan per shape);
+the padding costs the extra tokens computed. On the H200 the bucket did not shorten the
+server's stalls (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import random
 import sys
 from pathlib import Path
 
-import checkout  # noqa: F401  (src on the path, pippin's MLX settings first)
+from checkout import REPO_ROOT  # src on the path, pippin's MLX settings first
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(REPO_ROOT / "tests"))
 
 
 def main() -> int:

@@ -119,10 +119,11 @@ FRESH_PREFILL = True
 
 def prefill_bucket() -> int | None:
     """Tokens a batch of prompt chunks is padded to a multiple of (None: to its longest
-    chunk), from PIPPIN_PREFILL_BUCKET. On CUDA each new shape of a prefill call costs host
-    time (cuDNN builds an attention graph per shape, which it keeps for 256 shapes; kernels
-    and CUDA graphs are chosen per shape), and prompts of every length make every call a
-    new shape; a bucket bounds the shapes, at the cost of computing the padding."""
+    chunk), from PIPPIN_PREFILL_BUCKET; off by default. A bucket bounds the shapes prefill
+    calls take, at the cost of computing the padding. It was meant for CUDA, where cuDNN
+    builds an attention plan per shape; on the H200 it did not shorten the server's stalls
+    (rows and key widths still vary), and prompt chunks now skip cuDNN there instead
+    (`prefill_attention`)."""
     value = os.environ.get("PIPPIN_PREFILL_BUCKET", "")
     return int(value) if value.isdigit() and int(value) > 1 else None
 
