@@ -17,6 +17,9 @@
 #                                   PIPPIN_PREFILL_BUCKET=64, mx.async_eval timed per call
 #   bash bench/gpu_probe.sh attn  : loop in an engine process with PIPPIN_PREFILL_ATTENTION=fused,
 #                                   then the default (composed), mx.async_eval timed per call
+#   bash bench/gpu_probe.sh single: single-stream decode in-process (bench/single_stream.py),
+#                                   mx.async_eval's host time per call, then each engine under
+#                                   py-spy --native (MLX's C++ frames, inclusive)
 #   bash bench/gpu_probe.sh gil   : steady, then loop in one process, then loop with
 #                                   --engine-process: is the 256-stream server GIL-bound?
 #   (gil-a and gil-b are its two halves, each under one device call's 10 minutes)
@@ -86,6 +89,21 @@ attn)
       head -4 "$f"  # calls per site; then per second: calls, ms in the calls, longest
       sed -n '/^second/,/^call site/p' "$f" | sed 1d | awk '{printf "%s |", $0} END {print ""}'
     done
+  done
+  ;;
+single)
+  python3 bench/single_stream.py "$path" --repeat "${REPEAT:-3}" 2>&1 | tee -a "$OUT/single.log"
+  # The host's own time in each mx.async_eval call (the device drained before each).
+  mkdir -p "$OUT/single-eval"
+  PYTHONPATH=$PYTHONPATH:$PWD/bench/probe_site PIPPIN_PROBE_EVAL="$OUT/single-eval" \
+    PIPPIN_PROBE_SYNC=1 python3 bench/single_stream.py "$path" --repeat 1 >/dev/null 2>&1
+  head -20 "$OUT"/single-eval/async-eval-*.txt | grep -v "^ *[0-9]* *[0-9]* *[0-9.]* *[0-9.]*$"
+  for e in ${ENGINES:-pippin mlx_lm}; do
+    timeout -s KILL ${SPY_S:-300} py-spy record --native --threads -r ${RATE:-100} -f raw -o "$OUT/spy-single-$e.txt" \
+      -- python3 bench/single_stream.py "$path" --engines "$e" --gen ${SPY_GEN:-800} --repeat 1 2>&1 | tail -1
+    python3 bench/spy_summary.py "$OUT/spy-single-$e.txt" --threads 1 --top 40 --inclusive 60 \
+      >"$OUT/spy-single-$e-summary.txt"
+    cat "$OUT/spy-single-$e-summary.txt"
   done
   ;;
 gil)
