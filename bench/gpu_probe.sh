@@ -20,6 +20,8 @@
 #   bash bench/gpu_probe.sh single: single-stream decode in-process (bench/single_stream.py),
 #                                   mx.async_eval's host time per call, then each engine under
 #                                   py-spy --native (MLX's C++ frames, inclusive)
+#   bash bench/gpu_probe.sh floor : a step's fixed host cost and its cost per layer and per
+#                                   node (bench/step_floor.py)
 #   bash bench/gpu_probe.sh gil   : steady, then loop in one process, then loop with
 #                                   --engine-process: is the 256-stream server GIL-bound?
 #   (gil-a and gil-b are its two halves, each under one device call's 10 minutes)
@@ -105,6 +107,10 @@ single)
       >"$OUT/spy-single-$e-summary.txt"
     cat "$OUT/spy-single-$e-summary.txt"
   done
+  ;;
+floor)
+  timeout -s KILL 500 python3 bench/step_floor.py --model "$path" 2>&1 | grep -v tokenizer |
+    tee -a "$OUT/floor.log"
   ;;
 gil)
   bash "$0" gil-a
