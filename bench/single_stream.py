@@ -17,8 +17,21 @@ import random
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import checkout  # noqa: F401  (src/ on the path, pippin imported before MLX)
+
+
+def mlx_lm_decode(model: Any, prompt: list[int], gen: int) -> float:
+    """Decode tokens/s of mlx-lm's `generate_step` on `prompt`, from its first decode step."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    steps = generate_step(mx.array(prompt), model, max_tokens=gen)
+    next(steps)
+    t0 = time.perf_counter()
+    n = sum(1 for _ in steps)
+    return n / (time.perf_counter() - t0)
 
 
 def main() -> int:
@@ -30,8 +43,6 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
 
-    import mlx.core as mx
-    from mlx_lm.generate import generate_step
     from mlx_lm.utils import load
     from paged_vs_contiguous import run_pippin
 
@@ -40,11 +51,7 @@ def main() -> int:
     prompt = [rng.randrange(model.args.vocab_size) for _ in range(args.prompt)]
 
     def mlx_lm(gen: int) -> float:
-        steps = generate_step(mx.array(prompt), model, max_tokens=gen)
-        next(steps)
-        t0 = time.perf_counter()
-        n = sum(1 for _ in steps)
-        return n / (time.perf_counter() - t0)
+        return mlx_lm_decode(model, prompt, gen)
 
     def pippin(gen: int) -> float:
         return run_pippin(model, [prompt], gen)

@@ -53,9 +53,8 @@ def _line(xs: list[int], ys: list[float]) -> tuple[float, float]:
 
 
 def by_layers(path: Path, layers: list[int], prompt: int, gen: int, repeat: int) -> None:
-    import mlx.core as mx
-    from mlx_lm.generate import generate_step
     from paged_vs_contiguous import run_pippin
+    from single_stream import mlx_lm_decode
 
     ms: dict[str, list[float]] = {"mlx_lm": [], "pippin": []}
     for n in layers:
@@ -63,11 +62,7 @@ def by_layers(path: Path, layers: list[int], prompt: int, gen: int, repeat: int)
         p = [random.Random(0).randrange(model.args.vocab_size) for _ in range(prompt)]
 
         def mlx_lm(g: int, model: Any = model, p: list[int] = p) -> float:
-            steps = generate_step(mx.array(p), model, max_tokens=g)
-            next(steps)
-            t0 = time.perf_counter()
-            k = sum(1 for _ in steps)
-            return k / (time.perf_counter() - t0)
+            return mlx_lm_decode(model, p, g)
 
         def pippin(g: int, model: Any = model, p: list[int] = p) -> float:
             return run_pippin(model, [p], g)
