@@ -16,6 +16,7 @@ import os
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,27 @@ def mlx_lm_decode(model: Any, prompt: list[int], gen: int) -> float:
     t0 = time.perf_counter()
     n = sum(1 for _ in steps)
     return n / (time.perf_counter() - t0)
+
+
+def in_turns(
+    runs: dict[str, Callable[[int], float]], gen: int, repeat: int, label: str = ""
+) -> dict[str, float]:
+    """Each run's median tokens/s over `repeat` runs of `gen` tokens, the runs taking turns
+    (after one short warm-up each: kernels, traces); every result printed as it comes."""
+    for fn in runs.values():
+        fn(16)
+    got: dict[str, list[float]] = {e: [] for e in runs}
+    for _ in range(repeat):
+        for e, fn in runs.items():
+            got[e].append(fn(gen))
+            print(
+                f"{label}{e:12s} {got[e][-1]:7.1f} tok/s ({1e3 / got[e][-1]:.2f} ms/token)",
+                flush=True,
+            )
+    mids = {e: sorted(ts)[len(ts) // 2] for e, ts in got.items()}
+    for e, mid in mids.items():
+        print(f"{label}{e:12s} median {mid:7.1f} tok/s over {repeat} runs", flush=True)
+    return mids
 
 
 def main() -> int:
@@ -74,20 +96,9 @@ def main() -> int:
                     os.environ[k] = v
 
     engines = args.engines.split(",")
-    for e in engines:
-        run(e, 16)  # warm-up: kernels, traces
-    got: dict[str, list[float]] = {e: [] for e in engines}
-    for _ in range(args.repeat):
-        for e in engines:
-            got[e].append(run(e, args.gen))
-            print(f"{e:12s} {got[e][-1]:7.1f} tok/s ({1e3 / got[e][-1]:.2f} ms/token)", flush=True)
-    for e in engines:
-        ts = sorted(got[e])
-        print(f"{e:12s} median {ts[len(ts) // 2]:7.1f} tok/s over {len(ts)} runs", flush=True)
-    first = sorted(got[engines[0]])[len(got[engines[0]]) // 2]
+    mids = in_turns({e: lambda g, e=e: run(e, g) for e in engines}, args.gen, args.repeat)
     for e in engines[1:]:
-        mid = sorted(got[e])[len(got[e]) // 2]
-        print(f"{e} / {engines[0]}: {mid / first:.2f}x", flush=True)
+        print(f"{e} / {engines[0]}: {mids[e] / mids[engines[0]]:.2f}x", flush=True)
     return 0
 
 

@@ -54,30 +54,19 @@ def _line(xs: list[int], ys: list[float]) -> tuple[float, float]:
 
 def by_layers(path: Path, layers: list[int], prompt: int, gen: int, repeat: int) -> None:
     from paged_vs_contiguous import run_pippin
-    from single_stream import mlx_lm_decode
+    from single_stream import in_turns, mlx_lm_decode
 
     ms: dict[str, list[float]] = {"mlx_lm": [], "pippin": []}
     for n in layers:
         model = _model(path, n)
-        p = [random.Random(0).randrange(model.args.vocab_size) for _ in range(prompt)]
-
-        def mlx_lm(g: int, model: Any = model, p: list[int] = p) -> float:
-            return mlx_lm_decode(model, p, g)
-
-        def pippin(g: int, model: Any = model, p: list[int] = p) -> float:
-            return run_pippin(model, [p], g)
-
-        runs: dict[str, Callable[[int], float]] = {"mlx_lm": mlx_lm, "pippin": pippin}
-        got: dict[str, list[float]] = {e: [] for e in runs}
-        for fn in runs.values():
-            fn(16)  # warm-up
-        for _ in range(repeat):
-            for e, fn in runs.items():
-                got[e].append(fn(gen))
-        for e in runs:
-            tps = sorted(got[e])[len(got[e]) // 2]
+        rng = random.Random(0)
+        p = [rng.randrange(model.args.vocab_size) for _ in range(prompt)]
+        runs: dict[str, Callable[[int], float]] = {
+            "mlx_lm": lambda g, model=model, p=p: mlx_lm_decode(model, p, g),
+            "pippin": lambda g, model=model, p=p: run_pippin(model, [p], g),
+        }
+        for e, tps in in_turns(runs, gen, repeat, label=f"layers {n:3d}  ").items():
             ms[e].append(1e3 / tps)
-            print(f"layers {n:3d}  {e:7s} {tps:8.1f} tok/s  {1e3 / tps:6.2f} ms/token", flush=True)
     for e, ys in ms.items():
         fixed, per = _line(layers, ys)
         print(f"{e:7s} fixed {fixed:.2f} ms/step + {per * 1e3:.0f} µs/layer", flush=True)
