@@ -145,9 +145,22 @@ def build_tokenizer(out: Path, vocab_size: int) -> int:
     return eos
 
 
-def build_model(name: str, root: Path) -> Path:
+def random_model(config: dict[str, Any], bf16: bool = True) -> Any:
+    """An mlx-lm model of `config` with seeded random weights (bf16, else float32),
+    evaluated."""
     import mlx.core as mx
-    from mlx_lm.utils import _get_classes, save_config, save_model
+    from mlx_lm.utils import _get_classes
+
+    model_cls, args_cls = _get_classes(config)
+    mx.random.seed(0)
+    model = model_cls(args_cls.from_dict(config))
+    model.set_dtype(mx.bfloat16 if bf16 else mx.float32)
+    mx.eval(model.parameters())
+    return model
+
+
+def build_model(name: str, root: Path) -> Path:
+    from mlx_lm.utils import save_config, save_model
 
     out = root / name
     if (out / "config.json").exists():
@@ -156,11 +169,7 @@ def build_model(name: str, root: Path) -> Path:
     config = dict(CONFIGS[name])
     eos = build_tokenizer(out, config["vocab_size"])
     config.update(eos_token_id=eos, bos_token_id=None, torch_dtype="bfloat16")
-    model_cls, args_cls = _get_classes(config)
-    mx.random.seed(0)
-    model = model_cls(args_cls.from_dict(config))
-    model.set_dtype(mx.bfloat16)
-    mx.eval(model.parameters())
+    model = random_model(config)
     save_model(out, model)
     save_config(config, out / "config.json")
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))

@@ -30,17 +30,11 @@ import checkout  # noqa: F401  (src/ on the path, pippin imported before MLX)
 
 
 def _model(path: Path, layers: int) -> Any:
-    import mlx.core as mx
-    from mlx_lm.utils import _get_classes
+    from gpu_bench import random_model
 
     config = json.loads((path / "config.json").read_text())
-    config["num_hidden_layers"] = layers
-    model_cls, args_cls = _get_classes(config)
-    mx.random.seed(0)
-    model = model_cls(args_cls.from_dict(config))
-    model.set_dtype(mx.bfloat16 if config.get("torch_dtype") == "bfloat16" else mx.float32)
-    mx.eval(model.parameters())
-    return model
+    bf16 = config.get("torch_dtype") == "bfloat16"
+    return random_model({**config, "num_hidden_layers": layers}, bf16)
 
 
 def _line(xs: list[int], ys: list[float]) -> tuple[float, float]:
