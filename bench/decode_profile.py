@@ -18,7 +18,6 @@ import os
 import pstats
 import random
 import sys
-import time
 from pathlib import Path
 
 import checkout  # noqa: F401  (src/ on the path, pippin imported before MLX)
@@ -36,9 +35,9 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
 
     import mlx.core as mx
-    from mlx_lm.generate import generate_step
     from mlx_lm.utils import load
     from paged_vs_contiguous import run_pippin
+    from single_stream import mlx_lm_decode
 
     import pippin.engine.core as core_mod
 
@@ -48,15 +47,8 @@ def main() -> int:
     res: dict = {"model": str(args.model), "device": str(mx.default_device()), "runs": {}}
     p = [rng.randrange(vocab) for _ in range(args.prompt)]
 
-    def mlx_single() -> float:
-        steps = generate_step(mx.array(p), model, max_tokens=args.gen)
-        next(steps)
-        t0 = time.perf_counter()
-        n = sum(1 for _ in steps)
-        return n / (time.perf_counter() - t0)
-
-    mlx_single()
-    res["mlx_lm_single"] = mlx_single()
+    mlx_lm_decode(model, p, args.gen)
+    res["mlx_lm_single"] = mlx_lm_decode(model, p, args.gen)
     print(f"mlx-lm single stream {res['mlx_lm_single']:.0f} tok/s", flush=True)
     batches = [int(b) for b in args.batches.split(",")]
     prompts = {
