@@ -73,6 +73,7 @@ class DecodeGraph:
         B = tokens.shape[0]
         kernel = self.kernel and paged_attention.worth_it(B, tables.shape[1] * r.block_size)
         layout = DecodeLayout(tables, offsets, slots, r.block_size, kernel)
+        layout.fused_attention = kernel and r.fused_attention
         pools = {i: r.pools[i].with_parts(p) for i, p in self._by_layer(parts).items()}
         caches = [r._view(pools[i], layout) for i in range(r.num_caches)]
         logits = r.model(tokens, cache=caches)

@@ -16,6 +16,7 @@ from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prom
 
 from pippin.engine import (
     decode_graph,
+    fused_attention,
     fused_proj,
     head_rows,
     paged_attention,
@@ -73,6 +74,8 @@ class ModelRunner:
         self.paged_kernel = not kv_bits and paged_attention.enabled_for(
             model, self.specs, self.state_sizes
         )
+        # Decode batches that take the kernel: norms, RoPE, KV write and attention in one.
+        self.fused_attention = self.paged_kernel and fused_attention.install(model)
         if prefill_attention.wanted():
             paged_attention.install(model)  # prompt chunks without a cuDNN build per shape
         self.head = head_rows.install(model)
@@ -202,6 +205,7 @@ class ModelRunner:
         layout = BatchLayout(starts, lengths, tables, self.block_size, self.prefill_bucket)
         if self.paged_kernel:
             paged_attention.use_kernel(layout)
+            layout.fused_attention = layout.paged_kernel and self.fused_attention
         caches: list[Any] = [
             self._view(self.pools[i], layout) if i in self.pools else self._stack_state(i, items)
             for i in range(self.num_caches)

@@ -38,7 +38,9 @@ from pippin.engine import prefill_attention
 MIN_ROWS = 16
 SOLO_CONTEXT = 8192
 
-_SOURCE = r"""
+# The kernel in three parts, so that `fused_attention` can put its own prologue (norms,
+# RoPE, the KV write) in place of loading q: declarations, the q load, the attention.
+SOURCE_HEAD = r"""
     // One thread block per (row, KV head); it serves the G query heads of that KV head.
     // Each warp takes chunks of 32 tokens: lane j scores token j of the chunk against
     // the G queries (q is in shared memory), the warp does an online softmax over the
@@ -62,12 +64,16 @@ _SOURCE = r"""
     const int NB = tables_shape[1];  // runtime, so a growing context compiles nothing new
     const size_t NSLOTS = k_shape[1];
     const float sc = scale[0];
+"""
 
+_LOAD_Q = r"""
     for (int i = threadIdx.x; i < G * D; i += NWARPS * 32) {
         qs[i / D][i % D] = static_cast<float>(q[(size_t)bh * G * D + i]) * sc;
     }
     __syncthreads();
+"""
 
+SOURCE_ATTEND = r"""
     float m[G], l[G], acc[G][VPT];
     #pragma unroll
     for (int g = 0; g < G; ++g) {
@@ -164,6 +170,8 @@ _SOURCE = r"""
     }
 """
 
+_SOURCE = SOURCE_HEAD + _LOAD_Q + SOURCE_ATTEND
+
 # mlx-lm model modules whose attention is plain (no soft-capping, sinks or windows)
 # and goes through the shared `scaled_dot_product_attention`.
 SUPPORTED_MODULES = frozenset(
@@ -253,10 +261,11 @@ def _get_kernel() -> Any:
     return _kernel
 
 
-def _warps(g: int, d: int) -> int:
-    # Static shared memory stays under 48 KB: red_acc is NWARPS * G * D floats.
+def warps(g: int, d: int, extra: int = 0) -> int:
+    """Warps per thread block: as many as static shared memory allows (under 48 KB:
+    red_acc is NWARPS * G * D floats); `extra`: more floats the caller's prologue keeps."""
     w = 8
-    while w > 1 and 4 * (w * g * d + g * d + w * g * 32) > 40_000:
+    while w > 1 and 4 * (w * g * d + g * d + w * g * 32 + extra) > 40_000:
         w //= 2
     return w
 
@@ -279,7 +288,7 @@ def paged_decode_attention(
     hkv = k_pool.shape[0]
     assert L == 1 and hq % hkv == 0 and d % 32 == 0
     g = hq // hkv
-    nw = _warps(g, d)
+    nw = warps(g, d)
     out = _get_kernel()(
         inputs=[
             queries.reshape(B, hq, d),

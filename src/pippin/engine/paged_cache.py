@@ -154,6 +154,7 @@ class BatchLayout:
     # Set by `paged_attention.use_kernel` for a decode batch: attention reads the pools
     # through the block tables, so neither the gather nor a mask array is built.
     paged_kernel: bool = False
+    fused_attention: bool = False  # decode rows through `fused_attention`'s kernel
     offsets: mx.array | None = None
     # Every row starts at position 0 (a fresh prompt, no cached prefix): attention needs
     # only this call's keys, so they are used as computed, with no gather from the pool.
@@ -217,6 +218,7 @@ class DecodeLayout:
 
     pad_len = 1
     fresh = False
+    fused_attention = False
 
     def __init__(
         self,

@@ -1,0 +1,237 @@
+"""The fused decode attention block (`engine/fused_attention.py`).
+
+Its CUDA kernel runs only on an NVIDIA GPU; there it must equal `reference`, mlx-lm's own
+ops. Everywhere else the hook itself (the module swap, the layouts that opt in, the
+pools written through the layer's parts) is tested with `reference` standing in.
+"""
+
+from __future__ import annotations
+
+import random
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from mlx.utils import tree_map
+from mlx_lm.models import llama, qwen3
+from mlx_lm.models.rope_utils import initialize_rope
+from test_engine import _loaded
+from test_paged_attention import _greedy_logprobs
+
+from pippin.engine import fused_attention, fused_proj, paged_attention
+from pippin.engine.config import EngineConfig
+from pippin.engine.core import EngineCore
+
+on_cuda = paged_attention._is_cuda() and mx.default_device() == mx.gpu
+needs_cuda = pytest.mark.skipif(
+    not paged_attention.available(),
+    reason="the fused kernel needs MLX's CUDA backend (an NVIDIA GPU); elsewhere the "
+    "reference stands in for it and is tested below",
+)
+
+LLAMA3_SCALING = {
+    "rope_type": "llama3",
+    "factor": 32.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
+
+
+@pytest.fixture(autouse=True)
+def _fused_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Off by default (see the module); each test here turns it on."""
+    monkeypatch.setenv("PIPPIN_FUSED_ATTENTION", "1")
+
+
+def _kernel_path(monkeypatch: pytest.MonkeyPatch) -> str:
+    """Turn the paged kernel on: the CUDA kernels on a GPU, the references elsewhere.
+    Returns the name of the fused function that runs."""
+    if on_cuda:
+        monkeypatch.setattr(paged_attention, "_available", True)
+        return "fused_decode_attention"
+    monkeypatch.setattr(paged_attention, "force_reference", True)
+    return "reference"
+
+
+@pytest.mark.parametrize("compiled", ["1", "0"])
+@pytest.mark.parametrize(
+    "arch,overrides",
+    [
+        ("llama", {}),
+        ("llama", {"rope_scaling": LLAMA3_SCALING}),
+        ("llama", {"attention_bias": True}),
+        ("qwen3", {}),
+    ],
+)
+def test_engine_decode_fused_matches_unfused(
+    tiny_models, arch: str, overrides: dict, compiled: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same greedy tokens and logprobs with the attention block fused as without, over
+    contexts that cross blocks, in compiled and op-by-op decode steps."""
+    monkeypatch.setenv("PIPPIN_COMPILE", compiled)
+    loaded = _loaded(tiny_models(arch, head_dim=32, **overrides))
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, 200) for _ in range(rng.randrange(2, 40))] for _ in range(6)]
+    gens = [rng.randrange(5, 40) for _ in prompts]
+    name = _kernel_path(monkeypatch)
+
+    monkeypatch.setenv("PIPPIN_FUSED_ATTENTION", "0")
+    base = _greedy_logprobs(loaded, prompts, gens)
+    monkeypatch.setenv("PIPPIN_FUSED_ATTENTION", "1")
+    calls = 0
+    real = getattr(fused_attention, name)
+
+    def counting(*args: object) -> mx.array:
+        nonlocal calls
+        calls += 1
+        return real(*args)
+
+    monkeypatch.setattr(fused_attention, name, counting)
+    fused = _greedy_logprobs(loaded, prompts, gens)
+    assert calls > 0
+    assert fused.keys() == base.keys()
+    for rid, ref in base.items():
+        got = fused[rid]
+        assert [t for t, _ in got] == [t for t, _ in ref], rid
+        assert max(abs(a - b) for (_, a), (_, b) in zip(got, ref)) < 5e-3, rid
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "qwen3_next"])
+def test_not_installed_where_it_does_not_apply(
+    tiny_models, arch: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sliding windows and recurrent layers keep mlx-lm's attention."""
+    _kernel_path(monkeypatch)
+    core = EngineCore(_loaded(tiny_models(arch)), EngineConfig(num_blocks=64, block_size=4))
+    assert not core.runner.fused_attention
+
+
+def test_not_installed_without_fused_projections(
+    tiny_models, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _kernel_path(monkeypatch)
+    monkeypatch.setenv("PIPPIN_FUSED_PROJ", "0")
+    core = EngineCore(_loaded(tiny_models("llama", head_dim=32)), EngineConfig(num_blocks=64))
+    assert not core.runner.fused_attention
+    monkeypatch.setenv("PIPPIN_FUSED_PROJ", "1")
+    core = EngineCore(_loaded(tiny_models("llama", head_dim=32)), EngineConfig(num_blocks=64))
+    assert core.runner.fused_attention
+    assert type(core.runner.model.model.layers[0].self_attn).__name__ == "FusedLlamaAttention"
+
+
+@pytest.mark.parametrize(
+    "rope",
+    [
+        nn.RoPE(64, traditional=False, base=10000),
+        nn.RoPE(64, traditional=True, base=500000, scale=0.25),
+        nn.RoPE(32, traditional=False, base=10000),  # partial rotary: half the head
+        initialize_rope(64, 500000.0, False, LLAMA3_SCALING, 131072),
+    ],
+)
+def test_rope_frequencies_match_the_module(rope: nn.Module) -> None:
+    got = fused_attention._rope(rope, 64)
+    assert got is not None
+    dims, trad, inv = got
+    x = np.random.default_rng(1).standard_normal((2, 4, 5, 64)).astype(np.float32)
+    for off in (0, 1, 999):
+        ref = np.array(rope(mx.array(x), offset=off))
+        mine = fused_attention._rotate(x, off, np.array(inv, dtype=np.float64), dims, trad)
+        assert np.allclose(ref, mine, atol=2e-3)
+
+
+def test_rope_with_other_arithmetic_is_not_fused() -> None:
+    """YaRN scales the rotated dims (mscale): not a pure rotation, so not taken."""
+    yarn = initialize_rope(
+        64,
+        10000.0,
+        False,
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+        256,
+    )
+    assert fused_attention._rope(yarn, 64) is None
+
+
+def _attention(kind: str, hq: int, hkv: int, d: int, dtype: mx.Dtype) -> nn.Module:
+    """One mlx-lm attention module with random weights and fused q/k/v."""
+    common = dict(
+        hidden_size=hq * d,
+        num_hidden_layers=1,
+        intermediate_size=64,
+        num_attention_heads=hq,
+        num_key_value_heads=hkv,
+        head_dim=d,
+        rms_norm_eps=1e-5,
+        vocab_size=32,
+        rope_theta=10000.0,
+    )
+    if kind == "qwen3":
+        attn: nn.Module = qwen3.Attention(
+            qwen3.ModelArgs(
+                model_type="qwen3",
+                max_position_embeddings=4096,
+                tie_word_embeddings=True,
+                **common,
+            )
+        )
+    else:
+        args = llama.ModelArgs(
+            model_type="llama",
+            rope_scaling=LLAMA3_SCALING if kind == "llama3" else None,
+            rope_traditional=kind == "traditional",
+            **common,
+        )
+        attn = llama.Attention(args)
+    rng = np.random.default_rng(2)
+    attn.update(
+        tree_map(
+            lambda p: mx.array(rng.standard_normal(p.shape) * 0.3, dtype=dtype), attn.parameters()
+        )
+    )
+    assert fused_proj.install(attn) == 1
+    assert fused_attention.install(attn)
+    return attn
+
+
+class _Layout:
+    def __init__(self, tables: mx.array, offsets: mx.array, bs: int) -> None:
+        t = np.array(tables)
+        o = np.array(offsets)
+        self.gather_blocks, self.offsets, self.block_size = tables, offsets, bs
+        self.write_slots = mx.array(t[np.arange(len(o)), o // bs] * bs + o % bs, dtype=mx.int32)
+
+
+@needs_cuda
+@pytest.mark.parametrize("kind", ["llama", "llama3", "traditional", "qwen3"])
+@pytest.mark.parametrize("B,hq,hkv,d", [(1, 32, 8, 64), (7, 16, 8, 128), (20, 8, 8, 64)])
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32])
+def test_kernel_matches_reference(
+    kind: str, B: int, hq: int, hkv: int, d: int, dtype: mx.Dtype
+) -> None:
+    """The output, and the pools after the step: the new keys (normed, rotated) and values
+    in their slots, every other slot untouched."""
+    from test_paged_attention import _case
+
+    attn = _attention(kind, hq, hkv, d, dtype)
+    _, k, v, tables, offsets = _case(B, hq, hkv, d, dtype)
+    lay = _Layout(tables, offsets, 16)
+    qkv = mx.array(
+        np.random.default_rng(3).standard_normal((B, 1, (hq + 2 * hkv) * d)), dtype=dtype
+    )
+    ref_parts = [mx.array(k), mx.array(v)]
+    ref = fused_attention.reference(attn, qkv, ref_parts, lay)
+    parts = [k + 0, v + 0]  # fresh buffers: the kernel writes into them
+    mx.eval(parts, ref, ref_parts)
+    got = fused_attention.fused_decode_attention(attn, qkv, parts, lay)
+    mx.eval(got)
+    tol = 3e-2 if dtype == mx.bfloat16 else 2e-4
+    assert got.shape == ref.shape == (B, 1, hq * d)
+    assert np.allclose(np.array(got.astype(mx.float32)), np.array(ref.astype(mx.float32)), atol=tol)
+    for mine, theirs in zip(parts, ref_parts):
+        a, b = np.array(mine.astype(mx.float32)), np.array(theirs.astype(mx.float32))
+        assert np.allclose(a, b, atol=tol)
+        slots = np.array(lay.write_slots)
+        keep = np.ones(a.shape[1], dtype=bool)
+        keep[slots] = False
+        assert np.array_equal(a[:, keep], b[:, keep])
