@@ -131,7 +131,9 @@ def install(model: nn.Module) -> bool:
     if not enabled():
         return False
     classes = _classes()
-    attns = [m for _, m in model.named_modules() if type(m) in classes]
+    # Modules fused by an earlier engine on the same model count too (and stay as they are).
+    kinds = {**classes, **{f: f for f in classes.values()}}
+    attns = [m for _, m in model.named_modules() if type(m) in kinds]
     if not attns:
         return False
     specs = [_spec(m) for m in attns]
@@ -139,7 +141,7 @@ def install(model: nn.Module) -> bool:
         return False
     for m, s in zip(attns, specs):
         m._pippin_fused = s
-        m.__class__ = classes[type(m)]
+        m.__class__ = kinds[type(m)]
     return True
 
 

@@ -17,6 +17,7 @@ from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prom
 from pippin.engine import (
     decode_graph,
     fused_attention,
+    fused_layer,
     fused_proj,
     head_rows,
     paged_attention,
@@ -76,6 +77,8 @@ class ModelRunner:
         )
         # Decode batches that take the kernel: norms, RoPE, KV write and attention in one.
         self.fused_attention = self.paged_kernel and fused_attention.install(model)
+        # Small decode batches: each layer in five kernels around that attention.
+        self.fused_layer = self.fused_attention and fused_layer.install(model)
         if prefill_attention.wanted():
             paged_attention.install(model)  # prompt chunks without a cuDNN build per shape
         self.head = head_rows.install(model)
@@ -206,6 +209,9 @@ class ModelRunner:
         if self.paged_kernel:
             paged_attention.use_kernel(layout)
             layout.fused_attention = layout.paged_kernel and self.fused_attention
+            layout.fused_layer = (
+                layout.fused_attention and self.fused_layer and fused_layer.applies(B)
+            )
         caches: list[Any] = [
             self._view(self.pools[i], layout) if i in self.pools else self._stack_state(i, items)
             for i in range(self.num_caches)

@@ -155,6 +155,7 @@ class BatchLayout:
     # through the block tables, so neither the gather nor a mask array is built.
     paged_kernel: bool = False
     fused_attention: bool = False  # decode rows through `fused_attention`'s kernel
+    fused_layer: bool = False  # and each layer through `fused_layer`'s kernels
     offsets: mx.array | None = None
     # Every row starts at position 0 (a fresh prompt, no cached prefix): attention needs
     # only this call's keys, so they are used as computed, with no gather from the pool.
@@ -219,6 +220,7 @@ class DecodeLayout:
     pad_len = 1
     fresh = False
     fused_attention = False
+    fused_layer = False
 
     def __init__(
         self,

@@ -1,0 +1,331 @@
+"""A small decode batch's transformer layer as five CUDA kernels.
+
+A single stream's decode step on a GPU is bound by host time, not by the device: on the
+H200 a 16-layer Llama-3.2-1B step costs the same with its layers 2,048 wide as 256 wide,
+and MLX spends about 4 µs of host time per kernel it launches (measured by
+`bench/gpu_probe.sh floor`), about 15 kernels a layer. For the layers of mlx-lm's
+`llama`, `qwen2` and `qwen3` this module runs a decode batch of at most `MAX_ROWS` rows
+through five:
+
+1. the input RMSNorm and the fused q/k/v projection (`fused_proj`);
+2. the attention block (`fused_attention`: q/k norms, RoPE, the KV write, attention);
+3. the output projection plus the residual;
+4. the post-attention RMSNorm, the fused gate/up projection and SwiGLU;
+5. the down projection plus the residual.
+
+Kernels 1, 3, 4 and 5 are one matrix-vector kernel (`gemv`) with the norm, SwiGLU and
+residual as options: one warp per output row reads the weight row once for every row of
+the batch, so the device still streams each weight once a step. Each rounds where mlx-lm's
+ops round (to the model's dtype after the norm, the projection and each SwiGLU op), so
+the results match theirs to the dtype's precision, not bit for bit.
+
+Where it applies: every layer exactly mlx-lm's `TransformerBlock` of those families, its
+attention fused by `fused_attention`, plain RMSNorms, unquantised projections (a bias on
+q/k/v or the output projection is kept), an MLP of exactly SwiGLU. Larger batches read
+each weight row for more rows than a warp holds in registers; they keep mlx-lm's layer,
+whose matmuls suit them. `PIPPIN_FUSED_LAYER=0` turns it off. Off CUDA, tests run the
+same hook with `reference_gemv` (MLX's ops) standing in for the kernel.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from pippin.engine import fused_attention, fused_proj, paged_attention
+
+MAX_ROWS = 8
+_NWARPS = 4  # output rows per thread block
+_CLASSES = tuple((family, "TransformerBlock") for family in ("llama", "qwen2", "qwen3"))
+
+_SOURCE = r"""
+    // One warp per output row j (for SwiGLU two weight rows: the gate's j and the up's
+    // j + N), NWARPS rows per block; the warp reads each weight row once for all B rows.
+    constexpr int V = 16 / sizeof(T);  // elements per 16-byte load
+    constexpr int R = SWIGLU ? 2 : 1;
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int j = blockIdx.x * NWARPS + warp;
+    __shared__ float inv_rms[B];
+    if (NORM) {
+        for (int b = warp; b < B; b += NWARPS) {
+            float ss = 0.f;
+            for (int k = lane; k < K; k += 32) {
+                const float t = static_cast<float>(x[(size_t)b * K + k]);
+                ss += t * t;
+            }
+            #pragma unroll
+            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffff, ss, o);
+            if (lane == 0) inv_rms[b] = rsqrtf(ss / K + eps[0]);
+        }
+        __syncthreads();
+    }
+    if (j >= N) return;
+    float acc[R][B];
+    #pragma unroll
+    for (int r = 0; r < R; ++r) {
+        #pragma unroll
+        for (int b = 0; b < B; ++b) acc[r][b] = 0.f;
+    }
+    #pragma unroll 2
+    for (int k0 = lane * V; k0 < K; k0 += 32 * V) {
+        float xs[B][V];
+        #pragma unroll
+        for (int b = 0; b < B; ++b) {
+            const uint4 raw = *reinterpret_cast<const uint4*>(x + (size_t)b * K + k0);
+            const T* e = reinterpret_cast<const T*>(&raw);
+            #pragma unroll
+            for (int i = 0; i < V; ++i) xs[b][i] = static_cast<float>(e[i]);
+        }
+        if (NORM) {  // rounded as MLX's rms_norm returns it
+            const uint4 raw = *reinterpret_cast<const uint4*>(g + k0);
+            const T* gw = reinterpret_cast<const T*>(&raw);
+            #pragma unroll
+            for (int b = 0; b < B; ++b) {
+                #pragma unroll
+                for (int i = 0; i < V; ++i) {
+                    const T y = static_cast<T>(xs[b][i] * inv_rms[b]);
+                    xs[b][i] = static_cast<float>(static_cast<T>(
+                        static_cast<float>(gw[i]) * static_cast<float>(y)));
+                }
+            }
+        }
+        #pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const uint4 raw = *reinterpret_cast<const uint4*>(w + (size_t)(j + r * N) * K + k0);
+            const T* wr = reinterpret_cast<const T*>(&raw);
+            #pragma unroll
+            for (int i = 0; i < V; ++i) {
+                const float wv = static_cast<float>(wr[i]);
+                #pragma unroll
+                for (int b = 0; b < B; ++b) acc[r][b] += wv * xs[b][i];
+            }
+        }
+    }
+    #pragma unroll
+    for (int r = 0; r < R; ++r) {
+        #pragma unroll
+        for (int b = 0; b < B; ++b) {
+            #pragma unroll
+            for (int o = 16; o > 0; o >>= 1) acc[r][b] += __shfl_xor_sync(0xffffffff, acc[r][b], o);
+        }
+    }
+    if (lane >= B) return;
+    #pragma unroll
+    for (int b = 0; b < B; ++b) {
+        if (b != lane) continue;  // lane b writes row b (registers stay statically indexed)
+        float y = acc[0][b];
+        if (BIAS) y += static_cast<float>(bias[j]);
+        T out_v;
+        if (SWIGLU) {
+            const T gate = static_cast<T>(y);
+            const T up = static_cast<T>(acc[1][b]);
+            const float gf = static_cast<float>(gate);
+            const T sig = static_cast<T>(1.f / (1.f + __expf(-gf)));
+            const T act = static_cast<T>(gf * static_cast<float>(sig));
+            out_v = static_cast<T>(static_cast<float>(act) * static_cast<float>(up));
+        } else {
+            out_v = static_cast<T>(y);
+        }
+        if (RES) {
+            out_v = static_cast<T>(
+                static_cast<float>(res[(size_t)b * N + j]) + static_cast<float>(out_v));
+        }
+        out[(size_t)b * N + j] = out_v;
+    }
+"""
+
+_kernel: Any = None
+
+
+@dataclass
+class Gemv:
+    """One projection of a fused layer and what runs around it."""
+
+    weight: mx.array  # [R * N, K]
+    bias: mx.array | None = None
+    norm: nn.RMSNorm | None = None  # applied to the input first
+    swiglu: bool = False  # rows [0, N) are the gate's, [N, 2N) the up's
+
+
+def enabled() -> bool:
+    return os.environ.get("PIPPIN_FUSED_LAYER", "1") != "0"
+
+
+def install(model: nn.Module) -> bool:
+    """Swap every transformer layer of `model` for its fused form, if all can be; True if
+    so. Call after `fused_attention.install` succeeded."""
+    if not enabled():
+        return False
+    classes = _classes()
+    # Each supported class and its fused subclass (layers fused by an earlier engine on
+    # the same model), to the family's base class.
+    bases = {**{b: b for b in classes}, **{f: b for b, f in classes.items()}}
+    layers = [m for _, m in model.named_modules() if type(m) in bases]
+    if not layers:
+        return False
+    plans = [_plan(m, bases[type(m)]) for m in layers]
+    if any(p is None for p in plans):
+        return False
+    for m, p in zip(layers, plans):
+        m._pippin_plan = p
+        m.__class__ = classes[bases[type(m)]]
+    return True
+
+
+_FUSED: dict[type, type] = {}
+
+
+def _classes() -> dict[type, type]:
+    if not _FUSED:
+        for mod, name in _CLASSES:
+            base = getattr(importlib.import_module(f"mlx_lm.models.{mod}"), name)
+            _FUSED[base] = type(f"Fused{mod.capitalize()}{name}", (base,), {"__call__": _call})
+    return _FUSED
+
+
+def _linear(m: Any) -> bool:
+    return type(m) is nn.Linear and m.weight.dtype in (mx.bfloat16, mx.float16, mx.float32)
+
+
+@dataclass
+class Plan:
+    """A layer's four projections, in the order they run."""
+
+    qkv: Gemv
+    o: Gemv
+    gate_up: Gemv
+    down: Gemv
+
+
+def _plan(layer: Any, base: type) -> Plan | None:
+    """The four projections of `layer` (of mlx-lm's class `base`), or None if it is not
+    the layer this module fuses."""
+    attn, mlp = layer.self_attn, layer.mlp
+    if getattr(attn, "_pippin_fused", None) is None:
+        return None
+    if type(mlp) is not getattr(importlib.import_module(base.__module__), "MLP", None):
+        return None  # exactly the family's SwiGLU MLP
+    norms = (layer.input_layernorm, layer.post_attention_layernorm)
+    if not all(type(n) is nn.RMSNorm for n in norms):
+        return None
+    qkv = attn.q_proj.shared.fused
+    gu = [getattr(mlp, n, None) for n in ("gate_proj", "up_proj")]
+    if not all(isinstance(p, fused_proj.Part) for p in gu) or gu[0].shared is not gu[1].shared:
+        return None
+    if [p.i for p in gu] != [0, 1]:
+        return None
+    gate_up = gu[0].shared.fused
+    o, down = attn.o_proj, mlp.down_proj
+    if not all(_linear(m) for m in (qkv, o, gate_up, down)):
+        return None
+    if "bias" in gate_up or "bias" in down:
+        return None
+    (a0, a1), (b0, b1) = gu[0].shared.bounds
+    if a0 != 0 or a1 != b0 or b1 - b0 != a1:
+        return None
+    dtype = qkv.weight.dtype
+    plan = Plan(
+        Gemv(qkv.weight, qkv.get("bias"), norm=norms[0]),
+        Gemv(o.weight, o.get("bias")),
+        Gemv(gate_up.weight, norm=norms[1], swiglu=True),
+        Gemv(down.weight),
+    )
+    vec = 16 // dtype.size  # the kernel reads 16 bytes at a time
+    for p in (plan.qkv, plan.o, plan.gate_up, plan.down):
+        arrays = [p.weight, *(a for a in (p.bias,) if a is not None)]
+        if p.norm is not None:
+            if p.norm.weight.shape != (p.weight.shape[1],):
+                return None
+            arrays.append(p.norm.weight)
+        if any(a.dtype != dtype for a in arrays) or p.weight.shape[1] % vec:
+            return None
+    return plan
+
+
+def applies(rows: int) -> bool:
+    return rows <= MAX_ROWS
+
+
+def _call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+    if not getattr(getattr(cache, "layout", None), "fused_layer", False):
+        return super(type(self), self).__call__(x, mask, cache)
+    lay = cache.layout
+    plan: Plan = self._pippin_plan
+    B = x.shape[0]
+    fn = reference_gemv if paged_attention.force_reference else gemv
+    attn_fn = (
+        fused_attention.reference
+        if paged_attention.force_reference
+        else fused_attention.fused_decode_attention
+    )
+    x2 = x.reshape(B, -1)
+    qkv = fn(plan.qkv, x2)
+    a = attn_fn(self.self_attn, qkv.reshape(B, 1, -1), cache.pool.parts, lay)
+    h = fn(plan.o, a.reshape(B, -1), res=x2)
+    m = fn(plan.gate_up, h)
+    return fn(plan.down, m, res=h).reshape(B, 1, -1)
+
+
+def gemv(p: Gemv, x: mx.array, res: mx.array | None = None) -> mx.array:
+    """The kernel: [B, N] = (norm(x) if p.norm) @ p.weight.T (+ bias) (SwiGLU'd) (+ res)."""
+    B, K = x.shape
+    rows = p.weight.shape[0]
+    n = rows // 2 if p.swiglu else rows
+    dummy = p.weight  # stands in for absent inputs (never read)
+    norm = p.norm
+    out = _get_kernel()(
+        inputs=[
+            x,
+            p.weight,
+            norm.weight if norm is not None else dummy,
+            mx.array([norm.eps if norm is not None else 0.0], dtype=mx.float32),
+            p.bias if p.bias is not None else dummy,
+            res if res is not None else dummy,
+        ],
+        template=[
+            ("T", x.dtype),
+            ("B", B),
+            ("K", K),
+            ("N", n),
+            ("NWARPS", _NWARPS),
+            ("NORM", norm is not None),
+            ("SWIGLU", p.swiglu),
+            ("BIAS", p.bias is not None),
+            ("RES", res is not None),
+        ],
+        grid=(-(-n // _NWARPS) * _NWARPS * 32, 1, 1),
+        threadgroup=(_NWARPS * 32, 1, 1),
+        output_shapes=[(B, n)],
+        output_dtypes=[x.dtype],
+    )
+    return out[0]
+
+
+def reference_gemv(p: Gemv, x: mx.array, res: mx.array | None = None) -> mx.array:
+    """The same with MLX's ops, as mlx-lm's layer computes it: what the kernel must equal;
+    the stand-in off CUDA."""
+    if p.norm is not None:
+        x = p.norm(x)
+    y = x @ p.weight.T if p.bias is None else mx.addmm(p.bias, x, p.weight.T)
+    if p.swiglu:
+        gate, up = mx.split(y, 2, axis=-1)
+        y = nn.silu(gate) * up
+    return y if res is None else res + y
+
+
+def _get_kernel() -> Any:
+    global _kernel
+    if _kernel is None:
+        _kernel = mx.fast.cuda_kernel(
+            name="pippin_fused_gemv",
+            input_names=["x", "w", "g", "eps", "bias", "res"],
+            output_names=["out"],
+            source=_SOURCE,
+        )
+    return _kernel

@@ -1,0 +1,136 @@
+"""The fused decode layer (`engine/fused_layer.py`).
+
+Its CUDA kernel runs only on an NVIDIA GPU; there it must equal `reference_gemv`, MLX's
+own ops. Everywhere else the hook (the layer swap, which weights each projection reads,
+the residuals) is tested with the references standing in.
+"""
+
+from __future__ import annotations
+
+import random
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from test_engine import _loaded
+from test_fused_attention import LLAMA3_SCALING, _kernel_path, needs_cuda
+from test_paged_attention import _greedy_logprobs
+
+from pippin.engine import fused_layer
+from pippin.engine.config import EngineConfig
+from pippin.engine.core import EngineCore
+
+
+@pytest.fixture(autouse=True)
+def _fused_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PIPPIN_FUSED_ATTENTION", "1")
+    monkeypatch.setenv("PIPPIN_FUSED_LAYER", "1")
+
+
+@pytest.mark.parametrize("compiled", ["1", "0"])
+@pytest.mark.parametrize(
+    "arch,overrides",
+    [
+        ("llama", {}),
+        ("llama", {"rope_scaling": LLAMA3_SCALING, "attention_bias": True}),
+        ("qwen3", {}),
+    ],
+)
+def test_engine_decode_fused_layer_matches_unfused(
+    tiny_models, arch: str, overrides: dict, compiled: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same greedy tokens and logprobs with the layers fused as without, for batches
+    small enough to take them and batches too large to."""
+    monkeypatch.setenv("PIPPIN_COMPILE", compiled)
+    loaded = _loaded(tiny_models(arch, head_dim=32, **overrides))
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, 200) for _ in range(rng.randrange(2, 40))] for _ in range(12)]
+    gens = [rng.randrange(5, 40) for _ in prompts]
+    name = "gemv" if _kernel_path(monkeypatch) == "fused_decode_attention" else "reference_gemv"
+
+    monkeypatch.setenv("PIPPIN_FUSED_LAYER", "0")
+    base = _greedy_logprobs(loaded, prompts, gens)
+    monkeypatch.setenv("PIPPIN_FUSED_LAYER", "1")
+    rows: list[int] = []
+    real = getattr(fused_layer, name)
+
+    def counting(p: fused_layer.Gemv, x: mx.array, res: mx.array | None = None) -> mx.array:
+        rows.append(x.shape[0])
+        return real(p, x, res)
+
+    monkeypatch.setattr(fused_layer, name, counting)
+    fused = _greedy_logprobs(loaded, prompts, gens)
+    assert rows and max(rows) <= fused_layer.MAX_ROWS
+    assert fused.keys() == base.keys()
+    for rid, ref in base.items():
+        got = fused[rid]
+        assert [t for t, _ in got] == [t for t, _ in ref], rid
+        assert max(abs(a - b) for (_, a), (_, b) in zip(got, ref)) < 5e-3, rid
+
+
+def test_installed_on_every_layer(tiny_models, monkeypatch: pytest.MonkeyPatch) -> None:
+    _kernel_path(monkeypatch)
+    core = EngineCore(_loaded(tiny_models("qwen3", head_dim=32)), EngineConfig(num_blocks=64))
+    assert core.runner.fused_layer
+    layers = core.runner.model.model.layers
+    assert all(type(m).__name__ == "FusedQwen3TransformerBlock" for m in layers)
+    plan = layers[0]._pippin_plan
+    assert plan.gate_up.swiglu and plan.qkv.norm is layers[0].input_layernorm
+    assert plan.down.weight is layers[0].mlp.down_proj.weight
+
+
+def test_not_installed_without_fused_attention(
+    tiny_models, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _kernel_path(monkeypatch)
+    monkeypatch.setenv("PIPPIN_FUSED_ATTENTION", "0")
+    core = EngineCore(_loaded(tiny_models("llama", head_dim=32)), EngineConfig(num_blocks=64))
+    assert not core.runner.fused_layer
+
+
+def test_not_installed_on_quantised_weights(tiny_models, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Quantised projections keep mlx-lm's layer (the kernel reads plain weights)."""
+    _kernel_path(monkeypatch)
+    loaded = _loaded(tiny_models("llama", head_dim=32))
+    nn.quantize(loaded.model, group_size=32, bits=4)
+    core = EngineCore(loaded, EngineConfig(num_blocks=64))
+    assert not core.runner.fused_layer
+
+
+@needs_cuda
+@pytest.mark.parametrize("B", [1, 3, 8])
+@pytest.mark.parametrize("K,N", [(64, 96), (256, 40), (1024, 512)])
+@pytest.mark.parametrize(
+    "norm,swiglu,bias,res",
+    [
+        (True, False, False, False),
+        (True, False, True, False),
+        (False, False, True, True),
+        (False, False, False, True),
+        (True, True, False, False),
+    ],
+)
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32])
+def test_kernel_matches_reference(
+    B: int, K: int, N: int, norm: bool, swiglu: bool, bias: bool, res: bool, dtype: mx.Dtype
+) -> None:
+    rng = np.random.default_rng(B * K + N)
+    rows = 2 * N if swiglu else N
+
+    def arr(*shape: int, scale: float = 1.0) -> mx.array:
+        return mx.array(rng.standard_normal(shape) * scale, dtype=dtype)
+
+    rms = nn.RMSNorm(K, eps=1e-5)
+    rms.weight = arr(K, scale=0.5) + 1
+    p = fused_layer.Gemv(
+        arr(rows, K, scale=K**-0.5), arr(rows) if bias else None, rms if norm else None, swiglu
+    )
+    x = arr(B, K, scale=3.0)
+    r = arr(B, N) if res else None
+    ref = fused_layer.reference_gemv(p, x, r)
+    got = fused_layer.gemv(p, x, r)
+    assert got.shape == ref.shape == (B, N) and got.dtype == dtype
+    a, b = np.array(got.astype(mx.float32)), np.array(ref.astype(mx.float32))
+    tol = 3e-2 if dtype == mx.bfloat16 else 1e-4
+    assert np.allclose(a, b, atol=tol, rtol=tol), np.abs(a - b).max()
