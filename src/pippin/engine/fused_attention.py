@@ -121,7 +121,7 @@ class Spec:
 
 
 def enabled() -> bool:
-    return os.environ.get("PIPPIN_FUSED_ATTENTION", "0") == "1"
+    return os.environ.get("PIPPIN_FUSED_ATTENTION", "1") != "0"
 
 
 def install(model: nn.Module) -> bool:
