@@ -39,6 +39,28 @@ LLAMA3_SCALING = {
 }
 
 
+# Logprob agreement between two arithmetics of one model. On CUDA, MLX runs float32
+# matmuls through TF32 (MLX_ENABLE_TF32): a last-bit difference upstream can flip a TF32
+# rounding and move a tiny model's logprobs by ~1e-2.
+TOL = 2e-2 if on_cuda else 5e-3
+
+
+def assert_same_greedy(base: dict[str, list], got: dict[str, list]) -> None:
+    """Same greedy tokens with logprobs within TOL, up to a request's first near tie: a
+    point where `got` took another token whose logprob under `base` was within 2 TOL of
+    the one `base` took (after it the two continuations differ, rightly)."""
+    assert got.keys() == base.keys()
+    for rid, ref in base.items():
+        for (t, lp, _), (t_ref, lp_ref, top_ref) in zip(got[rid], ref):
+            if t != t_ref:
+                alt = dict(top_ref).get(t)
+                assert alt is not None and lp_ref - alt < 2 * TOL, (rid, t, t_ref, top_ref)
+                break
+            assert abs(lp - lp_ref) < TOL, rid
+        else:
+            assert len(got[rid]) == len(ref), rid
+
+
 @pytest.fixture(autouse=True)
 def _fused_on(monkeypatch: pytest.MonkeyPatch) -> None:
     """Off by default (see the module); each test here turns it on."""
@@ -78,7 +100,7 @@ def test_engine_decode_fused_matches_unfused(
     name = _kernel_path(monkeypatch)
 
     monkeypatch.setenv("PIPPIN_FUSED_ATTENTION", "0")
-    base = _greedy_logprobs(loaded, prompts, gens)
+    base = _greedy_logprobs(loaded, prompts, gens, top=2)
     monkeypatch.setenv("PIPPIN_FUSED_ATTENTION", "1")
     calls = 0
     real = getattr(fused_attention, name)
@@ -89,13 +111,9 @@ def test_engine_decode_fused_matches_unfused(
         return real(*args)
 
     monkeypatch.setattr(fused_attention, name, counting)
-    fused = _greedy_logprobs(loaded, prompts, gens)
+    fused = _greedy_logprobs(loaded, prompts, gens, top=2)
     assert calls > 0
-    assert fused.keys() == base.keys()
-    for rid, ref in base.items():
-        got = fused[rid]
-        assert [t for t, _ in got] == [t for t, _ in ref], rid
-        assert max(abs(a - b) for (_, a), (_, b) in zip(got, ref)) < 5e-3, rid
+    assert_same_greedy(base, fused)
 
 
 @pytest.mark.parametrize("arch", ["gemma3", "qwen3_next"])

@@ -79,23 +79,28 @@ def _greedy_logprobs(
     prompts: list[list[int]],
     gens: list[int] | None = None,
     num_blocks: int = 300,
+    top: int = 0,
     **config: object,
 ) -> dict[str, list]:
-    """Greedy (token, logprob) pairs per request; `gens`: max_tokens each (default 12)."""
+    """Greedy (token, logprob) pairs per request; `gens`: max_tokens each (default 12).
+    With `top`, (token, logprob, that many alternatives as (token, logprob)) triples."""
     core = EngineCore(
         loaded,
         EngineConfig(num_blocks=num_blocks, block_size=4, max_model_len=512, **config),  # type: ignore[arg-type]
     )
     for i, p in enumerate(prompts):
         n = gens[i] if gens else 12
-        params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, logprobs=True)
+        params = SamplingParams(
+            max_tokens=n, temperature=0.0, ignore_eos=True, logprobs=True, top_logprobs=top
+        )
         core.add_request(str(i), p, params)
     out: dict[str, list] = {}
     while core.has_work():
         for o in core.step():
             for c in o.outputs:
                 out.setdefault(o.request_id, []).extend(
-                    (lp.token_id, lp.logprob) for lp in c.logprobs or []
+                    (lp.token_id, lp.logprob, lp.top) if top else (lp.token_id, lp.logprob)
+                    for lp in c.logprobs or []
                 )
     return out
 
