@@ -7,6 +7,7 @@ by name; putting this folder on ``sys.path`` keeps that working under any import
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import sys
 from collections.abc import Callable
@@ -14,6 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+# On CUDA, MLX runs float32 matmuls through TF32 by default (read once, at the first one):
+# a last-bit difference between two arithmetics then flips a TF32 rounding and moves a tiny
+# float32 model's logprobs by ~1e-2. Tests compare arithmetics at float32's precision.
+os.environ.setdefault("MLX_ENABLE_TF32", "0")
 
 _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:

@@ -46,12 +46,14 @@ _CLASSES = tuple((family, "TransformerBlock") for family in ("llama", "qwen2", "
 _SOURCE = r"""
     // One warp per output row j (for SwiGLU two weight rows: the gate's j and the up's
     // j + N), NWARPS rows per block; the warp reads each weight row once for all B rows.
+    // B is read at run time (registers sized for MAXB), so each projection compiles once.
+    const int B = x_shape[0];
     constexpr int V = 16 / sizeof(T);  // elements per 16-byte load
     constexpr int R = SWIGLU ? 2 : 1;
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int j = blockIdx.x * NWARPS + warp;
-    __shared__ float inv_rms[B];
+    __shared__ float inv_rms[MAXB];
     if (NORM) {
         for (int b = warp; b < B; b += NWARPS) {
             float ss = 0.f;
@@ -66,17 +68,18 @@ _SOURCE = r"""
         __syncthreads();
     }
     if (j >= N) return;
-    float acc[R][B];
+    float acc[R][MAXB];
     #pragma unroll
     for (int r = 0; r < R; ++r) {
         #pragma unroll
-        for (int b = 0; b < B; ++b) acc[r][b] = 0.f;
+        for (int b = 0; b < MAXB; ++b) acc[r][b] = 0.f;
     }
     #pragma unroll 2
     for (int k0 = lane * V; k0 < K; k0 += 32 * V) {
-        float xs[B][V];
+        float xs[MAXB][V];
         #pragma unroll
-        for (int b = 0; b < B; ++b) {
+        for (int b = 0; b < MAXB; ++b) {
+            if (b >= B) break;
             const uint4 raw = *reinterpret_cast<const uint4*>(x + (size_t)b * K + k0);
             const T* e = reinterpret_cast<const T*>(&raw);
             #pragma unroll
@@ -86,7 +89,8 @@ _SOURCE = r"""
             const uint4 raw = *reinterpret_cast<const uint4*>(g + k0);
             const T* gw = reinterpret_cast<const T*>(&raw);
             #pragma unroll
-            for (int b = 0; b < B; ++b) {
+            for (int b = 0; b < MAXB; ++b) {
+                if (b >= B) break;
                 #pragma unroll
                 for (int i = 0; i < V; ++i) {
                     const T y = static_cast<T>(xs[b][i] * inv_rms[b]);
@@ -103,21 +107,24 @@ _SOURCE = r"""
             for (int i = 0; i < V; ++i) {
                 const float wv = static_cast<float>(wr[i]);
                 #pragma unroll
-                for (int b = 0; b < B; ++b) acc[r][b] += wv * xs[b][i];
+                for (int b = 0; b < MAXB; ++b) {
+                    if (b < B) acc[r][b] += wv * xs[b][i];
+                }
             }
         }
     }
     #pragma unroll
     for (int r = 0; r < R; ++r) {
         #pragma unroll
-        for (int b = 0; b < B; ++b) {
+        for (int b = 0; b < MAXB; ++b) {
+            if (b >= B) break;
             #pragma unroll
             for (int o = 16; o > 0; o >>= 1) acc[r][b] += __shfl_xor_sync(0xffffffff, acc[r][b], o);
         }
     }
     if (lane >= B) return;
     #pragma unroll
-    for (int b = 0; b < B; ++b) {
+    for (int b = 0; b < MAXB; ++b) {
         if (b != lane) continue;  // lane b writes row b (registers stay statically indexed)
         float y = acc[0][b];
         if (BIAS) y += static_cast<float>(bias[j]);
@@ -290,7 +297,7 @@ def gemv(p: Gemv, x: mx.array, res: mx.array | None = None) -> mx.array:
         ],
         template=[
             ("T", x.dtype),
-            ("B", B),
+            ("MAXB", MAX_ROWS),
             ("K", K),
             ("N", n),
             ("NWARPS", _NWARPS),
