@@ -109,7 +109,7 @@ single)
   done
   ;;
 floor)
-  timeout -s KILL 500 python3 bench/step_floor.py --model "$path" 2>&1 | grep -v tokenizer |
+  timeout -s KILL 500 python3 bench/step_floor.py --model "$path" --widths "${WIDTHS:-2048,256}" 2>&1 | grep -v tokenizer |
     tee -a "$OUT/floor.log"
   ;;
 gil)

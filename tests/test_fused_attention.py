@@ -62,7 +62,7 @@ def assert_same_greedy(base: dict[str, list], got: dict[str, list]) -> None:
 
 @pytest.fixture(autouse=True)
 def _fused_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Off by default (see the module); each test here turns it on."""
+    """On by default where the paged kernel runs; each test here turns it on explicitly."""
     monkeypatch.setenv("PIPPIN_FUSED_ATTENTION", "1")
 
 

@@ -21,8 +21,12 @@ them. The decode step's graph then has no scatter at all.
 Where it applies: models whose every attention module is exactly mlx-lm's `llama`,
 `qwen2` or `qwen3` `Attention`, with fused q/k/v, a RoPE whose angle is position times
 a fixed frequency (`nn.RoPE`, Llama 3's), and decode batches that take the paged
-kernel. `PIPPIN_FUSED_ATTENTION=0` turns it off. Off CUDA, tests run the same hook with
-`reference` (mlx-lm's own ops) standing in for the kernel.
+kernel, that is on CUDA. `PIPPIN_FUSED_ATTENTION=0` turns it off. Off CUDA, tests run
+the same hook with `reference` (mlx-lm's own ops) standing in for the kernel.
+
+On the H200 it takes Llama-3.2-1B's single-stream decode from 296 to 483 tok/s and
+Qwen3-0.6B's from 167 to 302 (`bench/single_stream.py`, in turns); `fused_layer` builds
+the rest of the layer around it.
 """
 
 from __future__ import annotations

@@ -159,6 +159,10 @@ class Gemv:
     norm: nn.RMSNorm | None = None  # applied to the input first
     swiglu: bool = False  # rows [0, N) are the gate's, [N, 2N) the up's
 
+    def __post_init__(self) -> None:
+        # The norm's epsilon as the kernel reads it, made once (not a new array per step).
+        self.eps = mx.array([self.norm.eps if self.norm is not None else 0.0], dtype=mx.float32)
+
 
 def enabled() -> bool:
     return os.environ.get("PIPPIN_FUSED_LAYER", "1") != "0"
@@ -260,10 +264,10 @@ def applies(rows: int) -> bool:
 
 
 def _call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
-    if not getattr(getattr(cache, "layout", None), "fused_layer", False):
-        return super(type(self), self).__call__(x, mask, cache)
-    lay = cache.layout
     plan: Plan = self._pippin_plan
+    lay = getattr(cache, "layout", None)
+    if not getattr(lay, "fused_layer", False) or x.dtype != plan.qkv.weight.dtype:
+        return super(type(self), self).__call__(x, mask, cache)
     B = x.shape[0]
     fn = reference_gemv if paged_attention.force_reference else gemv
     attn_fn = (
@@ -291,7 +295,7 @@ def gemv(p: Gemv, x: mx.array, res: mx.array | None = None) -> mx.array:
             x,
             p.weight,
             norm.weight if norm is not None else dummy,
-            mx.array([norm.eps if norm is not None else 0.0], dtype=mx.float32),
+            p.eps,
             p.bias if p.bias is not None else dummy,
             res if res is not None else dummy,
         ],
