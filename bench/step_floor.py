@@ -39,6 +39,19 @@ def _model(path: Path, layers: int) -> Any:
     return random_model({**config, "num_hidden_layers": layers}, bf16)
 
 
+def _engines(model: Any, prompt: int) -> dict[str, Callable[[int], float]]:
+    """Single-stream decode of `model` on a seeded random prompt: mlx-lm's and pippin's."""
+    from paged_vs_contiguous import run_pippin
+    from single_stream import mlx_lm_decode
+
+    rng = random.Random(0)
+    p = [rng.randrange(model.args.vocab_size) for _ in range(prompt)]
+    return {
+        "mlx_lm": lambda g: mlx_lm_decode(model, p, g),
+        "pippin": lambda g: run_pippin(model, [p], g),
+    }
+
+
 def _line(xs: list[int], ys: list[float]) -> tuple[float, float]:
     """Least-squares intercept and slope."""
     n = len(xs)
@@ -49,18 +62,11 @@ def _line(xs: list[int], ys: list[float]) -> tuple[float, float]:
 
 
 def by_layers(path: Path, layers: list[int], prompt: int, gen: int, repeat: int) -> None:
-    from paged_vs_contiguous import run_pippin
-    from single_stream import in_turns, mlx_lm_decode
+    from single_stream import in_turns
 
     ms: dict[str, list[float]] = {"mlx_lm": [], "pippin": []}
     for n in layers:
-        model = _model(path, n)
-        rng = random.Random(0)
-        p = [rng.randrange(model.args.vocab_size) for _ in range(prompt)]
-        runs: dict[str, Callable[[int], float]] = {
-            "mlx_lm": lambda g, model=model, p=p: mlx_lm_decode(model, p, g),
-            "pippin": lambda g, model=model, p=p: run_pippin(model, [p], g),
-        }
+        runs = _engines(_model(path, n), prompt)
         for e, tps in in_turns(runs, gen, repeat, label=f"layers {n:3d}  ").items():
             ms[e].append(1e3 / tps)
     for e, ys in ms.items():
@@ -147,8 +153,7 @@ def by_ops(counts: list[int], steps: int) -> None:
 def by_width(path: Path, widths: list[int], prompt: int, gen: int, repeat: int) -> None:
     """The model at its own width and narrower (same layers and graph, a fraction of the
     bytes): if a step costs the same, it is bound by the host, not the device."""
-    from paged_vs_contiguous import run_pippin
-    from single_stream import in_turns, mlx_lm_decode
+    from single_stream import in_turns
 
     config = json.loads((path / "config.json").read_text())
     bf16 = config.get("torch_dtype") == "bfloat16"
@@ -167,13 +172,7 @@ def by_width(path: Path, widths: list[int], prompt: int, gen: int, repeat: int) 
         }
         from gpu_bench import random_model
 
-        model = random_model(cfg, bf16)
-        rng = random.Random(0)
-        p = [rng.randrange(model.args.vocab_size) for _ in range(prompt)]
-        runs: dict[str, Callable[[int], float]] = {
-            "mlx_lm": lambda g, model=model, p=p: mlx_lm_decode(model, p, g),
-            "pippin": lambda g, model=model, p=p: run_pippin(model, [p], g),
-        }
+        runs = _engines(random_model(cfg, bf16), prompt)
         in_turns(runs, gen, repeat, label=f"width {width:5d}  ")
 
 

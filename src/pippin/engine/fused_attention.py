@@ -105,7 +105,8 @@ _PROLOGUE = r"""
     __syncthreads();  // also makes this block's pool writes visible to its own reads
 """
 
-_kernel: Any = None
+_SOURCE = paged_attention.SOURCE_HEAD + _PROLOGUE + paged_attention.SOURCE_ATTEND
+_INPUTS = ("qkv", "k", "v", "tables", "offsets", "scale", "inv_freq", "qw", "kw", "eps")
 
 
 @dataclass
@@ -250,7 +251,7 @@ def fused_decode_attention(attn: Any, qkv: mx.array, parts: list[mx.array], lay:
     B = qkv.shape[0]
     g = s.hq // s.hkv
     nw = paged_attention.warps(g, s.d, extra=s.d + g + 1)
-    out = _get_kernel()(
+    out = paged_attention.cuda_kernel("pippin_fused_decode_attention", _INPUTS, _SOURCE)(
         inputs=[
             qkv,
             parts[0],
@@ -298,26 +299,3 @@ def reference(attn: Any, qkv: mx.array, parts: list[mx.array], lay: Any) -> mx.a
         q, parts[0], parts[1], lay.gather_blocks, lay.offsets, attn.scale, lay.block_size
     )
     return out.transpose(0, 2, 1, 3).reshape(B, 1, -1)
-
-
-def _get_kernel() -> Any:
-    global _kernel
-    if _kernel is None:
-        _kernel = mx.fast.cuda_kernel(
-            name="pippin_fused_decode_attention",
-            input_names=[
-                "qkv",
-                "k",
-                "v",
-                "tables",
-                "offsets",
-                "scale",
-                "inv_freq",
-                "qw",
-                "kw",
-                "eps",
-            ],
-            output_names=["out"],
-            source=paged_attention.SOURCE_HEAD + _PROLOGUE + paged_attention.SOURCE_ATTEND,
-        )
-    return _kernel

@@ -147,7 +147,7 @@ _SOURCE = r"""
     }
 """
 
-_kernel: Any = None
+_INPUTS = ("x", "w", "g", "eps", "bias", "res")
 
 
 @dataclass
@@ -290,7 +290,7 @@ def gemv(p: Gemv, x: mx.array, res: mx.array | None = None) -> mx.array:
     n = rows // 2 if p.swiglu else rows
     dummy = p.weight  # stands in for absent inputs (never read)
     norm = p.norm
-    out = _get_kernel()(
+    out = paged_attention.cuda_kernel("pippin_fused_gemv", _INPUTS, _SOURCE)(
         inputs=[
             x,
             p.weight,
@@ -328,15 +328,3 @@ def reference_gemv(p: Gemv, x: mx.array, res: mx.array | None = None) -> mx.arra
         gate, up = mx.split(y, 2, axis=-1)
         y = nn.silu(gate) * up
     return y if res is None else res + y
-
-
-def _get_kernel() -> Any:
-    global _kernel
-    if _kernel is None:
-        _kernel = mx.fast.cuda_kernel(
-            name="pippin_fused_gemv",
-            input_names=["x", "w", "g", "eps", "bias", "res"],
-            output_names=["out"],
-            source=_SOURCE,
-        )
-    return _kernel

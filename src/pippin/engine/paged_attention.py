@@ -21,6 +21,7 @@ decode batch (the default: see `worth_it`).
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from typing import Any
@@ -181,7 +182,6 @@ SUPPORTED_MODULES = frozenset(
 
 _HELPER_MODULES = frozenset({"base", "cache", "rope_utils", "activations", "switch_layers"})
 
-_kernel: Any = None
 _available: bool | None = None
 # Tests set this to run the whole kernel path on any device with the gather-based
 # reference standing in for the CUDA kernel.
@@ -249,16 +249,13 @@ def worth_it(rows: int, kv_tokens: int) -> bool:
     return rows >= MIN_ROWS or kv_tokens <= SOLO_CONTEXT
 
 
-def _get_kernel() -> Any:
-    global _kernel
-    if _kernel is None:
-        _kernel = mx.fast.cuda_kernel(
-            name="pippin_paged_decode",
-            input_names=["q", "k", "v", "tables", "offsets", "scale"],
-            output_names=["out"],
-            source=_SOURCE,
-        )
-    return _kernel
+@functools.cache
+def cuda_kernel(name: str, input_names: tuple[str, ...], source: str) -> Any:
+    """MLX's custom CUDA kernel `name` with one output, `out`; built once (MLX compiles it
+    per template on first use)."""
+    return mx.fast.cuda_kernel(
+        name=name, input_names=list(input_names), output_names=["out"], source=source
+    )
 
 
 def warps(g: int, d: int, extra: int = 0) -> int:
@@ -289,7 +286,9 @@ def paged_decode_attention(
     assert L == 1 and hq % hkv == 0 and d % 32 == 0
     g = hq // hkv
     nw = warps(g, d)
-    out = _get_kernel()(
+    out = cuda_kernel(
+        "pippin_paged_decode", ("q", "k", "v", "tables", "offsets", "scale"), _SOURCE
+    )(
         inputs=[
             queries.reshape(B, hq, d),
             k_pool,
