@@ -25,13 +25,29 @@ def _load_http(name: str) -> dict[str, Any]:
     return json.loads((RES / name).read_text())["summary"]
 
 
+def _single_stream(a: Any) -> None:
+    """Single-stream decode in-process, mlx-lm and pippin's settings side by side."""
+    runs = json.loads((RES / "gpu-fused-layer-single.json").read_text())["tok_per_s"]
+    models = list(runs)
+    settings = list(runs[models[0]])
+    width = 0.8 / len(settings)
+    for i, setting in enumerate(settings):
+        xs = [m + (i - (len(settings) - 1) / 2) * width for m in range(len(models))]
+        a.bar(xs, [runs[m][setting] for m in models], width, label=setting)
+    a.set_xticks(range(len(models)), models)
+    a.set_ylabel("output tok/s")
+    a.set_title("single-stream decode, in-process (this session)")
+    a.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2)
+    a.grid(alpha=0.3, axis="y")
+
+
 def main() -> None:
     pip, mlx = _load("gpu-after-http-pippin.json", "http"), _load("gpu-http-mlx_lm.json", "http")
     # The compiled decode step, pippin and mlx_lm.server in one run.
     comp = _load("gpu-compiled-http.json", "http")
     runs = json.loads((RES / "gpu-decode-profile.json").read_text())["runs"]
     cs, bs = [1, 16, 64, 256], [1, 32, 256]
-    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+    fig, ax = plt.subplots(1, 3, figsize=(15, 6))
     # Latest: 400 ops per CUDA graph, one process, with mlx_lm.server in the same run; then
     # the engine process (the default on CUDA now) against one process, in one later run.
     ops = _load("gpu-ops-per-buffer-inprocess-llama.json", "http")
@@ -57,6 +73,15 @@ def main() -> None:
         markersize=10,
         label="pippin, fused projections",
     )
+    # The fused decode layer (one run; at 64 its kernels compiled mid-run, per batch size).
+    fl = _load_http("gpu-fused-layer-http-llama.json")
+    fcs = sorted(int(c) for c in fl)
+    ax[0].plot(
+        fcs,
+        [fl[str(c)]["pippin"]["tok_per_s"] for c in fcs],
+        "D",
+        label="pippin, fused decode layer (64: compiles mid-run)",
+    )
     ax[0].plot(cs, [comp[str(c)]["pippin"]["tok_per_s"] for c in cs], "o:", label="pippin, earlier")
     ax[0].plot(
         cs,
@@ -75,15 +100,16 @@ def main() -> None:
     ):
         r = json.loads((RES / f"gpu-fused-proj-decode-{name}.json").read_text())["runs"]
         ax[1].plot([1, 256], [r["compiled/1"], r["compiled/256"]], mark, label=f"pippin, {label}")
+    _single_stream(ax[2])
     titles = ("over HTTP, 512 -> 256 tokens", "in-process decode, 512 + 128 tokens")
     for a, title, xlabel in zip(ax, titles, ("concurrency", "batch")):
         a.set_xscale("log", base=2)
         a.set_xlabel(xlabel)
         a.set_ylabel("output tok/s")
         a.set_title(title)
-        a.legend()
+        a.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
         a.grid(alpha=0.3)
-    fig.suptitle("Llama-3.2-1B config, random bf16 weights, NVIDIA H200")
+    fig.suptitle("Random bf16 weights, NVIDIA H200 (left and middle: the Llama-3.2-1B config)")
     fig.tight_layout()
     fig.savefig(RES.parent.parent / "docs" / "gpu-bench.png", dpi=110)
 
