@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 import numpy as np
 
-from pippin.engine import fused_layer, paged_attention
+from pippin.engine import paged_attention
 from pippin.engine.paged_cache import DecodeLayout, table_arrays
 
 if TYPE_CHECKING:
@@ -73,8 +73,7 @@ class DecodeGraph:
         B = tokens.shape[0]
         kernel = self.kernel and paged_attention.worth_it(B, tables.shape[1] * r.block_size)
         layout = DecodeLayout(tables, offsets, slots, r.block_size, kernel)
-        layout.fused_attention = kernel and r.fused_attention
-        layout.fused_layer = layout.fused_attention and r.fused_layer and fused_layer.applies(B)
+        r.mark_fused(layout, B)
         pools = {i: r.pools[i].with_parts(p) for i, p in self._by_layer(parts).items()}
         caches = [r._view(pools[i], layout) for i in range(r.num_caches)]
         logits = r.model(tokens, cache=caches)

@@ -31,8 +31,10 @@ the rest of the layer around it.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,32 +137,36 @@ def install(model: nn.Module) -> bool:
     Call after `fused_proj.install` and only when decode batches take the paged kernel."""
     if not enabled():
         return False
-    classes = _classes()
-    # Modules fused by an earlier engine on the same model count too (and stay as they are).
-    kinds = {**classes, **{f: f for f in classes.values()}}
-    attns = [m for _, m in model.named_modules() if type(m) in kinds]
-    if not attns:
+    classes = subclasses(_CLASSES, _call)
+    return swap_in(model, classes, lambda m, _base: _spec(m), "_pippin_fused")
+
+
+@functools.cache
+def subclasses(pairs: tuple[tuple[str, str], ...], call: Callable) -> dict[type, type]:
+    """Each of mlx-lm's classes in `pairs` ((module, class name)), with a subclass whose
+    `__call__` is `call`. Cached, so that engines built on one model share the subclasses."""
+    out: dict[type, type] = {}
+    for mod, name in pairs:
+        base = getattr(importlib.import_module(f"mlx_lm.models.{mod}"), name)
+        out[base] = type(f"Fused{mod.capitalize()}{name}", (base,), {"__call__": call})
+    return out
+
+
+def swap_in(
+    model: nn.Module, classes: dict[type, type], plan: Callable[[Any, type], Any], attr: str
+) -> bool:
+    """Give every module of `model` whose class is a key of `classes` `plan(module, class)`
+    as `attr` and the fused subclass, if every such module has a plan; True if so. Modules
+    fused by an earlier engine on the same model count too (and are planned again)."""
+    bases = {**{b: b for b in classes}, **{f: b for b, f in classes.items()}}
+    modules = [m for _, m in model.named_modules() if type(m) in bases]
+    plans = [plan(m, bases[type(m)]) for m in modules]
+    if not modules or any(p is None for p in plans):
         return False
-    specs = [_spec(m) for m in attns]
-    if any(s is None for s in specs):
-        return False
-    for m, s in zip(attns, specs):
-        m._pippin_fused = s
-        m.__class__ = kinds[type(m)]
+    for m, p in zip(modules, plans):
+        setattr(m, attr, p)
+        m.__class__ = classes[bases[type(m)]]
     return True
-
-
-def _classes() -> dict[type, type]:
-    """mlx-lm's supported attention classes, each with its fused subclass."""
-    global _FUSED
-    if not _FUSED:
-        for mod, name in _CLASSES:
-            base = getattr(importlib.import_module(f"mlx_lm.models.{mod}"), name)
-            _FUSED[base] = type(f"Fused{mod.capitalize()}{name}", (base,), {"__call__": _call})
-    return _FUSED
-
-
-_FUSED: dict[type, type] = {}
 
 
 def _spec(m: nn.Module) -> Spec | None:
@@ -240,8 +246,13 @@ def _call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.arr
     if not getattr(lay, "fused_attention", False):
         return super(type(self), self).__call__(x, mask, cache)
     qkv = self.q_proj.shared.fused(x)  # [B, 1, (hq + 2 hkv) d], one matmul
+    return self.o_proj(attend(self, qkv, cache.pool.parts, lay))
+
+
+def attend(attn: Any, qkv: mx.array, parts: list[mx.array], lay: Any) -> mx.array:
+    """The fused block: the kernel, or `reference` where tests force the reference path."""
     fn = reference if paged_attention.force_reference else fused_decode_attention
-    return self.o_proj(fn(self, qkv, cache.pool.parts, lay))
+    return fn(attn, qkv, parts, lay)
 
 
 def fused_decode_attention(attn: Any, qkv: mx.array, parts: list[mx.array], lay: Any) -> mx.array:

@@ -173,31 +173,8 @@ def install(model: nn.Module) -> bool:
     so. Call after `fused_attention.install` succeeded."""
     if not enabled():
         return False
-    classes = _classes()
-    # Each supported class and its fused subclass (layers fused by an earlier engine on
-    # the same model), to the family's base class.
-    bases = {**{b: b for b in classes}, **{f: b for b, f in classes.items()}}
-    layers = [m for _, m in model.named_modules() if type(m) in bases]
-    if not layers:
-        return False
-    plans = [_plan(m, bases[type(m)]) for m in layers]
-    if any(p is None for p in plans):
-        return False
-    for m, p in zip(layers, plans):
-        m._pippin_plan = p
-        m.__class__ = classes[bases[type(m)]]
-    return True
-
-
-_FUSED: dict[type, type] = {}
-
-
-def _classes() -> dict[type, type]:
-    if not _FUSED:
-        for mod, name in _CLASSES:
-            base = getattr(importlib.import_module(f"mlx_lm.models.{mod}"), name)
-            _FUSED[base] = type(f"Fused{mod.capitalize()}{name}", (base,), {"__call__": _call})
-    return _FUSED
+    classes = fused_attention.subclasses(_CLASSES, _call)
+    return fused_attention.swap_in(model, classes, _plan, "_pippin_plan")
 
 
 def _linear(m: Any) -> bool:
@@ -270,14 +247,9 @@ def _call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.arr
         return super(type(self), self).__call__(x, mask, cache)
     B = x.shape[0]
     fn = reference_gemv if paged_attention.force_reference else gemv
-    attn_fn = (
-        fused_attention.reference
-        if paged_attention.force_reference
-        else fused_attention.fused_decode_attention
-    )
     x2 = x.reshape(B, -1)
     qkv = fn(plan.qkv, x2)
-    a = attn_fn(self.self_attn, qkv.reshape(B, 1, -1), cache.pool.parts, lay)
+    a = fused_attention.attend(self.self_attn, qkv.reshape(B, 1, -1), cache.pool.parts, lay)
     h = fn(plan.o, a.reshape(B, -1), res=x2)
     m = fn(plan.gate_up, h)
     return fn(plan.down, m, res=h).reshape(B, 1, -1)

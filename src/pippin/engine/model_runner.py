@@ -79,11 +79,18 @@ class ModelRunner:
         self.fused_attention = self.paged_kernel and fused_attention.install(model)
         # Small decode batches: each layer in five kernels around that attention.
         self.fused_layer = self.fused_attention and fused_layer.install(model)
-        if prefill_attention.wanted():
+        if prefill_attention.wanted() and not self.paged_kernel:  # else installed above
             paged_attention.install(model)  # prompt chunks without a cuDNN build per shape
         self.head = head_rows.install(model)
         # Padding would run through recurrent state: those models keep exact lengths.
         self.prefill_bucket = None if self.has_state_layers else prefill_bucket()
+
+    def mark_fused(self, layout: Any, rows: int) -> None:
+        """Which fused kernels a batch of `rows` rows runs, once `layout.paged_kernel` says
+        whether it is a decode batch that takes the paged kernel."""
+        layout.fused_attention = layout.paged_kernel and self.fused_attention
+        small = fused_layer.applies(rows)
+        layout.fused_layer = layout.fused_attention and self.fused_layer and small
 
     @property
     def has_state_layers(self) -> bool:
@@ -208,10 +215,7 @@ class ModelRunner:
         layout = BatchLayout(starts, lengths, tables, self.block_size, self.prefill_bucket)
         if self.paged_kernel:
             paged_attention.use_kernel(layout)
-            layout.fused_attention = layout.paged_kernel and self.fused_attention
-            layout.fused_layer = (
-                layout.fused_attention and self.fused_layer and fused_layer.applies(B)
-            )
+            self.mark_fused(layout, B)
         caches: list[Any] = [
             self._view(self.pools[i], layout) if i in self.pools else self._stack_state(i, items)
             for i in range(self.num_caches)
