@@ -9,6 +9,7 @@ standing the gather-based reference in for the kernel.
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -18,6 +19,7 @@ from test_engine import _loaded
 from pippin.engine import paged_attention, paged_cache
 from pippin.engine.config import EngineConfig
 from pippin.engine.core import EngineCore
+from pippin.engine.model_runner import UnsupportedModelError
 from pippin.engine.types import SamplingParams
 from pippin.store.loaded import LoadedModel
 
@@ -118,6 +120,7 @@ def test_engine_decode_through_paged_path_matches_gather(
 
     monkeypatch.setattr(paged_attention, "_available", False)
     monkeypatch.setattr(paged_attention, "force_reference", False)
+    monkeypatch.setenv("PIPPIN_FUSED_ATTENTION", "0")  # its own tests: test_fused_attention
     base = _greedy_logprobs(loaded, prompts)
 
     if not paged_attention._is_cuda() or mx.default_device() != mx.gpu:
@@ -154,6 +157,15 @@ def test_kernel_not_used_for_windows_or_recurrent_layers(
     assert not core.runner.paged_kernel
 
 
+def _greedy_or_skip(loaded: LoadedModel, *args: Any, **config: Any) -> dict:
+    """`_greedy_logprobs`, skipping the test where the engine refuses the configuration:
+    MLX's CUDA quantised matmul lacks the tiny float32 models' shapes for quantised KV."""
+    try:
+        return _greedy_logprobs(loaded, *args, **config)
+    except UnsupportedModelError as e:
+        pytest.skip(str(e))
+
+
 @pytest.mark.parametrize(
     "arch,config", [("llama", {}), ("gemma3", {}), ("llama", {"kv_bits": 8, "kv_group_size": 32})]
 )
@@ -167,7 +179,7 @@ def test_fresh_prefill_matches_reading_the_pool(
     rng = random.Random(3)
     prompts = [[rng.randrange(3, 200) for _ in range(rng.randrange(2, 40))] for _ in range(6)]
     config = {"max_num_batched_tokens": 512, **config}
-    fast = _greedy_logprobs(loaded, prompts, **config)
+    fast = _greedy_or_skip(loaded, prompts, **config)
     monkeypatch.setattr(paged_cache, "FRESH_PREFILL", False)
     slow = _greedy_logprobs(loaded, prompts, **config)
     assert fast.keys() == slow.keys() == {str(i) for i in range(len(prompts))}
@@ -197,7 +209,7 @@ def test_prefill_bucket_pads_without_changing_outputs(
     ]
     config = {"max_num_batched_tokens": 40, **config}
     monkeypatch.setattr(paged_cache, "FRESH_PREFILL", fresh)
-    exact = _greedy_logprobs(loaded, prompts, **config)
+    exact = _greedy_or_skip(loaded, prompts, **config)
     seen: set[tuple[int, ...]] = set()
     real = paged_cache.BatchLayout.__post_init__
 

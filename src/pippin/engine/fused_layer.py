@@ -46,7 +46,8 @@ _CLASSES = tuple((family, "TransformerBlock") for family in ("llama", "qwen2", "
 _SOURCE = r"""
     // One warp per output row j (for SwiGLU two weight rows: the gate's j and the up's
     // j + N), NWARPS rows per block; the warp reads each weight row once for all B rows.
-    // B is read at run time (registers sized for MAXB), so each projection compiles once.
+    // B is read at run time (registers sized for MAXB), so each projection compiles once
+    // for a lone row (MAXB 1) and once for the rest.
     const int B = x_shape[0];
     constexpr int V = 16 / sizeof(T);  // elements per 16-byte load
     constexpr int R = SWIGLU ? 2 : 1;
@@ -190,6 +191,10 @@ class Plan:
     gate_up: Gemv
     down: Gemv
 
+    def steps(self) -> list[tuple[Gemv, bool]]:
+        """Each projection, with whether it adds the residual."""
+        return [(self.qkv, False), (self.o, True), (self.gate_up, False), (self.down, True)]
+
 
 def _plan(layer: Any, base: type) -> Plan | None:
     """The four projections of `layer` (of mlx-lm's class `base`), or None if it is not
@@ -236,6 +241,25 @@ def _plan(layer: Any, base: type) -> Plan | None:
     return plan
 
 
+def warm(model: nn.Module) -> None:
+    """Build the kernels of `model`'s fused layers now, for one row and for several: each
+    NVRTC build takes a fraction of a second, which a first request (and the first batch of
+    two) would otherwise wait for."""
+    seen: set[tuple] = set()
+    for _, m in model.named_modules():
+        plan: Plan | None = getattr(m, "_pippin_plan", None)
+        for p, res in plan.steps() if plan is not None else []:
+            n, k = p.weight.shape
+            n = n // 2 if p.swiglu else n
+            key = (n, k, p.weight.dtype, p.norm is not None, p.swiglu, p.bias is not None, res)
+            if key in seen:
+                continue
+            seen.add(key)
+            for rows in (1, 2):
+                x = mx.zeros((rows, k), dtype=p.weight.dtype)
+                mx.eval(gemv(p, x, mx.zeros((rows, n), dtype=x.dtype) if res else None))
+
+
 def applies(rows: int) -> bool:
     return rows <= MAX_ROWS
 
@@ -273,7 +297,7 @@ def gemv(p: Gemv, x: mx.array, res: mx.array | None = None) -> mx.array:
         ],
         template=[
             ("T", x.dtype),
-            ("MAXB", MAX_ROWS),
+            ("MAXB", 1 if B == 1 else MAX_ROWS),
             ("K", K),
             ("N", n),
             ("NWARPS", _NWARPS),

@@ -79,6 +79,8 @@ class ModelRunner:
         self.fused_attention = self.paged_kernel and fused_attention.install(model)
         # Small decode batches: each layer in five kernels around that attention.
         self.fused_layer = self.fused_attention and fused_layer.install(model)
+        if self.fused_layer and not paged_attention.force_reference:
+            fused_layer.warm(model)
         if prefill_attention.wanted() and not self.paged_kernel:  # else installed above
             paged_attention.install(model)  # prompt chunks without a cuDNN build per shape
         self.head = head_rows.install(model)
