@@ -36,13 +36,12 @@ def _single_stream(a: Any) -> None:
         a.bar(xs, [runs[m][setting] for m in models], width, label=setting)
     a.set_xticks(range(len(models)), models)
     a.set_ylabel("output tok/s")
-    a.set_title("single-stream decode, in-process (this session)")
+    a.set_title("single-stream decode, in-process (first fused-layer runs)")
     a.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2)
     a.grid(alpha=0.3, axis="y")
 
 
 def main() -> None:
-    pip, mlx = _load("gpu-after-http-pippin.json", "http"), _load("gpu-http-mlx_lm.json", "http")
     # The compiled decode step, pippin and mlx_lm.server in one run.
     comp = _load("gpu-compiled-http.json", "http")
     runs = json.loads((RES / "gpu-decode-profile.json").read_text())["runs"]
@@ -73,25 +72,30 @@ def main() -> None:
         markersize=10,
         label="pippin, fused projections",
     )
-    # The fused decode layer (one run; at 64 its kernels compiled mid-run, per batch size).
+    # The fused decode layer: the first run (its kernels compiled mid-run at 64, per batch
+    # size), then two runs of the kernel built once for one row and once for the rest.
     fl = _load_http("gpu-fused-layer-http-llama.json")
     fcs = sorted(int(c) for c in fl)
     ax[0].plot(
         fcs,
         [fl[str(c)]["pippin"]["tok_per_s"] for c in fcs],
         "D",
-        label="pippin, fused decode layer (64: compiles mid-run)",
+        label="pippin, fused decode layer, first (64: compiles mid-run)",
     )
+    for run, style in (("run1", "o-"), ("run2", "s-")):
+        r = _load_http(f"gpu-fused-layer-http-llama-{run}.json")
+        for server, ls in (("pippin", style), ("mlx_lm", style.replace("-", "--"))):
+            ax[0].plot(
+                cs,
+                [r[str(c)][server]["tok_per_s"] for c in cs],
+                ls,
+                linewidth=2,
+                label=f"{'pippin' if server == 'pippin' else 'mlx_lm.server'}, latest {run}",
+            )
     ax[0].plot(cs, [comp[str(c)]["pippin"]["tok_per_s"] for c in cs], "o:", label="pippin, earlier")
     ax[0].plot(
-        cs,
-        [pip[str(c)]["pippin"]["tok_per_s"] for c in cs],
-        "x:",
-        label="pippin, op by op, earlier",
+        cs, [ops[str(c)]["mlx_lm"]["tok_per_s"] for c in cs], "x:", label="mlx_lm.server, earlier"
     )
-    ax[0].plot(cs, [ops[str(c)]["mlx_lm"]["tok_per_s"] for c in cs], "o--", label="mlx_lm.server")
-    earlier = [mlx[str(c)]["mlx_lm"]["tok_per_s"] for c in cs]
-    ax[0].plot(cs, earlier, "x:", label="mlx_lm.server, earlier")
     ax[1].plot(bs, [runs[f"eager/{b}"] for b in bs], "o-", label="pippin, op by op")
     ax[1].plot(bs, [runs[f"compiled/{b}"] for b in bs], "o-", label="pippin, compiled step")
     for name, mark, label in (
