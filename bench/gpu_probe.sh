@@ -22,6 +22,8 @@
 #                                   py-spy --native (MLX's C++ frames, inclusive)
 #   bash bench/gpu_probe.sh floor : a step's fixed host cost and its cost per layer and per
 #                                   node (bench/step_floor.py)
+#   bash bench/gpu_probe.sh kernels: device time per kernel kind of a decode step, pippin's
+#                                   against MLX's ops (bench/kernel_time.py)
 #   bash bench/gpu_probe.sh gil   : steady, then loop in one process, then loop with
 #                                   --engine-process: is the 256-stream server GIL-bound?
 #   (gil-a and gil-b are its two halves, each under one device call's 10 minutes)
@@ -107,6 +109,10 @@ single)
       >"$OUT/spy-single-$e-summary.txt"
     cat "$OUT/spy-single-$e-summary.txt"
   done
+  ;;
+kernels)
+  timeout -s KILL 300 python3 bench/kernel_time.py --model "$path" --rows "${ROWS:-1,8}" \
+    --context "${CONTEXT:-512,4096}" --out "$OUT/kernels.json" 2>&1 | tee -a "$OUT/kernels.log"
   ;;
 floor)
   timeout -s KILL 500 python3 bench/step_floor.py --model "$path" --widths "${WIDTHS:-2048,256}" 2>&1 | grep -v tokenizer |
