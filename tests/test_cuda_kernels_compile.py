@@ -1,0 +1,101 @@
+"""pippin's custom CUDA kernels compile as the engine launches them, on any machine.
+
+The launch code runs for real (the Python that picks each kernel's source, inputs and
+template arguments), with `cuda_compile.Recorder` in place of MLX's kernel builder; each
+recorded launch is then compiled with NVRTC for sm_90. A kernel that fails to build would
+otherwise show only on a GPU. Whether the kernels compute the right thing is for the
+CUDA-only tests (test_paged_attention, test_fused_attention, test_fused_layer).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from cuda_compile import Recorder, compile_launch, nvrtc
+from test_fused_attention import _attention, _Layout
+from test_paged_attention import _case
+
+from pippin.engine import fused_attention, fused_layer, paged_attention
+
+NVRTC = nvrtc()
+needs_nvrtc = pytest.mark.skipif(
+    NVRTC is None,
+    reason="needs NVIDIA's NVRTC wheels (nvidia-cuda-nvrtc-cu12, nvidia-cuda-runtime-cu12: "
+    "the test extra on Linux x86-64)",
+)
+
+
+@pytest.fixture
+def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
+    rec = Recorder()
+    monkeypatch.setattr(paged_attention, "cuda_kernel", rec)
+    return rec
+
+
+def _compile_all(rec: Recorder) -> None:
+    assert rec.launches
+    assert NVRTC is not None
+    for launch in rec.launches:
+        block, grid = launch.threadgroup[0], launch.grid[0]
+        assert 32 <= block <= 1024 and block % 32 == 0 and grid % block == 0, launch
+        ok, log = compile_launch(*NVRTC, launch)
+        assert ok, f"{launch.name} {launch.template}:\n{log}"
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16, mx.float32])
+def test_fused_layer_gemv_compiles(recorder: Recorder, rows: int, dtype: mx.Dtype) -> None:
+    """Each projection's form: norm + q/k/v (with a bias), a residual, norm + SwiGLU."""
+    k, n = 256, 96
+    norm = nn.RMSNorm(k)
+    norm.weight = norm.weight.astype(dtype)
+    x = mx.zeros((rows, k), dtype=dtype)
+    w = mx.zeros((n, k), dtype=dtype)
+    fused_layer.gemv(fused_layer.Gemv(w, mx.zeros((n,), dtype=dtype), norm=norm), x)
+    fused_layer.gemv(fused_layer.Gemv(w), x, res=mx.zeros((rows, n), dtype=dtype))
+    fused_layer.gemv(fused_layer.Gemv(mx.zeros((2 * n, k), dtype=dtype), norm=norm, swiglu=True), x)
+    assert [dict(launch.template)["MAXB"] for launch in recorder.launches] == [
+        1 if rows == 1 else fused_layer.MAX_ROWS
+    ] * 3
+    _compile_all(recorder)
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("B,hq,hkv,d", [(3, 32, 8, 64), (2, 16, 2, 128), (2, 8, 1, 256)])
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32])
+def test_paged_attention_compiles(
+    recorder: Recorder, B: int, hq: int, hkv: int, d: int, dtype: mx.Dtype
+) -> None:
+    q, k, v, tables, offsets = _case(B, hq, hkv, d, dtype)
+    paged_attention.paged_decode_attention(q, k, v, tables, offsets, d**-0.5, 16)
+    _compile_all(recorder)
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("kind", ["llama", "llama3", "traditional", "qwen3"])
+@pytest.mark.parametrize("B,hq,hkv,d", [(3, 32, 8, 64), (2, 16, 2, 128)])
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32])
+def test_fused_attention_compiles(
+    recorder: Recorder, kind: str, B: int, hq: int, hkv: int, d: int, dtype: mx.Dtype
+) -> None:
+    """Every prologue: q/k norms or none, Llama 3's RoPE frequencies, traditional RoPE."""
+    attn = _attention(kind, hq, hkv, d, dtype)
+    _, k, v, tables, offsets = _case(B, hq, hkv, d, dtype)
+    qkv = mx.array(np.zeros((B, 1, (hq + 2 * hkv) * d)), dtype=dtype)
+    fused_attention.fused_decode_attention(attn, qkv, [k, v], _Layout(tables, offsets, 16))
+    _compile_all(recorder)
+
+
+@needs_nvrtc
+def test_a_broken_kernel_does_not_compile(recorder: Recorder) -> None:
+    """The check can fail: a source with an undefined name is refused, with NVRTC's log."""
+    assert NVRTC is not None
+    x = mx.zeros((1, 64), dtype=mx.bfloat16)
+    fused_layer.gemv(fused_layer.Gemv(mx.zeros((32, 64), dtype=mx.bfloat16)), x)
+    launch = recorder.launches[0]
+    launch.source = launch.source.replace("acc[r][b] = 0.f", "acc[r][b] = zero")
+    ok, log = compile_launch(*NVRTC, launch)
+    assert not ok and '"zero" is undefined' in log
