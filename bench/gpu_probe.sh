@@ -24,6 +24,8 @@
 #                                   node (bench/step_floor.py)
 #   bash bench/gpu_probe.sh kernels: device time per kernel kind of a decode step, pippin's
 #                                   against MLX's ops (bench/kernel_time.py)
+#   bash bench/gpu_probe.sh ab    : kernels and single-stream decode for this checkout's src/
+#                                   and for B_SRC (another branch's src/, carried), in turns
 #   bash bench/gpu_probe.sh gil   : steady, then loop in one process, then loop with
 #                                   --engine-process: is the 256-stream server GIL-bound?
 #   (gil-a and gil-b are its two halves, each under one device call's 10 minutes)
@@ -108,6 +110,15 @@ single)
     python3 bench/spy_summary.py "$OUT/spy-single-$e.txt" --threads 1 --top 40 --inclusive 60 \
       >"$OUT/spy-single-$e-summary.txt"
     cat "$OUT/spy-single-$e-summary.txt"
+  done
+  ;;
+ab)
+  for src in "$PWD/src" "${B_SRC:?B_SRC: another source tree}"; do
+    echo "== $src" | tee -a "$OUT/ab.log"
+    PIPPIN_SRC=$src timeout -s KILL 200 python3 bench/kernel_time.py --model "$path" \
+      --rows "${ROWS:-1,8}" --context "${CONTEXT:-512,4096}" 2>&1 | tee -a "$OUT/ab.log"
+    PIPPIN_SRC=$src timeout -s KILL 150 python3 bench/single_stream.py "$path" --engines mlx_lm,pippin \
+      --repeat 2 --gen 256 2>&1 | grep median | tee -a "$OUT/ab.log"
   done
   ;;
 kernels)

@@ -8,7 +8,8 @@ For the shapes of `--model`'s config (default: Llama-3.2-1B's):
   (`fused_layer.gemv`: norm + q/k/v; o_proj + residual; norm + gate/up + SwiGLU;
   down_proj + residual) and as MLX's ops compute the same;
 - decode attention over `--context` tokens: pippin's paged kernel against
-  `mx.fast.scaled_dot_product_attention` on contiguous keys.
+  `mx.fast.scaled_dot_product_attention` on contiguous keys, and the fused attention
+  block (`fused_attention`: q/k/v split, RoPE, the KV write, attention) alone.
 
 Each runs `--reps` times in one evaluation, independent launches whose weights rotate
 through copies larger than the GPU's L2 (a real step streams every layer's weights from
@@ -26,6 +27,7 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import checkout  # noqa: F401  (src/ on the path, pippin imported before MLX)
@@ -33,7 +35,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from pippin.engine import fused_layer, paged_attention
+from pippin.engine import fused_attention, fused_layer, fused_proj, paged_attention
 
 LLAMA_1B = {
     "hidden_size": 2048,
@@ -140,13 +142,58 @@ def attention(
 
     us = _timed([ours(k, v) for k, v in pools], reps)
     ref = _timed([theirs(k, v) for k, v in kv], reps)
+    attn = _fused_block(cfg, dtype)
+    t, o = np.array(tables), np.array(offsets)
+    slots = mx.array(t[np.arange(rows), o // bs] * bs + o % bs, dtype=mx.int32)
+    lay = SimpleNamespace(gather_blocks=tables, offsets=offsets, block_size=bs, write_slots=slots)
+    qkv = mx.random.normal((rows, 1, (hq + 2 * hkv) * d)).astype(dtype)
+    block = (
+        fused_attention.fused_decode_attention
+        if paged_attention.on_cuda()
+        else fused_attention.reference
+    )
+
+    def fused(k: mx.array, v: mx.array) -> Callable[[], mx.array]:
+        return lambda: block(attn, qkv, [k, v], lay)
+
+    fus = _timed([fused(k, v) for k, v in pools], reps)
     read = 2 * rows * hkv * context * d * dtype.size
     print(
         f"attention rows {rows:3d}  context {context:6d}  pippin {us:8.1f} µs "
-        f"({read / us / 1e3:6.0f} GB/s)  mlx sdpa {ref:8.1f} µs",
+        f"({read / us / 1e3:6.0f} GB/s)  mlx sdpa {ref:8.1f} µs  fused block {fus:8.1f} µs",
         flush=True,
     )
-    return {"kernel": "attention", "rows": rows, "context": context, "pippin_us": us, "mlx_us": ref}
+    return {
+        "kernel": "attention",
+        "rows": rows,
+        "context": context,
+        "pippin_us": us,
+        "mlx_us": ref,
+        "fused_block_us": fus,
+    }
+
+
+def _fused_block(cfg: dict[str, Any], dtype: mx.Dtype) -> Any:
+    """A Llama attention module of `cfg`'s shape, fused as the engine fuses it."""
+    from mlx_lm.models import llama
+
+    h, hq, hkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    args = llama.ModelArgs(
+        model_type="llama",
+        hidden_size=h,
+        num_hidden_layers=1,
+        intermediate_size=cfg["intermediate_size"],
+        num_attention_heads=hq,
+        num_key_value_heads=hkv,
+        head_dim=cfg.get("head_dim") or h // hq,
+        rms_norm_eps=1e-5,
+        vocab_size=32,
+        rope_theta=500000.0,
+    )
+    attn = llama.Attention(args)
+    attn.set_dtype(dtype)
+    assert fused_proj.install(attn) == 1 and fused_attention.install(attn)
+    return attn
 
 
 def main() -> int:
