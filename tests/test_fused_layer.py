@@ -132,3 +132,29 @@ def test_kernel_matches_reference(
     a, b = np.array(got.astype(mx.float32)), np.array(ref.astype(mx.float32))
     tol = 3e-2 if dtype == mx.bfloat16 else 1e-4
     assert np.allclose(a, b, atol=tol, rtol=tol), np.abs(a - b).max()
+
+
+def test_some_projections_as_mlx_ops(tiny_models, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PIPPIN_FUSED_LAYER=qkv/down: those two as the kernel, the output projection and
+    gate/up as MLX's ops (to compare them on a GPU): the same greedy decode; an unknown
+    name is refused when the engine starts."""
+    _kernel_path(monkeypatch)
+    loaded = _loaded(tiny_models("llama", head_dim=32))
+    rng = random.Random(1)
+    prompts = [[rng.randrange(3, 200) for _ in range(rng.randrange(2, 30))] for _ in range(5)]
+    gens = [rng.randrange(5, 25) for _ in prompts]
+    monkeypatch.setenv("PIPPIN_FUSED_LAYER", "0")
+    base = _greedy_logprobs(loaded, prompts, gens, top=2)
+    monkeypatch.setenv("PIPPIN_FUSED_LAYER", "qkv/down")
+    assert_same_greedy(base, _greedy_logprobs(loaded, prompts, gens, top=2))
+    core = EngineCore(loaded, EngineConfig(num_blocks=64))
+    plan = core.runner.model.model.layers[0]._pippin_plan
+    assert [p.kernel for p in (plan.qkv, plan.o, plan.gate_up, plan.down)] == [
+        True,
+        False,
+        False,
+        True,
+    ]
+    monkeypatch.setenv("PIPPIN_FUSED_LAYER", "qkv/attn")
+    with pytest.raises(ValueError, match=r"unknown projection\(s\) \['attn'\]"):
+        EngineCore(loaded, EngineConfig(num_blocks=64))

@@ -23,14 +23,16 @@ Where it applies: every layer exactly mlx-lm's `TransformerBlock` of those famil
 attention fused by `fused_attention`, plain RMSNorms, unquantised projections (a bias on
 q/k/v or the output projection is kept), an MLP of exactly SwiGLU. Larger batches read
 each weight row for more rows than a warp holds in registers; they keep mlx-lm's layer,
-whose matmuls suit them. `PIPPIN_FUSED_LAYER=0` turns it off. Off CUDA, tests run the
-same hook with `reference_gemv` (MLX's ops) standing in for the kernel.
+whose matmuls suit them. `PIPPIN_FUSED_LAYER=0` turns it off; `=qkv/o` (any of
+`PROJECTIONS`) runs only those projections as the kernel, MLX's ops the rest. Off CUDA,
+tests run the same hook with `reference_gemv` (MLX's ops) standing in for the kernel.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,14 +161,34 @@ class Gemv:
     bias: mx.array | None = None
     norm: nn.RMSNorm | None = None  # applied to the input first
     swiglu: bool = False  # rows [0, N) are the gate's, [N, 2N) the up's
+    kernel: bool = True  # False: MLX's ops compute it (`PIPPIN_FUSED_LAYER`, to compare)
 
     def __post_init__(self) -> None:
         # The norm's epsilon as the kernel reads it, made once (not a new array per step).
         self.eps = mx.array([self.norm.eps if self.norm is not None else 0.0], dtype=mx.float32)
 
 
+PROJECTIONS = ("qkv", "o", "gate_up", "down")
+
+
 def enabled() -> bool:
     return os.environ.get("PIPPIN_FUSED_LAYER", "1") != "0"
+
+
+def projections() -> frozenset[str]:
+    """The projections that run as the kernel: all, or those `PIPPIN_FUSED_LAYER` names
+    (such as `qkv/o`), the others then computed by MLX's ops; for comparing them."""
+    flag = os.environ.get("PIPPIN_FUSED_LAYER", "1")
+    if flag in ("", "1"):
+        return frozenset(PROJECTIONS)
+    names = frozenset(n for n in re.split(r"[,/ ]", flag) if n)
+    unknown = sorted(names - set(PROJECTIONS))
+    if unknown:
+        raise ValueError(
+            f"PIPPIN_FUSED_LAYER: unknown projection(s) {unknown}; expected 0, 1 or some of "
+            f"{'/'.join(PROJECTIONS)}"
+        )
+    return names
 
 
 def install(model: nn.Module) -> bool:
@@ -229,6 +251,9 @@ def _plan(layer: Any, base: type) -> Plan | None:
         Gemv(gate_up.weight, norm=norms[1], swiglu=True),
         Gemv(down.weight),
     )
+    chosen = projections()
+    for name, p in zip(PROJECTIONS, (plan.qkv, plan.o, plan.gate_up, plan.down)):
+        p.kernel = name in chosen
     vec = 16 // dtype.size  # the kernel reads 16 bytes at a time
     for p in (plan.qkv, plan.o, plan.gate_up, plan.down):
         arrays = [p.weight, *(a for a in (p.bias,) if a is not None)]
@@ -249,6 +274,8 @@ def warm(model: nn.Module) -> None:
     for _, m in model.named_modules():
         plan: Plan | None = getattr(m, "_pippin_plan", None)
         for p, res in plan.steps() if plan is not None else []:
+            if not p.kernel:
+                continue
             n, k = p.weight.shape
             n = n // 2 if p.swiglu else n
             key = (n, k, p.weight.dtype, p.norm is not None, p.swiglu, p.bias is not None, res)
@@ -270,13 +297,18 @@ def _call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.arr
     if not getattr(lay, "fused_layer", False) or x.dtype != plan.qkv.weight.dtype:
         return super(type(self), self).__call__(x, mask, cache)
     B = x.shape[0]
-    fn = reference_gemv if paged_attention.force_reference else gemv
     x2 = x.reshape(B, -1)
-    qkv = fn(plan.qkv, x2)
+    qkv = _project(plan.qkv, x2)
     a = fused_attention.attend(self.self_attn, qkv.reshape(B, 1, -1), cache.pool.parts, lay)
-    h = fn(plan.o, a.reshape(B, -1), res=x2)
-    m = fn(plan.gate_up, h)
-    return fn(plan.down, m, res=h).reshape(B, 1, -1)
+    h = _project(plan.o, a.reshape(B, -1), res=x2)
+    m = _project(plan.gate_up, h)
+    return _project(plan.down, m, res=h).reshape(B, 1, -1)
+
+
+def _project(p: Gemv, x: mx.array, res: mx.array | None = None) -> mx.array:
+    if p.kernel and not paged_attention.force_reference:
+        return gemv(p, x, res)
+    return reference_gemv(p, x, res)
 
 
 def gemv(p: Gemv, x: mx.array, res: mx.array | None = None) -> mx.array:
