@@ -82,7 +82,7 @@ def projections(cfg: dict[str, Any], rows: int, reps: int, dtype: mx.Dtype) -> l
         rms.weight = (1 + 0.1 * mx.random.normal((k,))).astype(dtype)
         plans = [fused_layer.Gemv(w, norm=rms if norm else None, swiglu=swiglu) for w in weights]
         x = mx.random.normal((rows, k)).astype(dtype)
-        r = mx.random.normal((rows, n // 2 if swiglu else n)).astype(dtype) if res else None
+        r = mx.random.normal((rows, plans[0].width)).astype(dtype) if res else None
         mx.eval(weights, x, r, rms.weight)
 
         def call(fn: Callable, p: fused_layer.Gemv, x=x, r=r) -> Callable[[], mx.array]:

@@ -8,6 +8,7 @@ pools written through the layer's parts) is tested with `reference` standing in.
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -22,6 +23,7 @@ from test_paged_attention import _greedy_logprobs
 from pippin.engine import fused_attention, fused_proj, paged_attention
 from pippin.engine.config import EngineConfig
 from pippin.engine.core import EngineCore
+from pippin.store.loaded import LoadedModel
 
 on_cuda = paged_attention._is_cuda() and mx.default_device() == mx.gpu
 needs_cuda = pytest.mark.skipif(
@@ -64,6 +66,13 @@ def assert_same_greedy(base: dict[str, list], got: dict[str, list]) -> None:
 def _fused_on(monkeypatch: pytest.MonkeyPatch) -> None:
     """On by default where the paged kernel runs; each test here turns it on explicitly."""
     monkeypatch.setenv("PIPPIN_FUSED_ATTENTION", "1")
+
+
+def _runner(model: Any, **config: Any) -> Any:
+    """The model runner of a small engine on `model` (a path or a loaded model): what it
+    fused."""
+    loaded = model if isinstance(model, LoadedModel) else _loaded(model)
+    return EngineCore(loaded, EngineConfig(num_blocks=64, **config)).runner
 
 
 def _kernel_path(monkeypatch: pytest.MonkeyPatch) -> str:
@@ -121,8 +130,7 @@ def test_not_installed_where_it_does_not_apply(
 ) -> None:
     """Sliding windows and recurrent layers keep mlx-lm's attention."""
     _kernel_path(monkeypatch)
-    core = EngineCore(_loaded(tiny_models(arch)), EngineConfig(num_blocks=64, block_size=4))
-    assert not core.runner.fused_attention
+    assert not _runner(tiny_models(arch), block_size=4).fused_attention
 
 
 def test_not_installed_without_fused_projections(
@@ -130,12 +138,11 @@ def test_not_installed_without_fused_projections(
 ) -> None:
     _kernel_path(monkeypatch)
     monkeypatch.setenv("PIPPIN_FUSED_PROJ", "0")
-    core = EngineCore(_loaded(tiny_models("llama", head_dim=32)), EngineConfig(num_blocks=64))
-    assert not core.runner.fused_attention
+    assert not _runner(tiny_models("llama", head_dim=32)).fused_attention
     monkeypatch.setenv("PIPPIN_FUSED_PROJ", "1")
-    core = EngineCore(_loaded(tiny_models("llama", head_dim=32)), EngineConfig(num_blocks=64))
-    assert core.runner.fused_attention
-    assert type(core.runner.model.model.layers[0].self_attn).__name__ == "FusedLlamaAttention"
+    runner = _runner(tiny_models("llama", head_dim=32))
+    assert runner.fused_attention
+    assert type(runner.model.model.layers[0].self_attn).__name__ == "FusedLlamaAttention"
 
 
 @pytest.mark.parametrize(

@@ -14,12 +14,16 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 from test_engine import _loaded
-from test_fused_attention import LLAMA3_SCALING, _kernel_path, assert_same_greedy, needs_cuda
+from test_fused_attention import (
+    LLAMA3_SCALING,
+    _kernel_path,
+    _runner,
+    assert_same_greedy,
+    needs_cuda,
+)
 from test_paged_attention import _greedy_logprobs
 
 from pippin.engine import fused_layer
-from pippin.engine.config import EngineConfig
-from pippin.engine.core import EngineCore
 
 
 @pytest.fixture(autouse=True)
@@ -67,9 +71,9 @@ def test_engine_decode_fused_layer_matches_unfused(
 
 def test_installed_on_every_layer(tiny_models, monkeypatch: pytest.MonkeyPatch) -> None:
     _kernel_path(monkeypatch)
-    core = EngineCore(_loaded(tiny_models("qwen3", head_dim=32)), EngineConfig(num_blocks=64))
-    assert core.runner.fused_layer
-    layers = core.runner.model.model.layers
+    runner = _runner(tiny_models("qwen3", head_dim=32))
+    assert runner.fused_layer
+    layers = runner.model.model.layers
     assert all(type(m).__name__ == "FusedQwen3TransformerBlock" for m in layers)
     plan = layers[0]._pippin_plan
     assert plan.gate_up.swiglu and plan.qkv.norm is layers[0].input_layernorm
@@ -81,8 +85,7 @@ def test_not_installed_without_fused_attention(
 ) -> None:
     _kernel_path(monkeypatch)
     monkeypatch.setenv("PIPPIN_FUSED_ATTENTION", "0")
-    core = EngineCore(_loaded(tiny_models("llama", head_dim=32)), EngineConfig(num_blocks=64))
-    assert not core.runner.fused_layer
+    assert not _runner(tiny_models("llama", head_dim=32)).fused_layer
 
 
 def test_not_installed_on_quantised_weights(tiny_models, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -90,8 +93,7 @@ def test_not_installed_on_quantised_weights(tiny_models, monkeypatch: pytest.Mon
     _kernel_path(monkeypatch)
     loaded = _loaded(tiny_models("llama", head_dim=32))
     nn.quantize(loaded.model, group_size=32, bits=4)
-    core = EngineCore(loaded, EngineConfig(num_blocks=64))
-    assert not core.runner.fused_layer
+    assert not _runner(loaded).fused_layer
 
 
 @needs_cuda
@@ -147,8 +149,7 @@ def test_some_projections_as_mlx_ops(tiny_models, monkeypatch: pytest.MonkeyPatc
     base = _greedy_logprobs(loaded, prompts, gens, top=2)
     monkeypatch.setenv("PIPPIN_FUSED_LAYER", "qkv/down")
     assert_same_greedy(base, _greedy_logprobs(loaded, prompts, gens, top=2))
-    core = EngineCore(loaded, EngineConfig(num_blocks=64))
-    plan = core.runner.model.model.layers[0]._pippin_plan
+    plan = _runner(loaded).model.model.layers[0]._pippin_plan
     assert [p.kernel for p in (plan.qkv, plan.o, plan.gate_up, plan.down)] == [
         True,
         False,
@@ -157,4 +158,4 @@ def test_some_projections_as_mlx_ops(tiny_models, monkeypatch: pytest.MonkeyPatc
     ]
     monkeypatch.setenv("PIPPIN_FUSED_LAYER", "qkv/attn")
     with pytest.raises(ValueError, match=r"unknown projection\(s\) \['attn'\]"):
-        EngineCore(loaded, EngineConfig(num_blocks=64))
+        _runner(loaded)

@@ -167,6 +167,12 @@ class Gemv:
         # The norm's epsilon as the kernel reads it, made once (not a new array per step).
         self.eps = mx.array([self.norm.eps if self.norm is not None else 0.0], dtype=mx.float32)
 
+    @property
+    def width(self) -> int:
+        """Output features (SwiGLU halves the weight's rows)."""
+        rows = self.weight.shape[0]
+        return rows // 2 if self.swiglu else rows
+
 
 PROJECTIONS = ("qkv", "o", "gate_up", "down")
 
@@ -252,10 +258,9 @@ def _plan(layer: Any, base: type) -> Plan | None:
         Gemv(down.weight),
     )
     chosen = projections()
-    for name, p in zip(PROJECTIONS, (plan.qkv, plan.o, plan.gate_up, plan.down)):
-        p.kernel = name in chosen
     vec = 16 // dtype.size  # the kernel reads 16 bytes at a time
-    for p in (plan.qkv, plan.o, plan.gate_up, plan.down):
+    for name, (p, _) in zip(PROJECTIONS, plan.steps()):
+        p.kernel = name in chosen
         arrays = [p.weight, *(a for a in (p.bias,) if a is not None)]
         if p.norm is not None:
             if p.norm.weight.shape != (p.weight.shape[1],):
@@ -269,22 +274,14 @@ def _plan(layer: Any, base: type) -> Plan | None:
 def warm(model: nn.Module) -> None:
     """Build the kernels of `model`'s fused layers now, for one row and for several: each
     NVRTC build takes a fraction of a second, which a first request (and the first batch of
-    two) would otherwise wait for."""
-    seen: set[tuple] = set()
+    two) would otherwise wait for. MLX builds each template once; the other layers' calls
+    only run it."""
     for _, m in model.named_modules():
         plan: Plan | None = getattr(m, "_pippin_plan", None)
         for p, res in plan.steps() if plan is not None else []:
-            if not p.kernel:
-                continue
-            n, k = p.weight.shape
-            n = n // 2 if p.swiglu else n
-            key = (n, k, p.weight.dtype, p.norm is not None, p.swiglu, p.bias is not None, res)
-            if key in seen:
-                continue
-            seen.add(key)
-            for rows in (1, 2):
-                x = mx.zeros((rows, k), dtype=p.weight.dtype)
-                mx.eval(gemv(p, x, mx.zeros((rows, n), dtype=x.dtype) if res else None))
+            for rows in (1, 2) if p.kernel else ():
+                x = mx.zeros((rows, p.weight.shape[1]), dtype=p.weight.dtype)
+                mx.eval(gemv(p, x, mx.zeros((rows, p.width), dtype=x.dtype) if res else None))
 
 
 def applies(rows: int) -> bool:
@@ -314,8 +311,7 @@ def _project(p: Gemv, x: mx.array, res: mx.array | None = None) -> mx.array:
 def gemv(p: Gemv, x: mx.array, res: mx.array | None = None) -> mx.array:
     """The kernel: [B, N] = (norm(x) if p.norm) @ p.weight.T (+ bias) (SwiGLU'd) (+ res)."""
     B, K = x.shape
-    rows = p.weight.shape[0]
-    n = rows // 2 if p.swiglu else rows
+    n = p.width
     dummy = p.weight  # stands in for absent inputs (never read)
     norm = p.norm
     out = paged_attention.cuda_kernel("pippin_fused_gemv", _INPUTS, _SOURCE)(
