@@ -14,7 +14,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 from cuda_compile import Recorder, compile_launch, nvrtc
-from test_fused_attention import _attention, _Layout
+from test_fused_attention import _attention, _kernel_path, _Layout, _runner
 from test_paged_attention import _case
 
 from pippin.engine import fused_attention, fused_layer, paged_attention
@@ -86,6 +86,24 @@ def test_fused_attention_compiles(
     _, k, v, tables, offsets = _case(B, hq, hkv, d, dtype)
     qkv = mx.array(np.zeros((B, 1, (hq + 2 * hkv) * d)), dtype=dtype)
     fused_attention.fused_decode_attention(attn, qkv, [k, v], _Layout(tables, offsets, 16))
+    _compile_all(recorder)
+
+
+@needs_nvrtc
+def test_warm_builds_every_projection_for_one_row_and_several(
+    tiny_models, recorder: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What `fused_layer.warm` launches at engine start on CUDA: every projection of every
+    layer for one row and for two (MLX builds each distinct template once), and those
+    builds compile."""
+    _kernel_path(monkeypatch)
+    model = _runner(tiny_models("llama", head_dim=32)).model
+    fused_layer.warm(model)
+    layers = len(model.model.layers)
+    assert len(recorder.launches) == layers * 4 * 2  # each projection, one row and two
+    forms = {(x.source, tuple(x.template)): x for x in recorder.launches}
+    assert {dict(t)["MAXB"] for _, t in forms} == {1, fused_layer.MAX_ROWS}
+    recorder.launches = list(forms.values())  # each distinct build compiled once
     _compile_all(recorder)
 
 
