@@ -26,6 +26,7 @@ kernel (the portable gather path).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -194,11 +195,10 @@ def copy_bandwidth() -> float:
 
 
 def in_process(path: Path, batches: list[int], prompt: int, gen: int) -> dict[str, Any]:
-    import mlx.core as mx
     from mlx.utils import tree_flatten
-    from mlx_lm.generate import generate_step
     from mlx_lm.utils import load
     from paged_vs_contiguous import run_mlx_lm, run_pippin
+    from single_stream import in_turns, mlx_lm_decode
 
     model, _ = load(str(path))
     vocab = model.args.vocab_size
@@ -207,20 +207,16 @@ def in_process(path: Path, batches: list[int], prompt: int, gen: int) -> dict[st
     res: dict[str, Any] = {"weight_bytes": weight_bytes, "prompt": prompt, "gen": gen}
 
     p = [rng.randrange(vocab) for _ in range(prompt)]
-
-    def mlx_single() -> float:
-        steps = generate_step(
-            mx.array(p), model, max_tokens=gen, sampler=lambda x: mx.argmax(x, -1)
-        )
-        next(steps)  # prefill and the first token
-        t0 = time.perf_counter()
-        n = sum(1 for _ in steps)
-        return n / (time.perf_counter() - t0)
-
-    mlx_single()
-    res["mlx_lm_single"] = mlx_single()
-    run_pippin(model, [p], 8)  # warm-up
-    res["pippin_single"] = run_pippin(model, [p], gen)
+    # The median of 3 runs each, in turns: one mlx-lm run alone varied 250-430 tok/s.
+    mids = in_turns(
+        {
+            "mlx_lm": lambda g: mlx_lm_decode(model, p, g),
+            "pippin": lambda g: run_pippin(model, [p], g),
+        },
+        gen,
+        3,
+    )
+    res["mlx_lm_single"], res["pippin_single"] = mids["mlx_lm"], mids["pippin"]
     res["batches"] = {}
     for b in batches:
         prompts = [[rng.randrange(vocab) for _ in range(prompt)] for _ in range(b)]
@@ -229,7 +225,6 @@ def in_process(path: Path, batches: list[int], prompt: int, gen: int) -> dict[st
         ref = run_mlx_lm(model, prompts, gen)
         res["batches"][b] = {"mlx_lm": ref, "pippin": ours}
         print(f"  batch {b}: mlx-lm {ref:.0f} tok/s, pippin {ours:.0f} tok/s", flush=True)
-    mx.clear_cache()
     return res
 
 
@@ -301,7 +296,7 @@ def main() -> int:
     results: dict[str, Any] = {
         "device": str(mx.default_device()),
         "device_info": {k: str(v) for k, v in mx.device_info().items()},
-        "paged_kernel": os.environ.get("PIPPIN_PAGED_KERNEL", "auto"),
+        "env": {k: v for k, v in os.environ.items() if k.startswith("PIPPIN_")},
         "argv": sys.argv,
         "models": {},
     }
@@ -316,6 +311,8 @@ def main() -> int:
         if not args.skip_in_process:
             batches = [int(b) for b in args.batches.split(",") if b]
             r["in_process"] = ip = in_process(path, batches, args.prompt, args.gen)
+            gc.collect()  # the engines' KV pools go before the servers need the GPU
+            mx.clear_cache()
             bound = bw / ip["weight_bytes"]
             ip["single_stream_bound"] = bound
             print(

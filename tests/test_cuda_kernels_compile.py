@@ -97,6 +97,7 @@ def test_warm_builds_every_projection_for_one_row_and_several(
     layer for one row and for two (MLX builds each distinct template once), and those
     builds compile."""
     _kernel_path(monkeypatch)
+    monkeypatch.setenv("PIPPIN_FUSED_LAYER", "all")
     model = _runner(tiny_models("llama", head_dim=32)).model
     fused_layer.warm(model)
     layers = len(model.model.layers)

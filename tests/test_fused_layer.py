@@ -29,7 +29,7 @@ from pippin.engine import fused_layer
 @pytest.fixture(autouse=True)
 def _fused_on(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PIPPIN_FUSED_ATTENTION", "1")
-    monkeypatch.setenv("PIPPIN_FUSED_LAYER", "1")
+    monkeypatch.setenv("PIPPIN_FUSED_LAYER", "all")  # every projection as the kernel
 
 
 @pytest.mark.parametrize("compiled", ["1", "0"])
@@ -55,7 +55,7 @@ def test_engine_decode_fused_layer_matches_unfused(
 
     monkeypatch.setenv("PIPPIN_FUSED_LAYER", "0")
     base = _greedy_logprobs(loaded, prompts, gens, top=2)
-    monkeypatch.setenv("PIPPIN_FUSED_LAYER", "1")
+    monkeypatch.setenv("PIPPIN_FUSED_LAYER", "all")
     rows: list[int] = []
     real = getattr(fused_layer, name)
 
@@ -138,8 +138,9 @@ def test_kernel_matches_reference(
 
 def test_some_projections_as_mlx_ops(tiny_models, monkeypatch: pytest.MonkeyPatch) -> None:
     """PIPPIN_FUSED_LAYER=qkv/down: those two as the kernel, the output projection and
-    gate/up as MLX's ops (to compare them on a GPU): the same greedy decode; an unknown
-    name is refused when the engine starts."""
+    gate/up as MLX's ops (to compare them on a GPU): the same greedy decode. By default
+    only gate/up and down are the kernel. An unknown name is refused when the engine
+    starts."""
     _kernel_path(monkeypatch)
     loaded = _loaded(tiny_models("llama", head_dim=32))
     rng = random.Random(1)
@@ -156,6 +157,9 @@ def test_some_projections_as_mlx_ops(tiny_models, monkeypatch: pytest.MonkeyPatc
         False,
         True,
     ]
+    monkeypatch.setenv("PIPPIN_FUSED_LAYER", "1")
+    plan = _runner(loaded).model.model.layers[0]._pippin_plan
+    assert [p.kernel for p, _ in plan.steps()] == [False, False, True, True]
     monkeypatch.setenv("PIPPIN_FUSED_LAYER", "qkv/attn")
     with pytest.raises(ValueError, match=r"unknown projection\(s\) \['attn'\]"):
         _runner(loaded)

@@ -175,6 +175,11 @@ class Gemv:
 
 
 PROJECTIONS = ("qkv", "o", "gate_up", "down")
+# The H200, one stream of Llama-3.2-1B (bench/results/gpu-fused-layer-ab-run3-*.log): all four
+# as the kernel 515 tok/s, none 560, only these two 598 (5 runs each, in turns); Qwen3-0.6B
+# 346 / 400 / 423. The q/k/v and output projections are small enough that MLX's ops finish
+# them sooner in a step's chain of dependent kernels.
+DEFAULT_KERNELS = ("gate_up", "down")
 
 
 def enabled() -> bool:
@@ -182,16 +187,18 @@ def enabled() -> bool:
 
 
 def projections() -> frozenset[str]:
-    """The projections that run as the kernel: all, or those `PIPPIN_FUSED_LAYER` names
-    (such as `qkv/o`), the others then computed by MLX's ops; for comparing them."""
+    """The projections that run as the kernel: `DEFAULT_KERNELS`, `all`, or those
+    `PIPPIN_FUSED_LAYER` names (such as `qkv/o`), the others then computed by MLX's ops."""
     flag = os.environ.get("PIPPIN_FUSED_LAYER", "1")
     if flag in ("", "1"):
+        return frozenset(DEFAULT_KERNELS)
+    if flag == "all":
         return frozenset(PROJECTIONS)
     names = frozenset(n for n in re.split(r"[,/ ]", flag) if n)
     unknown = sorted(names - set(PROJECTIONS))
     if unknown:
         raise ValueError(
-            f"PIPPIN_FUSED_LAYER: unknown projection(s) {unknown}; expected 0, 1 or some of "
+            f"PIPPIN_FUSED_LAYER: unknown projection(s) {unknown}; expected 0, 1, all or some of "
             f"{'/'.join(PROJECTIONS)}"
         )
     return names
