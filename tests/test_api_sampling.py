@@ -200,8 +200,10 @@ def test_cli_settings_and_aliases() -> None:
 
 
 def test_cache_memory_mb_sizes_the_pool() -> None:
-    args = build_parser().parse_args(["serve", "--cache-memory-mb", "64", "--offline"])
-    assert settings_from_args(args).engine.cache_memory_bytes == 64 * 1024 * 1024
+    argv = ["serve", "--cache-memory-mb", "64", "--buffer-cache-mb", "512", "--offline"]
+    args = build_parser().parse_args(argv)
+    e = settings_from_args(args).engine
+    assert e.cache_memory_bytes == 64 * 1024 * 1024 and e.buffer_cache_bytes == 512 * 1024 * 1024
     assert args.offline
 
 
@@ -211,6 +213,7 @@ def test_cli_defaults() -> None:
     e = s.engine
     assert (e.max_num_seqs, e.max_num_batched_tokens, e.block_size) == (256, 2048, 16)
     assert e.enable_prefix_caching and e.max_tokens_cap is None and e.num_blocks is None
+    assert e.buffer_cache_bytes is None
 
 
 @pytest.mark.parametrize(

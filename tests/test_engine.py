@@ -326,6 +326,32 @@ def test_cache_memory_bytes_sizes_the_pool(tiny_models) -> None:
     assert core.num_blocks == 4 * 1024 * 1024 // per_block
 
 
+def test_buffer_cache_stays_under_its_limit(tiny_models) -> None:
+    """MLX's cache of freed buffers is held to `buffer_cache_bytes` (by default the KV
+    pool's size, at least 1 GiB), however many batch shapes the steps go through: without
+    the limit the same run caches more."""
+    loaded = _loaded(tiny_models("llama"))
+    before = mx.set_cache_limit(0)
+    try:
+        peaks = {}
+        for limit in (None, 64 * 1024):
+            mx.set_cache_limit(before)
+            mx.clear_cache()
+            core = EngineCore(loaded, _config(buffer_cache_bytes=limit))
+            for i, p in enumerate(_prompts(loaded.model.args.vocab_size, 12, seed=3)):
+                core.add_request(f"r{i}", p, SamplingParams(max_tokens=6 + i, temperature=0))
+            peak = 0
+            while core.has_work():
+                core.step()
+                peak = max(peak, mx.get_cache_memory())
+            peaks[limit] = peak
+        assert peaks[64 * 1024] <= 64 * 1024 < peaks[None], peaks
+        EngineCore(loaded, _config(num_blocks=None, cache_memory_bytes=4 * 1024 * 1024))
+        assert mx.set_cache_limit(before) == 1 << 30  # the default's floor
+    finally:
+        mx.set_cache_limit(before)
+
+
 def test_stream_interval_merges_deltas_without_losing_tokens(tiny_models) -> None:
     """With a stream interval, a request's tokens arrive in fewer, larger deltas: the
     first one at once, the same tokens, text and logprobs in total, the end not held."""

@@ -298,6 +298,12 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         "flag of that name)",
     )
     e.add_argument(
+        "--buffer-cache-mb",
+        type=_positive_int,
+        help="most memory MLX keeps in its cache of freed buffers, in MiB (default: the KV "
+        "pool's size, at least 1 GiB)",
+    )
+    e.add_argument(
         "--num-kv-blocks",
         "--max-cache-blocks",
         "--num-gpu-blocks-override",
@@ -485,6 +491,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         num_blocks=args.num_kv_blocks,
         cache_memory_percent=args.cache_memory_percent,
         cache_memory_bytes=args.cache_memory_mb * MIB if args.cache_memory_mb else None,
+        buffer_cache_bytes=args.buffer_cache_mb * MIB if args.buffer_cache_mb else None,
         enable_prefix_caching=args.prefix_caching,
         max_tokens_cap=args.max_tokens,
         kv_bits=args.kv_bits,

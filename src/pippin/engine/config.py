@@ -19,6 +19,11 @@ class EngineConfig:
     cache_memory_percent: float = 0.1
     # Explicit KV pool size in bytes; overrides cache_memory_percent.
     cache_memory_bytes: int | None = None
+    # Most memory MLX may keep in its cache of freed buffers (None: the KV pool's size, at
+    # least MIN_BUFFER_CACHE). Its own limit is the device's memory: with batch shapes
+    # changing every step the cache only grows, and on a GPU shared with another process
+    # that ran it out of memory (bench/results/gpu-http-qwen3-run3-pippin-oom.log).
+    buffer_cache_bytes: int | None = None
     enable_prefix_caching: bool = True
     # Server cap on max_tokens per request (None: up to the context).
     max_tokens_cap: int | None = None
@@ -38,6 +43,8 @@ class EngineConfig:
     # every step. A request's first tokens and its end are never held back.
     stream_interval_s: float | None = None
 
+
+MIN_BUFFER_CACHE = 1 << 30
 
 # The automatic stream interval: about two decode steps of a large GPU batch.
 STREAM_BATCH = 64

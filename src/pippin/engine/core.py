@@ -14,7 +14,7 @@ import mlx.core as mx
 
 from pippin.engine.block_manager import BlockManager
 from pippin.engine.cache_tiers import CacheTiers
-from pippin.engine.config import EngineConfig
+from pippin.engine.config import MIN_BUFFER_CACHE, EngineConfig
 from pippin.engine.model_runner import ModelRunner
 from pippin.engine.observer import EngineObserver
 from pippin.engine.output_processor import OutputProcessor
@@ -100,6 +100,8 @@ class EngineCore:
         )
         self.num_blocks = self._num_blocks()
         self.runner.allocate(self.num_blocks)
+        pool = sum(p.nbytes for p in self.runner.pools.values())
+        mx.set_cache_limit(config.buffer_cache_bytes or max(pool, MIN_BUFFER_CACHE))
         # A lone sequence must always fit the pool, or it could never be resumed.
         self.max_model_len = min(self.max_model_len, (self.num_blocks - 1) * config.block_size)
         # Recurrent state cannot be rebuilt from KV blocks, so such models share no prefix.
