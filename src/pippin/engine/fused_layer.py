@@ -175,10 +175,11 @@ class Gemv:
 
 
 PROJECTIONS = ("qkv", "o", "gate_up", "down")
-# The H200, one stream of Llama-3.2-1B (bench/results/gpu-fused-layer-ab-run3-*.log): all four
-# as the kernel 515 tok/s, none 560, only these two 598 (5 runs each, in turns); Qwen3-0.6B
-# 346 / 400 / 423. The q/k/v and output projections are small enough that MLX's ops finish
-# them sooner in a step's chain of dependent kernels.
+# One stream on the H200 (bench/results/gpu-fused-layer-ab-run3-*.log), tok/s with all four
+# as the kernel / none / only these two: Llama-3.2-1B 515 / 560 / 598 (5 runs each, in
+# turns), Qwen3-0.6B 346 / 400 / 423 (3 runs; the last two within the runs' spread). Why the
+# q/k/v and output kernels lose end to end is not known: timed alone, as independent
+# launches (bench/kernel_time.py), they beat MLX's ops.
 DEFAULT_KERNELS = ("gate_up", "down")
 
 
