@@ -23,7 +23,8 @@
 #   bash bench/gpu_probe.sh floor : a step's fixed host cost and its cost per layer and per
 #                                   node (bench/step_floor.py)
 #   bash bench/gpu_probe.sh kernels: device time per kernel kind of a decode step, pippin's
-#                                   against MLX's ops (bench/kernel_time.py)
+#                                   against MLX's ops (bench/kernel_time.py), launches
+#                                   independent and then chained
 #   bash bench/gpu_probe.sh ab    : kernels and single-stream decode for this checkout's src/
 #                                   and for B_SRC (another branch's src/, carried), in turns
 #   bash bench/gpu_probe.sh gil   : steady, then loop in one process, then loop with
@@ -116,14 +117,18 @@ ab)
   for src in "$PWD/src" "${B_SRC:?B_SRC: another source tree}"; do
     echo "== $src" | tee -a "$OUT/ab.log"
     PIPPIN_SRC=$src timeout -s KILL 200 python3 bench/kernel_time.py --model "$path" \
-      --rows "${ROWS:-1,8}" --context "${CONTEXT:-512,4096}" 2>&1 | tee -a "$OUT/ab.log"
+      --rows "${ROWS:-1,8}" --context "${CONTEXT:-512,4096}" ${CHAIN:+--chain} 2>&1 | tee -a "$OUT/ab.log"
     PIPPIN_SRC=$src timeout -s KILL 150 python3 bench/single_stream.py "$path" --engines mlx_lm,pippin \
       --repeat 2 --gen 256 2>&1 | grep median | tee -a "$OUT/ab.log"
   done
   ;;
 kernels)
-  timeout -s KILL 300 python3 bench/kernel_time.py --model "$path" --rows "${ROWS:-1,8}" \
-    --context "${CONTEXT:-512,4096}" --out "$OUT/kernels.json" 2>&1 | tee -a "$OUT/kernels.log"
+  # Independent launches (throughput), then each after the previous (a step's latency).
+  for mode in "" --chain; do
+    timeout -s KILL 200 python3 bench/kernel_time.py --model "$path" --rows "${ROWS:-1,8}" \
+      --context "${CONTEXT:-512,4096}" $mode --out "$OUT/kernels${mode/--/-}.json" 2>&1 |
+      tee -a "$OUT/kernels.log"
+  done
   ;;
 floor)
   timeout -s KILL 500 python3 bench/step_floor.py --model "$path" --widths "${WIDTHS:-2048,256}" 2>&1 | grep -v tokenizer |

@@ -11,12 +11,15 @@ For the shapes of `--model`'s config (default: Llama-3.2-1B's):
   `mx.fast.scaled_dot_product_attention` on contiguous keys, and the fused attention
   block (`fused_attention`: q/k/v split, RoPE, the KV write, attention) alone.
 
-Each runs `--reps` times in one evaluation, independent launches whose weights rotate
-through copies larger than the GPU's L2 (a real step streams every layer's weights from
-memory), so the µs per launch is the device's time wherever it exceeds the host's few µs
-per launch. Off CUDA, MLX's ops stand in for pippin's kernels (a smoke test only).
+Each runs `--reps` times in one evaluation, its weights rotating through copies larger
+than the GPU's L2 (a real step streams every layer's weights from memory). The launches are
+independent: MLX's CUDA graphs may run them side by side, so the µs per launch is a
+throughput. With `--chain` each launch's input depends on the previous launch's output
+(`mx.depends`, no work on the device), as a step's kernels do: the µs per launch is then
+the kernel's latency, start to end. Off CUDA, MLX's ops stand in for pippin's kernels (a
+smoke test only).
 
-    python3 bench/kernel_time.py --rows 1,8 --context 512,4096
+    python3 bench/kernel_time.py --rows 1,8 --context 512,4096 [--chain]
 """
 
 from __future__ import annotations
@@ -47,11 +50,21 @@ LLAMA_1B = {
 CYCLE_BYTES = 200e6  # more than the H200's 50 MB L2
 
 
-def _timed(fns: list[Callable[[], mx.array]], reps: int) -> float:
-    """µs per call, the calls cycling through `fns` (each a copy of the same work)."""
-    mx.eval([f() for f in fns])  # builds, compiles, first touches
+Launch = Callable[[mx.array | None], mx.array]  # one launch, after the array given if any
+
+
+def _after(a: mx.array, dep: mx.array | None) -> mx.array:
+    return a if dep is None else mx.depends(a, dep)
+
+
+def _timed(fns: list[Launch], reps: int, chain: bool) -> float:
+    """µs per call, the calls cycling through `fns` (each a copy of the same work); with
+    `chain`, each call after the previous one's output."""
+    mx.eval([f(None) for f in fns])  # builds, compiles, first touches
     mx.synchronize()
-    outs = [fns[i % len(fns)]() for i in range(reps)]  # the graph, built before the clock
+    outs: list[mx.array] = []
+    for i in range(reps):  # the graph, built before the clock
+        outs.append(fns[i % len(fns)](outs[-1] if chain and outs else None))
     t = time.perf_counter()
     mx.eval(outs)
     mx.synchronize()
@@ -62,7 +75,9 @@ def _copies(nbytes: int) -> int:
     return max(1, math.ceil(CYCLE_BYTES / nbytes))
 
 
-def projections(cfg: dict[str, Any], rows: int, reps: int, dtype: mx.Dtype) -> list[dict]:
+def projections(
+    cfg: dict[str, Any], rows: int, reps: int, dtype: mx.Dtype, chain: bool
+) -> list[dict]:
     h, inter = cfg["hidden_size"], cfg["intermediate_size"]
     hq, hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     d = cfg.get("head_dim") or h // hq
@@ -86,11 +101,11 @@ def projections(cfg: dict[str, Any], rows: int, reps: int, dtype: mx.Dtype) -> l
         r = mx.random.normal((rows, plans[0].width)).astype(dtype) if res else None
         mx.eval(weights, x, r, rms.weight)
 
-        def call(fn: Callable, p: fused_layer.Gemv, x=x, r=r) -> Callable[[], mx.array]:
-            return lambda: fn(p, x, r)
+        def call(fn: Callable, p: fused_layer.Gemv, x=x, r=r) -> Launch:
+            return lambda dep: fn(p, _after(x, dep), r)
 
-        us = _timed([call(kernel, p) for p in plans], reps)
-        ref = _timed([call(fused_layer.reference_gemv, p) for p in plans], reps)
+        us = _timed([call(kernel, p) for p in plans], reps, chain)
+        ref = _timed([call(fused_layer.reference_gemv, p) for p in plans], reps, chain)
         gbs = n * k * dtype.size / us / 1e3
         out.append({"kernel": name, "rows": rows, "pippin_us": us, "mlx_us": ref, "GB/s": gbs})
         print(
@@ -102,7 +117,13 @@ def projections(cfg: dict[str, Any], rows: int, reps: int, dtype: mx.Dtype) -> l
 
 
 def attention(
-    cfg: dict[str, Any], rows: int, context: int, reps: int, dtype: mx.Dtype, bs: int = 16
+    cfg: dict[str, Any],
+    rows: int,
+    context: int,
+    reps: int,
+    dtype: mx.Dtype,
+    chain: bool,
+    bs: int = 16,
 ) -> dict:
     h, hq, hkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     d = cfg.get("head_dim") or h // hq
@@ -135,14 +156,14 @@ def attention(
     )
     scale = d**-0.5
 
-    def ours(k: mx.array, v: mx.array) -> Callable[[], mx.array]:
-        return lambda: kernel(q, k, v, tables, offsets, scale, bs)
+    def ours(k: mx.array, v: mx.array) -> Launch:
+        return lambda dep: kernel(_after(q, dep), k, v, tables, offsets, scale, bs)
 
-    def theirs(k: mx.array, v: mx.array) -> Callable[[], mx.array]:
-        return lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale)
+    def theirs(k: mx.array, v: mx.array) -> Launch:
+        return lambda dep: mx.fast.scaled_dot_product_attention(_after(q, dep), k, v, scale=scale)
 
-    us = _timed([ours(k, v) for k, v in pools], reps)
-    ref = _timed([theirs(k, v) for k, v in kv], reps)
+    us = _timed([ours(k, v) for k, v in pools], reps, chain)
+    ref = _timed([theirs(k, v) for k, v in kv], reps, chain)
     attn = _fused_block(cfg, dtype)
     t, o = np.array(tables), np.array(offsets)
     slots = mx.array(t[np.arange(rows), o // bs] * bs + o % bs, dtype=mx.int32)
@@ -154,10 +175,10 @@ def attention(
         else fused_attention.reference
     )
 
-    def fused(k: mx.array, v: mx.array) -> Callable[[], mx.array]:
-        return lambda: block(attn, qkv, [k, v], lay)
+    def fused(k: mx.array, v: mx.array) -> Launch:
+        return lambda dep: block(attn, _after(qkv, dep), [k, v], lay)
 
-    fus = _timed([fused(k, v) for k, v in pools], reps)
+    fus = _timed([fused(k, v) for k, v in pools], reps, chain)
     read = 2 * rows * hkv * context * d * dtype.size
     print(
         f"attention rows {rows:3d}  context {context:6d}  pippin {us:8.1f} µs "
@@ -204,22 +225,24 @@ def main() -> int:
     ap.add_argument("--context", default="512,4096")
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--chain", action="store_true", help="each launch after the previous one")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     cfg = json.loads((args.model / "config.json").read_text()) if args.model else LLAMA_1B
     dtype = getattr(mx, args.dtype)
     rows = [int(r) for r in args.rows.split(",")]
     tiny = mx.zeros((8,), dtype)
-    floor = _timed([lambda: tiny * 2], args.reps)
-    print(f"floor: {floor:.1f} µs a launch (a tiny op; below it a kernel's time is the host's)")
+    floor = _timed([lambda dep: _after(tiny, dep) * 2], args.reps, args.chain)
+    print(f"{'chained' if args.chain else 'independent'} launches; a tiny op: {floor:.1f} µs")
     results: list[dict] = [{"kernel": "floor", "us": floor}]
     for r in rows:
-        results += projections(cfg, r, args.reps, dtype)
+        results += projections(cfg, r, args.reps, dtype, args.chain)
     for r in rows:
         for c in (int(c) for c in args.context.split(",")):
-            results.append(attention(cfg, r, c, args.reps, dtype))
+            results.append(attention(cfg, r, c, args.reps, dtype, args.chain))
     if args.out:
-        args.out.write_text(json.dumps({"device": str(mx.default_device()), "results": results}))
+        out = {"device": str(mx.default_device()), "chain": args.chain, "results": results}
+        args.out.write_text(json.dumps(out))
     return 0
 
 
