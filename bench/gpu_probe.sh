@@ -27,6 +27,10 @@
 #                                   independent and then chained
 #   bash bench/gpu_probe.sh ab    : kernels and single-stream decode for this checkout's src/
 #                                   and for B_SRC (another branch's src/, carried), in turns
+#   bash bench/gpu_probe.sh mem   : gpu_bench.py (MODELS, default qwen3-0.6b; CONC, default
+#                                   1,16,64,256) with every process's GPU memory sampled
+#                                   by nvidia-smi every 3 s (mem.log): does the engine stay
+#                                   within its pool, weights and buffer cache?
 #   bash bench/gpu_probe.sh gil   : steady, then loop in one process, then loop with
 #                                   --engine-process: is the 256-stream server GIL-bound?
 #   (gil-a and gil-b are its two halves, each under one device call's 10 minutes)
@@ -129,6 +133,22 @@ kernels)
       --context "${CONTEXT:-512,4096}" $mode --out "$OUT/kernels${mode/--/-}.json" 2>&1 |
       tee -a "$OUT/kernels.log"
   done
+  ;;
+mem)
+  (while true; do
+    echo "== $(date +%T)"
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader 2>&1
+    ps -eo pid,args | grep -E "pippin|mlx_lm|gpu_bench|spawn_main" | grep -v grep | cut -c1-120
+    sleep 3
+  done) >"$OUT/mem.log" 2>&1 &
+  sampler=$!
+  timeout -s KILL ${BENCH_S:-560} python3 bench/gpu_bench.py --models "${MODELS:-qwen3-0.6b}" \
+    --servers pippin,mlx_lm --concurrency "${CONC:-1,16,64,256}" --batches "" \
+    --requests-per-client 1 --out-dir "$OUT" 2>&1 | grep -v Warn | tee "$OUT/bench.log" |
+    grep -E "^ +[0-9]+ +(pippin|mlx)|in-process"
+  kill $sampler
+  awk '/^==/{t=$2} /MiB/{split($0,a,", "); m=a[2]+0; if(m>mx[a[1]]){mx[a[1]]=m; at[a[1]]=t}}
+    END{for(p in mx) print "pid", p, "peak", mx[p], "MiB at", at[p]}' "$OUT/mem.log"
   ;;
 floor)
   timeout -s KILL 500 python3 bench/step_floor.py --model "$path" --widths "${WIDTHS:-2048,256}" 2>&1 | grep -v tokenizer |
