@@ -271,6 +271,51 @@ def test_async_engine_concurrency_and_cancellation(tiny_models) -> None:
     assert stats["running"] == stats["waiting"] == 0
 
 
+def test_failed_step_ends_its_requests_and_the_engine_goes_on(
+    tiny_models, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step that raises (here the device out of memory, as MLX's CUDA allocator says it)
+    ends the running requests with an error that says what to change; the engine then
+    serves new requests, with every block back in the pool."""
+    loaded = _loaded(tiny_models("llama"))
+    prompts = _prompts(loaded.model.args.vocab_size, 5, seed=5)
+    real_step = EngineCore.step
+    calls = {"n": 0}
+
+    def step(self: EngineCore) -> list:
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise RuntimeError("cudaMallocAsync(&data, size, stream) failed: out of memory")
+        return real_step(self)
+
+    monkeypatch.setattr(EngineCore, "step", step)
+    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+
+    async def collect(engine: AsyncEngine, i: int) -> tuple[int, str | None, str | None]:
+        n, reason, error = 0, None, None
+        async for out in engine.generate(prompts[i], params, f"r{i}"):
+            n += sum(len(o.token_ids) for o in out.outputs)
+            reason = out.outputs[0].finish_reason if out.outputs else reason
+            error = out.error or error
+        return n, reason, error
+
+    async def main() -> tuple[list, tuple, dict]:
+        engine = AsyncEngine(loaded, _config())
+        await engine.start()
+        first = await asyncio.gather(*(collect(engine, i) for i in range(4)))
+        after = await collect(engine, 4)
+        stats = engine.stats()
+        await engine.stop()
+        return first, after, stats
+
+    first, after, stats = asyncio.run(main())
+    for n, reason, error in first:
+        assert reason == "error" and n < 20
+        assert error is not None and "out of memory" in error and "--buffer-cache-mb" in error
+    assert after[:2] == (20, "length") and after[2] is None
+    assert stats["blocks_free"] == stats["blocks_total"]
+
+
 def test_mixed_decode_and_prefill_step_updates_pool_in_place(tiny_models) -> None:
     """A step with both a decode call and a prefill call must not copy the KV pools."""
     loaded = _loaded(tiny_models("qwen3"))

@@ -54,6 +54,21 @@ def materialize(loaded: LoadedModel) -> LoadedModel:
     return loaded
 
 
+OUT_OF_MEMORY_HINT = (
+    " (the device ran out of memory: a smaller --max-num-seqs, --prefill-step-size, "
+    "--cache-memory-percent or --buffer-cache-mb leaves more room)"
+)
+
+
+def step_error(e: Exception) -> str:
+    """The error every request of a failed step ends with; running out of memory says
+    what to change."""
+    msg = f"engine error: {type(e).__name__}: {e}"
+    text = str(e).lower()  # CUDA's words, then MLX's own allocator's
+    oom = "out of memory" in text or "unable to allocate" in text
+    return msg + OUT_OF_MEMORY_HINT if oom else msg
+
+
 class AsyncEngine:
     """Interface (stable; the HTTP front relies on it):
 
@@ -228,7 +243,8 @@ class AsyncEngine:
                 self.observer.step_done(time.perf_counter() - t0)
             except Exception as e:
                 log.exception("engine step failed")
-                outs = core.fail_all(f"engine error: {type(e).__name__}: {e}")
+                outs = core.fail_all(step_error(e))
+                mx.clear_cache()  # what the failed step held, for the requests to come
             self._pace(outs)
             if core.steps == steps and core.has_work():
                 # Nothing could run: requests wait for blocks coming from disk.
