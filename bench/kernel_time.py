@@ -37,16 +37,10 @@ import checkout  # noqa: F401  (src/ on the path, pippin imported before MLX)
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+from gpu_bench import CONFIGS
 
 from pippin.engine import fused_attention, fused_layer, fused_proj, paged_attention
 
-LLAMA_1B = {
-    "hidden_size": 2048,
-    "intermediate_size": 8192,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 64,
-}
 CYCLE_BYTES = 200e6  # more than the H200's 50 MB L2
 
 
@@ -228,7 +222,10 @@ def main() -> int:
     ap.add_argument("--chain", action="store_true", help="each launch after the previous one")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    cfg = json.loads((args.model / "config.json").read_text()) if args.model else LLAMA_1B
+    if args.model:
+        cfg = json.loads((args.model / "config.json").read_text())
+    else:
+        cfg = CONFIGS["llama-3.2-1b"]
     dtype = getattr(mx, args.dtype)
     rows = [int(r) for r in args.rows.split(",")]
     tiny = mx.zeros((8,), dtype)
