@@ -82,8 +82,8 @@ def main() -> None:
         "D",
         label="pippin, fused decode layer, first (64: compiles mid-run)",
     )
-    # run3: only gate/up and down as the kernel (the default since).
-    for run, style in (("run1", "o-"), ("run2", "s-"), ("run3", "^-")):
+    # run3: only gate/up and down as the kernel; run5: only down (the default since).
+    for run, style in (("run1", "o-"), ("run2", "s-"), ("run3", "^-"), ("run5", "v-")):
         r = _load_http(f"gpu-fused-layer-http-llama-{run}.json")
         for server, ls in (("pippin", style), ("mlx_lm", style.replace("-", "--"))):
             ax[0].plot(

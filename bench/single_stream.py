@@ -4,7 +4,9 @@ One prompt, then `--gen` tokens; tokens/s from the first decode step (prefill ex
 `--repeat` times each, the engines taking turns so that a drift of the host's speed
 touches all. An engine `pippin:NAME=VALUE+...` runs pippin with those environment
 variables set (e.g. `pippin:PIPPIN_COMPILE=0`). Run it under py-spy (`bash
-bench/gpu_probe.sh single`) to see where a step's host time goes.
+bench/gpu_probe.sh single`) to see where a step's host time goes. `--batch N` decodes N
+prompts together instead (aggregate tok/s; mlx-lm's `BatchGenerator` for mlx-lm): which
+projections should run as the fused layer's kernel at a few rows.
 
     python3 bench/single_stream.py /tmp/pippin-gpu-models/llama-3.2-1b --repeat 3
 """
@@ -63,20 +65,28 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--gen", type=int, default=512)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument(
+        "--batch", type=int, default=1, help="decode this many prompts together (aggregate tok/s)"
+    )
     args = ap.parse_args()
 
     from mlx_lm.utils import load
-    from paged_vs_contiguous import run_pippin
+    from paged_vs_contiguous import run_mlx_lm, run_pippin
 
     model, _ = load(str(args.model))
     rng = random.Random(0)
-    prompt = [rng.randrange(model.args.vocab_size) for _ in range(args.prompt)]
+    prompts = [
+        [rng.randrange(model.args.vocab_size) for _ in range(args.prompt)]
+        for _ in range(args.batch)
+    ]
 
     def mlx_lm(gen: int) -> float:
-        return mlx_lm_decode(model, prompt, gen)
+        if args.batch > 1:
+            return run_mlx_lm(model, prompts, gen)
+        return mlx_lm_decode(model, prompts[0], gen)
 
     def pippin(gen: int) -> float:
-        return run_pippin(model, [prompt], gen)
+        return run_pippin(model, prompts, gen)
 
     def run(engine: str, gen: int) -> float:
         if engine == "mlx_lm":

@@ -138,9 +138,9 @@ def test_kernel_matches_reference(
 
 def test_some_projections_as_mlx_ops(tiny_models, monkeypatch: pytest.MonkeyPatch) -> None:
     """PIPPIN_FUSED_LAYER=qkv/down: those two as the kernel, the output projection and
-    gate/up as MLX's ops (to compare them on a GPU): the same greedy decode. By default
-    only gate/up and down are the kernel. An unknown name is refused when the engine
-    starts."""
+    gate/up as MLX's ops (to compare them on a GPU): the same greedy decode. `gate_up:1`
+    runs gate/up as the kernel for a lone row only. By default down is the kernel, and
+    gate/up for one row. A bad name or row count is refused when the engine starts."""
     _kernel_path(monkeypatch)
     loaded = _loaded(tiny_models("llama", head_dim=32))
     rng = random.Random(1)
@@ -151,10 +151,31 @@ def test_some_projections_as_mlx_ops(tiny_models, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("PIPPIN_FUSED_LAYER", "qkv/down")
     assert_same_greedy(base, _greedy_logprobs(loaded, prompts, gens, top=2))
     plan = _runner(loaded).model.model.layers[0]._pippin_plan
-    assert [p.kernel for p, _ in plan.steps()] == [True, False, False, True]
+    assert [p.kernel_rows for p, _ in plan.steps()] == [8, 0, 0, 8]
+
+    # Which rows each projection runs as the kernel for (the reference stands in off CUDA).
+    seen: list[tuple[bool, int]] = []
+    real = fused_layer.as_kernel
+
+    def counting(p: fused_layer.Gemv, x: mx.array, res: mx.array | None = None) -> mx.array:
+        seen.append((p.swiglu, x.shape[0]))
+        return real(p, x, res)
+
+    monkeypatch.setattr(fused_layer, "as_kernel", counting)
+    monkeypatch.setenv("PIPPIN_FUSED_LAYER", "gate_up:1/down")
+    assert_same_greedy(base, _greedy_logprobs(loaded, prompts, gens, top=2))
+    gate_up_rows = {rows for swiglu, rows in seen if swiglu}
+    down_rows = {rows for swiglu, rows in seen if not swiglu}
+    assert gate_up_rows == {1}, gate_up_rows
+    assert max(down_rows) > 1, down_rows  # batches of several rows ran, down as the kernel
+
     monkeypatch.setenv("PIPPIN_FUSED_LAYER", "1")
     plan = _runner(loaded).model.model.layers[0]._pippin_plan
-    assert [p.kernel for p, _ in plan.steps()] == [False, False, True, True]
+    assert [p.kernel_rows for p, _ in plan.steps()] == [0, 0, 1, 8]
     monkeypatch.setenv("PIPPIN_FUSED_LAYER", "qkv/attn")
-    with pytest.raises(ValueError, match=r"unknown projection\(s\) \['attn'\]"):
+    with pytest.raises(ValueError, match=r"unknown projection 'attn'"):
         _runner(loaded)
+    for bad in ("down:0", "down:9", "down:x"):
+        monkeypatch.setenv("PIPPIN_FUSED_LAYER", bad)
+        with pytest.raises(ValueError, match=r"rows must be 1 to 8"):
+            _runner(loaded)

@@ -23,9 +23,12 @@ Where it applies: every layer exactly mlx-lm's `TransformerBlock` of those famil
 attention fused by `fused_attention`, plain RMSNorms, unquantised projections (a bias on
 q/k/v or the output projection is kept), an MLP of exactly SwiGLU. Larger batches read
 each weight row for more rows than a warp holds in registers; they keep mlx-lm's layer,
-whose matmuls suit them. `PIPPIN_FUSED_LAYER=0` turns it off; `=qkv/o` (any of
-`PROJECTIONS`) runs only those projections as the kernel, MLX's ops the rest. Off CUDA,
-tests run the same hook with `reference_gemv` (MLX's ops) standing in for the kernel.
+whose matmuls suit them. By default the down projection runs as the kernel, and gate/up
+for a lone row, the others as MLX's ops (`DEFAULT_KERNELS`: measured fastest).
+`PIPPIN_FUSED_LAYER=0` turns it off; `=qkv/o` (any of `PROJECTIONS`, each optionally
+`:ROWS`, the most rows it runs for) runs only those projections as the kernel, MLX's ops
+the rest. Off CUDA, tests run the same hook with `reference_gemv` (MLX's ops) standing in
+for the kernel.
 """
 
 from __future__ import annotations
@@ -161,7 +164,8 @@ class Gemv:
     bias: mx.array | None = None
     norm: nn.RMSNorm | None = None  # applied to the input first
     swiglu: bool = False  # rows [0, N) are the gate's, [N, 2N) the up's
-    kernel: bool = True  # False: MLX's ops compute it (`PIPPIN_FUSED_LAYER`, to compare)
+    # The most rows it runs as the kernel; more (or 0: never), MLX's ops compute it.
+    kernel_rows: int = 0
 
     def __post_init__(self) -> None:
         # The norm's epsilon as the kernel reads it, made once (not a new array per step).
@@ -175,34 +179,46 @@ class Gemv:
 
 
 PROJECTIONS = ("qkv", "o", "gate_up", "down")
-# One stream on the H200 (bench/results/gpu-fused-layer-ab-run3-*.log), tok/s with all four
-# as the kernel / none / only these two: Llama-3.2-1B 515 / 560 / 598 (5 runs each, in
-# turns), Qwen3-0.6B 346 / 400 / 423 (3 runs; the last two within the runs' spread). Why the
-# q/k/v and output kernels lose end to end is not known: timed alone, as independent
-# launches (bench/kernel_time.py), they beat MLX's ops.
-DEFAULT_KERNELS = ("gate_up", "down")
+# Decode of 1-8 rows on the H200, Llama-3.2-1B, tok/s, median of 3 in turns
+# (bench/results/gpu-fused-layer-rows-run5.log), none as the kernel / only down / gate/up
+# and down / all four: 1 row 508 / 608 / 585 / 510; 2 rows 722 / 950 / 799 / 702; 4 rows
+# 1,145 / 1,333 / 1,257 / 1,059; 8 rows 2,390 / 2,811 / 1,771 / 1,468. The gate/up kernel's
+# time grows about 10 µs a row (each warp reads every row of x; bench/kernel_time.py), so
+# from 2 rows on Llama loses with it. At one row it pays: only down / this default / gate/up
+# and down, 1 row, Llama 472 / 521 / 521, Qwen3-0.6B 281 / 352 / 349 (run6.log; at 2 rows
+# Qwen3 gave 421 / 429 / 554, so its narrower layers would take gate/up for 2 rows too).
+# Why the q/k/v and output kernels lose end to end is not known: timed alone, even as
+# chained launches, they beat MLX's ops.
+DEFAULT_KERNELS = {"gate_up": 1, "down": MAX_ROWS}
 
 
 def enabled() -> bool:
     return os.environ.get("PIPPIN_FUSED_LAYER", "1") != "0"
 
 
-def projections() -> frozenset[str]:
-    """The projections that run as the kernel: `DEFAULT_KERNELS`, `all`, or those
-    `PIPPIN_FUSED_LAYER` names (such as `qkv/o`), the others then computed by MLX's ops."""
+def projections() -> dict[str, int]:
+    """The projections that run as the kernel, each with the most rows it does so for:
+    `DEFAULT_KERNELS`, `all`, or those `PIPPIN_FUSED_LAYER` names (such as `qkv/o`, or
+    `gate_up:1/down` to cap one's rows), the others then computed by MLX's ops."""
     flag = os.environ.get("PIPPIN_FUSED_LAYER", "1")
     if flag in ("", "1"):
-        return frozenset(DEFAULT_KERNELS)
+        return dict(DEFAULT_KERNELS)
     if flag == "all":
-        return frozenset(PROJECTIONS)
-    names = frozenset(n for n in re.split(r"[,/ ]", flag) if n)
-    unknown = sorted(names - set(PROJECTIONS))
-    if unknown:
-        raise ValueError(
-            f"PIPPIN_FUSED_LAYER: unknown projection(s) {unknown}; expected 0, 1, all or some of "
-            f"{'/'.join(PROJECTIONS)}"
-        )
-    return names
+        return dict.fromkeys(PROJECTIONS, MAX_ROWS)
+    chosen: dict[str, int] = {}
+    for item in (n for n in re.split(r"[,/ ]", flag) if n):
+        name, _, rows = item.partition(":")
+        if name not in PROJECTIONS:
+            raise ValueError(
+                f"PIPPIN_FUSED_LAYER: unknown projection {name!r}; expected 0, 1, all or some "
+                f"of {'/'.join(PROJECTIONS)}, each optionally with :ROWS"
+            )
+        if rows and not (rows.isdigit() and 1 <= int(rows) <= MAX_ROWS):
+            raise ValueError(
+                f"PIPPIN_FUSED_LAYER: {item!r}: rows must be 1 to {MAX_ROWS}, as in {name}:1"
+            )
+        chosen[name] = int(rows) if rows else MAX_ROWS
+    return chosen
 
 
 def install(model: nn.Module) -> bool:
@@ -268,7 +284,7 @@ def _plan(layer: Any, base: type) -> Plan | None:
     chosen = projections()
     vec = 16 // dtype.size  # the kernel reads 16 bytes at a time
     for name, (p, _) in zip(PROJECTIONS, plan.steps()):
-        p.kernel = name in chosen
+        p.kernel_rows = chosen.get(name, 0)
         arrays = [p.weight, *(a for a in (p.bias,) if a is not None)]
         if p.norm is not None:
             if p.norm.weight.shape != (p.weight.shape[1],):
@@ -287,7 +303,7 @@ def warm(model: nn.Module) -> None:
     for _, m in model.named_modules():
         plan: Plan | None = getattr(m, "_pippin_plan", None)
         for p, res in plan.steps() if plan is not None else []:
-            for rows in (1, 2) if p.kernel else ():
+            for rows in (r for r in (1, 2) if r <= p.kernel_rows):
                 x = mx.zeros((rows, p.weight.shape[1]), dtype=p.weight.dtype)
                 mx.eval(gemv(p, x, mx.zeros((rows, p.width), dtype=x.dtype) if res else None))
 
@@ -311,9 +327,17 @@ def _call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.arr
 
 
 def _project(p: Gemv, x: mx.array, res: mx.array | None = None) -> mx.array:
-    if p.kernel and not paged_attention.force_reference:
-        return gemv(p, x, res)
+    if x.shape[0] <= p.kernel_rows:
+        return as_kernel(p, x, res)
     return reference_gemv(p, x, res)
+
+
+def as_kernel(p: Gemv, x: mx.array, res: mx.array | None = None) -> mx.array:
+    """A projection that runs as the kernel: `gemv`, or where tests force the references
+    (off CUDA), `reference_gemv` in its place."""
+    if paged_attention.force_reference:
+        return reference_gemv(p, x, res)
+    return gemv(p, x, res)
 
 
 def gemv(p: Gemv, x: mx.array, res: mx.array | None = None) -> mx.array:
