@@ -27,6 +27,9 @@
 #                                   independent and then chained
 #   bash bench/gpu_probe.sh ab    : kernels and single-stream decode for this checkout's src/
 #                                   and for B_SRC (another branch's src/, carried), in turns
+#   bash bench/gpu_probe.sh rows  : decode of BS (default 1 2 3 4 6 8) prompts together in-process,
+#                                   mlx-lm and pippin with ENGINES' PIPPIN_FUSED_LAYER settings
+#                                   (bench/single_stream.py --batch): which projections pay
 #   bash bench/gpu_probe.sh mem   : gpu_bench.py (MODELS, default qwen3-0.6b; CONC, default
 #                                   1,16,64,256) with every process's GPU memory sampled
 #                                   by nvidia-smi every 3 s (mem.log): does the engine stay
@@ -132,6 +135,14 @@ kernels)
     timeout -s KILL 200 python3 bench/kernel_time.py --model "$path" --rows "${ROWS:-1,8}" \
       --context "${CONTEXT:-512,4096}" $mode --out "$OUT/kernels${mode/--/-}.json" 2>&1 |
       tee -a "$OUT/kernels.log"
+  done
+  ;;
+rows)
+  for b in ${BS:-1 2 3 4 6 8}; do
+    echo "== $MODEL batch $b" | tee -a "$OUT/rows.log"
+    timeout -s KILL 150 python3 bench/single_stream.py "$path" --batch "$b" --gen "${GEN:-128}" \
+      --repeat 3 --engines "${ENGINES:-mlx_lm,pippin:PIPPIN_FUSED_LAYER=0,pippin,pippin:PIPPIN_FUSED_LAYER=down,pippin:PIPPIN_FUSED_LAYER=gate_up/down}" \
+      2>&1 | grep -v regex | tee -a "$OUT/rows.log" | grep -E "median|/"
   done
   ;;
 mem)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
@@ -11,9 +12,11 @@ import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.utils import load
 
+from pippin.engine import core as core_module
 from pippin.engine.async_engine import AsyncEngine
 from pippin.engine.config import EngineConfig
 from pippin.engine.core import EngineCore, EngineError
+from pippin.engine.model_runner import ModelRunner
 from pippin.engine.types import SamplingParams
 from pippin.store.loaded import LoadedModel
 
@@ -271,49 +274,110 @@ def test_async_engine_concurrency_and_cancellation(tiny_models) -> None:
     assert stats["running"] == stats["waiting"] == 0
 
 
-def test_failed_step_ends_its_requests_and_the_engine_goes_on(
-    tiny_models, monkeypatch: pytest.MonkeyPatch
+OOM = "cudaMallocAsync(&data, size, stream) failed: out of memory"
+
+
+def _faulty_forward(
+    monkeypatch: pytest.MonkeyPatch, fail: Callable[[int, list[str]], str | None]
 ) -> None:
-    """A step that raises (here the device out of memory, as MLX's CUDA allocator says it)
-    ends the running requests with an error that says what to change; the engine then
-    serves new requests, with every block back in the pool."""
-    loaded = _loaded(tiny_models("llama"))
-    prompts = _prompts(loaded.model.args.vocab_size, 5, seed=5)
-    real_step = EngineCore.step
+    """Make `ModelRunner.forward` raise `fail(call, request ids)`'s message where it gives
+    one, after building its graph and with the KV pools overwritten: as a step that failed
+    half way leaves them."""
+    real = ModelRunner.forward
     calls = {"n": 0}
 
-    def step(self: EngineCore) -> list:
+    def forward(self: ModelRunner, items: list) -> mx.array | None:
+        out = real(self, items)
         calls["n"] += 1
-        if calls["n"] == 4:
-            raise RuntimeError("cudaMallocAsync(&data, size, stream) failed: out of memory")
-        return real_step(self)
+        message = fail(calls["n"], [it.seq.request_id for it in items])
+        if message is not None:
+            for pool in self.pools.values():
+                pool.parts = [mx.full(p.shape, 3.0, p.dtype) for p in pool.parts]
+            raise RuntimeError(message)
+        return out
 
-    monkeypatch.setattr(EngineCore, "step", step)
+    monkeypatch.setattr(ModelRunner, "forward", forward)
+
+
+def _serve(loaded: LoadedModel, prompts: list[list[int]], later: list[list[int]]) -> tuple:
+    """`prompts` at once, then `later` one after another, through an AsyncEngine: per
+    request (tokens, finish reason, error), and the engine's stats and core."""
     params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
 
-    async def collect(engine: AsyncEngine, i: int) -> tuple[int, str | None, str | None]:
-        n, reason, error = 0, None, None
-        async for out in engine.generate(prompts[i], params, f"r{i}"):
-            n += sum(len(o.token_ids) for o in out.outputs)
-            reason = out.outputs[0].finish_reason if out.outputs else reason
+    async def collect(engine: AsyncEngine, prompt: list[int], rid: str) -> tuple:
+        tokens: list[int] = []
+        reason, error = None, None
+        async for out in engine.generate(prompt, params, rid):
+            for o in out.outputs:
+                tokens += o.token_ids
+                reason = o.finish_reason or reason
             error = out.error or error
-        return n, reason, error
+        return tokens, reason, error
 
-    async def main() -> tuple[list, tuple, dict]:
+    async def main() -> tuple:
         engine = AsyncEngine(loaded, _config())
         await engine.start()
-        first = await asyncio.gather(*(collect(engine, i) for i in range(4)))
-        after = await collect(engine, 4)
-        stats = engine.stats()
+        first = await asyncio.gather(*(collect(engine, p, f"r{i}") for i, p in enumerate(prompts)))
+        after = [await collect(engine, p, f"l{i}") for i, p in enumerate(later)]
+        stats, core = engine.stats(), engine.core
         await engine.stop()
-        return first, after, stats
+        return first, after, stats, core
 
-    first, after, stats = asyncio.run(main())
-    for n, reason, error in first:
-        assert reason == "error" and n < 20
-        assert error is not None and "out of memory" in error and "--buffer-cache-mb" in error
-    assert after[:2] == (20, "length") and after[2] is None
+    return asyncio.run(main())
+
+
+def test_step_out_of_memory_is_recomputed_on_fresh_pools(
+    tiny_models, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step that runs the device out of memory (as MLX's CUDA allocator says it) loses
+    no request: the running ones are recomputed from their known tokens, on KV pools made
+    anew, and end exactly as without the failure. A later request sharing their prompt's
+    prefix reads no block the failed step left behind (the prefix cache was emptied), and
+    admission is narrowed for a while, then restored."""
+    loaded = _loaded(tiny_models("llama"))
+    vocab = loaded.model.args.vocab_size
+    shared = _prompts(vocab, 1, seed=9)[0][:16] + [5] * 8  # whole blocks, cached
+    prompts = [shared + p for p in _prompts(vocab, 4, seed=5)]
+    later = [shared + [7, 8, 9]]
+    want, want_later, _, _ = _serve(loaded, prompts, later)
+
+    monkeypatch.setattr(core_module, "NARROW_STEPS", 6)
+    _faulty_forward(monkeypatch, lambda n, _: OOM if n in (6, 9) else None)
+    got, got_later, stats, core = _serve(loaded, prompts, later)
+    assert [t for t, _, _ in want] == [t for t, _, _ in got]
+    assert all(len(t) == 20 and r == "length" and e is None for t, r, e in got)
+    assert got_later == want_later
+    assert core.scheduler.num_preemptions >= 2  # at least one running sequence, twice
+    assert core.scheduler.max_num_seqs == _config().max_num_seqs
     assert stats["blocks_free"] == stats["blocks_total"]
+    # The pools were made anew: nothing of what the failed step left (3.0 everywhere).
+    parts = [p for pool in core.runner.pools.values() for p in pool.parts]
+    assert parts and not any(mx.any(p == 3.0).item() for p in parts)
+
+
+def test_step_failing_again_and_again_ends_its_requests(
+    tiny_models, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Out of memory at every step: each running request ends after `STEP_ATTEMPTS`
+    failed steps, with an error that says what to change. Any other error ends every
+    running request at once. Either way the engine then serves new requests in full,
+    with every block back in the pool."""
+    loaded = _loaded(tiny_models("llama"))
+    prompts = _prompts(loaded.model.args.vocab_size, 5, seed=5)
+    for message, hint in ((OOM, "--buffer-cache-mb"), ("a bug", None)):
+        # Every call with one of the first four requests in it fails, from the fourth on.
+        _faulty_forward(
+            monkeypatch,
+            lambda n, rids, m=message: m if n >= 4 and any(r[0] == "r" for r in rids) else None,
+        )
+        first, after, stats, _ = _serve(loaded, prompts[:4], prompts[4:])
+        for tokens, reason, error in first:
+            assert reason == "error" and len(tokens) < 20, (message, reason)
+            assert error is not None and message in error
+            assert (hint in error) if hint else ("--buffer-cache-mb" not in error)
+        assert len(after[0][0]) == 20 and after[0][1:] == ("length", None)
+        assert stats["blocks_free"] == stats["blocks_total"]
+        monkeypatch.undo()
 
 
 def test_mixed_decode_and_prefill_step_updates_pool_in_place(tiny_models) -> None:

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import mlx.core as mx
 
 from pippin.engine.config import STREAM_BATCH, STREAM_INTERVAL_S, EngineConfig
-from pippin.engine.core import EngineCore, EngineError
+from pippin.engine.core import EngineCore, EngineError, step_error
 from pippin.engine.observer import EngineObserver
 from pippin.engine.types import RequestOutput, SamplingParams
 from pippin.store.loaded import LoadedModel
@@ -52,21 +52,6 @@ def materialize(loaded: LoadedModel) -> LoadedModel:
     except Exception:  # a model that takes other inputs: its weights are evaluated
         pass
     return loaded
-
-
-OUT_OF_MEMORY_HINT = (
-    " (the device ran out of memory: a smaller --max-num-seqs, --prefill-step-size, "
-    "--cache-memory-percent or --buffer-cache-mb leaves more room)"
-)
-
-
-def step_error(e: Exception) -> str:
-    """The error every request of a failed step ends with; running out of memory says
-    what to change."""
-    msg = f"engine error: {type(e).__name__}: {e}"
-    text = str(e).lower()  # CUDA's words, then MLX's own allocator's
-    oom = "out of memory" in text or "unable to allocate" in text
-    return msg + OUT_OF_MEMORY_HINT if oom else msg
 
 
 class AsyncEngine:
@@ -243,8 +228,11 @@ class AsyncEngine:
                 self.observer.step_done(time.perf_counter() - t0)
             except Exception as e:
                 log.exception("engine step failed")
-                outs = core.fail_all(step_error(e))
-                mx.clear_cache()  # what the failed step held, for the requests to come
+                try:
+                    outs = core.recover(e)
+                except Exception:  # e.g. no room for fresh pools: no request is left waiting
+                    log.exception("recovering from the failed step failed")
+                    outs = core.fail_all(step_error(e))
             self._pace(outs)
             if core.steps == steps and core.has_work():
                 # Nothing could run: requests wait for blocks coming from disk.

@@ -259,6 +259,13 @@ class CacheTiers:
             out["ssd"] = self.store.clear()
         return out
 
+    def pools_reset(self) -> None:
+        """The KV pools were made anew (after a failed step): forget every cached block
+        and drop the copies out not yet handed to the writer, which read the old pools."""
+        self._spilling = []
+        self.bm.take_evicted()
+        self.bm.clear_cache()
+
     def stats(self) -> dict[str, Any]:
         bm = self.bm
         per_block = bytes_per_block(self.runner.kv_specs, bm.block_size)

@@ -31,6 +31,30 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_MODEL_LEN = 4096
 
 
+# A sequence that was running in this many failed steps ends with the error.
+STEP_ATTEMPTS = 3
+# After the device ran out of memory, at most half the sequences that were running are
+# admitted again, for this many steps; then `--max-num-seqs` holds again.
+NARROW_STEPS = 256
+
+OUT_OF_MEMORY_HINT = (
+    " (the device ran out of memory: a smaller --max-num-seqs, --prefill-step-size, "
+    "--cache-memory-percent or --buffer-cache-mb leaves more room)"
+)
+
+
+def out_of_memory(e: Exception) -> bool:
+    text = str(e).lower()  # CUDA's words, then MLX's own allocator's
+    return "out of memory" in text or "unable to allocate" in text
+
+
+def step_error(e: Exception) -> str:
+    """The error the requests of a failed step end with; running out of memory says
+    what to change."""
+    msg = f"engine error: {type(e).__name__}: {e}"
+    return msg + OUT_OF_MEMORY_HINT if out_of_memory(e) else msg
+
+
 class EngineError(Exception):
     """A request the engine cannot take (e.g. its prompt does not fit)."""
 
@@ -124,6 +148,7 @@ class EngineCore:
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
         self.steps = 0
+        self._narrow_until: int | None = None  # see `recover`
 
     def _num_blocks(self) -> int:
         cfg = self.config
@@ -170,15 +195,59 @@ class EngineCore:
 
     def fail_all(self, message: str) -> list[RequestOutput]:
         self._inflight = None
-        outs = []
-        for rid in list(self.requests):
-            out = self.abort(rid)
-            if out is not None:
-                for o in out.outputs:
-                    o.finish_reason = "error"
-                out.error = message
-                outs.append(out)
+        return [o for rid in list(self.requests) for o in self._fail(rid, message)]
+
+    def recover(self, e: Exception) -> list[RequestOutput]:
+        """Go on after `step` raised `e`, from what the host knows.
+
+        The tokens of the steps in flight are dropped (no client saw them), and the KV
+        pools are made anew: the failed step may have left them half written, or tied to
+        a graph that would fail again when the next step evaluates it. So the prefix cache
+        in memory is emptied too. If the device ran out of memory, every running sequence
+        is preempted and recomputed from its known tokens, with at most half as many
+        admitted for `NARROW_STEPS` steps; one in `STEP_ATTEMPTS` failed steps ends with
+        the error. Any other error ends every request (it may come from any of them, and
+        would come again)."""
+        self._inflight = None
+        sched = self.scheduler
+        for seq in [*sched.running, *sched.waiting]:
+            seq.pending.clear()
+        message = step_error(e)
+        outs: list[RequestOutput] = []
+        if out_of_memory(e):
+            running = sched.preempt_all()
+            if running:
+                sched.max_num_seqs = max(1, min(sched.max_num_seqs, len(running) // 2))
+                self._narrow_until = self.steps + NARROW_STEPS
+            failed = []
+            for seq in running:
+                seq.num_failed_steps += 1
+                if seq.num_failed_steps >= STEP_ATTEMPTS:
+                    failed.append(seq.request_id)
+            for rid in dict.fromkeys(failed):
+                outs.extend(self._fail(rid, message))
+            log.warning(
+                "the device ran out of memory: %d sequences to be recomputed, %d requests "
+                "ended, at most %d running for %d steps",
+                len(running),
+                len(outs),
+                sched.max_num_seqs,
+                NARROW_STEPS,
+            )
+        else:
+            outs = self.fail_all(message)
+        self.runner.reset_pools()
+        self.tiers.pools_reset()
         return outs
+
+    def _fail(self, request_id: str, message: str) -> list[RequestOutput]:
+        out = self.abort(request_id)
+        if out is None:
+            return []
+        for o in out.outputs:
+            o.finish_reason = "error"
+        out.error = message
+        return [out]
 
     def has_work(self) -> bool:
         return self.scheduler.has_work() or self._inflight is not None
@@ -193,6 +262,9 @@ class EngineCore:
         finished first.
         """
         outs: list[RequestOutput] = []
+        if self._narrow_until is not None and self.steps >= self._narrow_until:
+            self.scheduler.max_num_seqs = self.config.max_num_seqs
+            self._narrow_until = None
         if self._inflight is not None and self._needs_sync():
             outs = self._finish_inflight()
         sched = self.scheduler.schedule()

@@ -7,6 +7,7 @@ keep it per sequence and have it stacked into a batch for each call.
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import mlx.core as mx
@@ -151,6 +152,17 @@ class ModelRunner:
         # fixed graph, so those models run op by op.
         if decode_graph.enabled() and not self.has_state_layers:
             self.graph = decode_graph.DecodeGraph(self)
+
+    def reset_pools(self) -> None:
+        """Zeroed pools (and a new compiled step) in place of ones a failed step may have
+        left half written or still tied to its unfinished graph. The old ones are let go
+        first, so both are never held at once."""
+        num_blocks = next(iter(self.pools.values())).num_blocks if self.pools else 2
+        self.pools = {}
+        self.graph = None
+        gc.collect()
+        mx.clear_cache()
+        self.allocate(num_blocks)
 
     def block_slots(self, block_ids: list[int]) -> mx.array:
         bs = self.block_size

@@ -99,6 +99,14 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
+    def preempt_all(self) -> list[Sequence]:
+        """Preempt every running sequence (they resume oldest first, ahead of the waiting
+        ones); returns them."""
+        running = list(self.running)
+        for seq in reversed(running):
+            self._preempt(seq)
+        return running
+
     def schedule(self) -> SchedulerOutput:
         if self.tiers is not None:
             self.tiers.poll()

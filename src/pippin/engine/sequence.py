@@ -42,6 +42,8 @@ class Sequence:
     # Per-layer recurrent state for models whose layers keep more than KV.
     state: list[Any] | None = None
     num_preemptions: int = 0
+    # Steps that raised while it ran (`EngineCore.recover`); at `STEP_ATTEMPTS` it fails.
+    num_failed_steps: int = 0
     # Tokens sampled by steps still in flight: (that step's token array, row), oldest
     # first. The next step reads the newest lazily, so it can be built before the
     # previous one has finished.
