@@ -355,6 +355,33 @@ def test_step_out_of_memory_is_recomputed_on_fresh_pools(
     assert parts and not any(mx.any(p == 3.0).item() for p in parts)
 
 
+def test_recovery_frees_the_old_pools_before_making_new_ones(
+    tiny_models, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The failed step's frames hold its graph, and through it the old KV pools: recovery
+    lets them go before allocating fresh pools, so it never needs room for both (which a
+    device that just ran out of memory would not have)."""
+    loaded = _loaded(tiny_models("llama"))
+    core = EngineCore(loaded, _config(num_blocks=40000))
+    pool = sum(p.nbytes for p in core.runner.pools.values())
+    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    for i, p in enumerate(_prompts(loaded.model.args.vocab_size, 3, seed=3)):
+        core.add_request(str(i), p, params)
+    for _ in range(3):
+        core.step()
+    _faulty_forward(monkeypatch, lambda n, _: OOM)
+    with pytest.raises(RuntimeError) as failed:
+        core.step()
+    before = mx.get_active_memory()
+    core.recover(failed.value)
+    assert mx.get_active_memory() < before + pool // 2, pool
+    monkeypatch.undo()
+    while core.has_work():
+        core.step()
+    stats = core.stats()
+    assert stats["blocks_free"] == stats["blocks_total"]
+
+
 def test_step_failing_again_and_again_ends_its_requests(
     tiny_models, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import traceback
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -208,6 +209,9 @@ class EngineCore:
         admitted for `NARROW_STEPS` steps; one in `STEP_ATTEMPTS` failed steps ends with
         the error. Any other error ends every request (it may come from any of them, and
         would come again)."""
+        # The failed step's frames still hold its graph, and through it the old pools:
+        # let them go before fresh ones are allocated, or both would be held at once.
+        traceback.clear_frames(e.__traceback__)
         self._inflight = None
         sched = self.scheduler
         for seq in [*sched.running, *sched.waiting]:
