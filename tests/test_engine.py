@@ -350,6 +350,7 @@ def test_step_out_of_memory_is_recomputed_on_fresh_pools(
     assert core.scheduler.num_preemptions >= 2  # at least one running sequence, twice
     assert core.scheduler.max_num_seqs == _config().max_num_seqs
     assert stats["blocks_free"] == stats["blocks_total"]
+    assert (stats["failed_steps_out_of_memory"], stats["failed_steps_other"]) == (2, 0)
     # The pools were made anew: nothing of what the failed step left (3.0 everywhere).
     parts = [p for pool in core.runner.pools.values() for p in pool.parts]
     assert parts and not any(mx.any(p == 3.0).item() for p in parts)
@@ -404,6 +405,8 @@ def test_step_failing_again_and_again_ends_its_requests(
             assert (hint in error) if hint else ("--buffer-cache-mb" not in error)
         assert len(after[0][0]) == 20 and after[0][1:] == ("length", None)
         assert stats["blocks_free"] == stats["blocks_total"]
+        oom = stats["failed_steps_out_of_memory"]
+        assert (oom >= 3, stats["failed_steps_other"]) == ((True, 0) if hint else (False, 1))
         monkeypatch.undo()
 
 

@@ -120,6 +120,8 @@ def test_counters_and_histograms_move_by_exact_amounts(server: Server) -> None:
     assert used == 0 and free is not None and free > 0
     assert total(after, "pippin_kv_cache_usage_ratio", tier="device") == 0
     assert total(after, "pippin_preemptions_total") == 0
+    for kind in ("out_of_memory", "other"):
+        assert total(after, "pippin_engine_failed_steps_total", kind=kind) == 0
 
 
 def test_errors_by_kind_and_status(server: Server) -> None:

@@ -150,6 +150,7 @@ class EngineCore:
         self._seq_ids = itertools.count()
         self.steps = 0
         self._narrow_until: int | None = None  # see `recover`
+        self.failed_steps = {"out_of_memory": 0, "other": 0}
 
     def _num_blocks(self) -> int:
         cfg = self.config
@@ -218,7 +219,9 @@ class EngineCore:
             seq.pending.clear()
         message = step_error(e)
         outs: list[RequestOutput] = []
-        if out_of_memory(e):
+        oom = out_of_memory(e)
+        self.failed_steps["out_of_memory" if oom else "other"] += 1
+        if oom:
             running = sched.preempt_all()
             if running:
                 sched.max_num_seqs = max(1, min(sched.max_num_seqs, len(running) // 2))
@@ -435,4 +438,6 @@ class EngineCore:
             "prefix_hits": self.bm.hits,
             "preemptions": self.scheduler.num_preemptions,
             "steps": self.steps,
+            "failed_steps_out_of_memory": self.failed_steps["out_of_memory"],
+            "failed_steps_other": self.failed_steps["other"],
         }

@@ -157,6 +157,15 @@ class EngineCollector(Collector):
             s["preemptions"],
         )
         yield _counter("pippin_engine_steps", "Engine steps run.", s["steps"])
+        failed = CounterMetricFamily(
+            "pippin_engine_failed_steps",
+            "Engine steps that raised: out_of_memory (running sequences recomputed) or other "
+            "(running requests ended).",
+            labels=("kind",),
+        )
+        for kind in ("out_of_memory", "other"):
+            failed.add_metric((kind,), s.get(f"failed_steps_{kind}", 0))
+        yield failed
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
