@@ -91,6 +91,8 @@ def test_metrics_change_under_load(page: object, server: Server) -> None:
 def test_chat_streams_an_answer(page: object, server: Server) -> None:
     expect = sync_api.expect
     page.fill("#chat-max", "12")
+    # Greedy: sampled, the random model ends its answer early about 1 token in 768.
+    page.fill("#chat-temp", "0")
     page.fill("#chat-input", "Hello there")
     # Count the text updates of the answer while it streams.
     page.evaluate(
