@@ -129,13 +129,17 @@ def kernel_text(launch: Launch) -> str:
     return "\n".join(lines) + "\n" + launch.source + "\n}\n}}}\n"
 
 
-def compile_launch(lib: ctypes.CDLL, include: Path, launch: Launch) -> tuple[bool, str]:
-    """(compiled, NVRTC's log) for `launch`, built for sm_90."""
+def compile_launch(
+    lib: ctypes.CDLL, include: Path, launch: Launch, options: tuple[str, ...] = ()
+) -> tuple[bool, str]:
+    """(compiled, NVRTC's log) for `launch`, built for sm_90; `options` go to NVRTC too
+    (`--ptxas-options=-v` puts registers and spills in the log)."""
     prog = ctypes.c_void_p()
     text = kernel_text(launch).encode()
     if lib.nvrtcCreateProgram(ctypes.byref(prog), text, b"k.cu", 0, None, None) != 0:
         return False, "nvrtcCreateProgram failed"
     opts = [b"--gpu-architecture=sm_90", f"--include-path={include}".encode(), b"-std=c++17"]
+    opts += [o.encode() for o in options]
     result = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
     size = ctypes.c_size_t()
     lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
