@@ -56,10 +56,18 @@ def _agrees(got: list[int], ref: list[int], gaps: list[float]) -> bool:
     return len(got) == len(ref)
 
 
-def _run(core: EngineCore) -> dict[str, dict]:
+def _run(core: EngineCore, recover: bool = False) -> dict[str, dict]:
+    """Every request's outputs; `recover`: a step that raises is recovered from, as the
+    engine's thread does."""
     results: dict[str, dict] = {}
     while core.has_work():
-        for out in core.step():
+        try:
+            outs = core.step()
+        except Exception as e:
+            if not recover:
+                raise
+            outs = core.recover(e)
+        for out in outs:
             r = results.setdefault(out.request_id, {"ids": {}, "text": {}, "finish": {}})
             r["cached"] = out.cached_tokens
             for c in out.outputs:

@@ -11,7 +11,7 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import QuantizedKVCache
-from test_engine import _agrees, _config, _loaded, _prompts, _run
+from test_engine import OOM, _agrees, _config, _faulty_forward, _loaded, _prompts, _run
 
 from pippin.engine.core import EngineCore
 from pippin.engine.kv_fingerprint import kv_fingerprint
@@ -130,6 +130,43 @@ def test_concurrent_requests_share_a_prefix_being_promoted(llama, tmp_path: Path
     assert ssd["reads"] == 10 and ssd["promoted"] == 10  # each block read once
     # The shared prompt again gives what the cold run gave.
     assert _one(core, "again", prompt)["ids"] == cold["ids"]
+    core.tiers.close()
+
+
+def test_failed_step_leaves_the_disk_tier_right(
+    llama, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Out of memory while requests run on blocks promoted from disk: after the recovery
+    (fresh pools, the memory tier emptied) they end as without it, and the blocks on disk
+    are still read back right."""
+    vocab = llama.model.args.vocab_size
+    prompt = _prompt(vocab)
+    prompts = [prompt + [20 + i] * (i + 4) for i in range(3)]
+    ref = _core(llama, None)
+    for i, p in enumerate(prompts):
+        ref.add_request(f"r{i}", p, GREEDY)
+    want = _run(ref)
+    cold = _one(ref, "cold", prompt)
+
+    core = _core(llama, tmp_path)
+    _one(core, "cold", prompt)
+    _evict_all(core, vocab)
+    calls = {"n": 0}
+
+    def fail(n: int, rids: list[str]) -> str | None:
+        calls["n"] += 1
+        return OOM if calls["n"] == 2 else None
+
+    _faulty_forward(monkeypatch, fail)
+    for i, p in enumerate(prompts):
+        core.add_request(f"r{i}", p, GREEDY)
+    got = _run(core, recover=True)
+    monkeypatch.undo()
+    assert calls["n"] > 2 and core.failed_steps["out_of_memory"] == 1
+    for i in range(3):
+        assert got[f"r{i}"]["ids"] == want[f"r{i}"]["ids"], i
+    again = _one(core, "again", prompt)
+    assert again["ids"] == cold["ids"] and again["cached"] == 40
     core.tiers.close()
 
 
