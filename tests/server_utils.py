@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -34,6 +35,20 @@ class Server:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def answered(self, endpoint: str, timeout: float = 15.0) -> list[tuple[str, str]]:
+        """(path, status) of every logged request to `endpoint`. The server logs a request
+        once its response is sent, so a client can exit before the line is written: wait
+        until there is one and no more come for a second."""
+        pattern = re.compile(rf"endpoint=({re.escape(endpoint)}\S*) status=(\d+)")
+        deadline = time.monotonic() + timeout
+        seen: list[tuple[str, str]] = []
+        while True:
+            now = pattern.findall(self.log())
+            if (now and now == seen) or time.monotonic() > deadline:
+                return now
+            seen = now
+            time.sleep(1.0)
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
