@@ -23,16 +23,10 @@ sys.path.insert(0, str(REPO_ROOT / "tests"))
 import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 from cuda_compile import Recorder, compile_launch, nvrtc  # noqa: E402
+from gpu_bench import CONFIGS  # noqa: E402
+from kernel_time import projection_shapes  # noqa: E402
 
 from pippin.engine import fused_layer, paged_attention  # noqa: E402
-
-# Llama-3.2-1B's projections: (name, K, N, norm, swiglu, residual).
-SHAPES = (
-    ("qkv", 2048, 3072, True, False, False),
-    ("o_proj", 2048, 2048, False, False, True),
-    ("gate_up", 2048, 8192, True, True, False),
-    ("down", 8192, 2048, False, False, True),
-)
 
 
 def main() -> int:
@@ -43,10 +37,10 @@ def main() -> int:
     paged_attention.cuda_kernel = rec
     dt = mx.bfloat16
     print("projection rows MAXB registers warps/SM  spills (each distinct build once)")
-    for name, k, n, norm, swiglu, res in SHAPES:
+    for name, (rows_w, k, norm, swiglu, res) in projection_shapes(CONFIGS["llama-3.2-1b"]).items():
         rms = nn.RMSNorm(k) if norm else None
-        w = mx.zeros(((2 if swiglu else 1) * n, k), dtype=dt)
-        p = fused_layer.Gemv(w, norm=rms, swiglu=swiglu)
+        p = fused_layer.Gemv(mx.zeros((rows_w, k), dtype=dt), norm=rms, swiglu=swiglu)
+        n = p.width
         seen: set[int] = set()
         for rows in range(1, fused_layer.MAX_ROWS + 1):
             rec.launches = []

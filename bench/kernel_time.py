@@ -69,21 +69,26 @@ def _copies(nbytes: int) -> int:
     return max(1, math.ceil(CYCLE_BYTES / nbytes))
 
 
-def projections(
-    cfg: dict[str, Any], rows: int, reps: int, dtype: mx.Dtype, chain: bool
-) -> list[dict]:
+def projection_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, int, bool, bool, bool]]:
+    """A fused layer's projections of model config `cfg`: name -> (weight rows, input
+    features, norm, SwiGLU, residual)."""
     h, inter = cfg["hidden_size"], cfg["intermediate_size"]
     hq, hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     d = cfg.get("head_dim") or h // hq
-    kernel = fused_layer.gemv if paged_attention.on_cuda() else fused_layer.reference_gemv
-    shapes = {  # name: (out rows, in, norm, swiglu, residual)
+    return {
         "qkv": ((hq + 2 * hkv) * d, h, True, False, False),
         "o_proj": (h, hq * d, False, False, True),
         "gate_up": (2 * inter, h, True, True, False),
         "down": (h, inter, False, False, True),
     }
+
+
+def projections(
+    cfg: dict[str, Any], rows: int, reps: int, dtype: mx.Dtype, chain: bool
+) -> list[dict]:
+    kernel = fused_layer.gemv if paged_attention.on_cuda() else fused_layer.reference_gemv
     out = []
-    for name, (n, k, norm, swiglu, res) in shapes.items():
+    for name, (n, k, norm, swiglu, res) in projection_shapes(cfg).items():
         weights = [
             (mx.random.normal((n, k)) * k**-0.5).astype(dtype)
             for _ in range(_copies(n * k * dtype.size))

@@ -243,7 +243,7 @@ class EngineCore:
             )
         else:
             outs = self.fail_all(message)
-        self.runner.reset_pools()
+        self.runner.reset_pools(self.num_blocks)
         self.tiers.pools_reset()
         return outs
 

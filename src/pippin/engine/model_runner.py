@@ -153,11 +153,10 @@ class ModelRunner:
         if decode_graph.enabled() and not self.has_state_layers:
             self.graph = decode_graph.DecodeGraph(self)
 
-    def reset_pools(self) -> None:
+    def reset_pools(self, num_blocks: int) -> None:
         """Zeroed pools (and a new compiled step) in place of ones a failed step may have
         left half written or still tied to its unfinished graph. The old ones are let go
         first, so both are never held at once."""
-        num_blocks = next(iter(self.pools.values())).num_blocks if self.pools else 2
         self.pools = {}
         self.graph = None
         gc.collect()

@@ -164,7 +164,7 @@ class EngineCollector(Collector):
             labels=("kind",),
         )
         for kind in ("out_of_memory", "other"):
-            failed.add_metric((kind,), s.get(f"failed_steps_{kind}", 0))
+            failed.add_metric((kind,), s[f"failed_steps_{kind}"])
         yield failed
 
 
