@@ -26,7 +26,7 @@ from cuda_compile import Recorder, compile_launch, nvrtc  # noqa: E402
 from gpu_bench import CONFIGS  # noqa: E402
 from kernel_time import projection_shapes  # noqa: E402
 
-from pippin.engine import fused_layer, paged_attention  # noqa: E402
+from pippin.kernels import device, fused_layer  # noqa: E402
 
 
 def main() -> int:
@@ -34,7 +34,7 @@ def main() -> int:
     if found is None:
         raise SystemExit("needs nvidia-cuda-nvrtc-cu12 and nvidia-cuda-runtime-cu12")
     rec = Recorder()
-    paged_attention.cuda_kernel = rec
+    device.cuda_kernel = rec
     dt = mx.bfloat16
     print("projection rows MAXB registers warps/SM  spills (each distinct build once)")
     for name, (rows_w, k, norm, swiglu, res) in projection_shapes(CONFIGS["llama-3.2-1b"]).items():

@@ -39,7 +39,13 @@ import mlx.nn as nn
 import numpy as np
 from gpu_bench import CONFIGS
 
-from pippin.engine import fused_attention, fused_layer, fused_proj, paged_attention
+from pippin.kernels import (
+    device,
+    fused_attention,
+    fused_layer,
+    paged_attention,
+    patches,
+)
 
 CYCLE_BYTES = 200e6  # more than the H200's 50 MB L2
 
@@ -86,7 +92,7 @@ def projection_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, int, bool, bo
 def projections(
     cfg: dict[str, Any], rows: int, reps: int, dtype: mx.Dtype, chain: bool
 ) -> list[dict]:
-    kernel = fused_layer.gemv if paged_attention.on_cuda() else fused_layer.reference_gemv
+    kernel = fused_layer.gemv if device.on_cuda() else fused_layer.reference_gemv
     out = []
     for name, (n, k, norm, swiglu, res) in projection_shapes(cfg).items():
         weights = [
@@ -150,7 +156,7 @@ def attention(
     mx.eval(pools, kv, q, tables)
     kernel = (
         paged_attention.paged_decode_attention
-        if paged_attention.on_cuda()
+        if device.on_cuda()
         else paged_attention.reference_decode_attention
     )
     scale = d**-0.5
@@ -169,9 +175,7 @@ def attention(
     lay = SimpleNamespace(gather_blocks=tables, offsets=offsets, block_size=bs, write_slots=slots)
     qkv = mx.random.normal((rows, 1, (hq + 2 * hkv) * d)).astype(dtype)
     block = (
-        fused_attention.fused_decode_attention
-        if paged_attention.on_cuda()
-        else fused_attention.reference
+        fused_attention.fused_decode_attention if device.on_cuda() else fused_attention.reference
     )
 
     def fused(k: mx.array, v: mx.array) -> Launch:
@@ -213,7 +217,7 @@ def _fused_block(cfg: dict[str, Any], dtype: mx.Dtype) -> Any:
     )
     attn = llama.Attention(args)
     attn.set_dtype(dtype)
-    assert fused_proj.install(attn) == 1 and fused_attention.install(attn)
+    assert patches.fuse_projections(attn) == 1 and patches.fuse_attention(attn)
     return attn
 
 

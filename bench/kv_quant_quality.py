@@ -21,8 +21,8 @@ import sys
 
 from pippin.engine.config import EngineConfig
 from pippin.engine.core import EngineCore
-from pippin.engine.paged_cache import bytes_per_block
 from pippin.engine.types import SamplingParams
+from pippin.runner.paged_cache import bytes_per_block
 from pippin.store.loader import load_model
 
 PROMPTS = [

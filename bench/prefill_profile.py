@@ -63,9 +63,8 @@ def main() -> int:
         ]
 
     def served_core() -> EngineCore:
-        from pippin.engine.async_engine import materialize
         from pippin.engine.config import EngineConfig, default_batched_tokens
-        from pippin.store.loader import load_model
+        from pippin.store.loader import load_model, materialize
 
         loaded = materialize(load_model(str(args.model)))  # as the server does
         cfg = EngineConfig(max_model_len=4096, max_num_batched_tokens=default_batched_tokens())

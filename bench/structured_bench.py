@@ -19,12 +19,12 @@ import time
 from pathlib import Path
 
 from pippin.engine.config import EngineConfig
+from pippin.engine.constraint import Constraint
 from pippin.engine.core import EngineCore
 from pippin.engine.types import SamplingParams
 from pippin.store.loaded import LoadedModel
 from pippin.store.loader import load_model
 from pippin.structured.compiler import GrammarCompiler
-from pippin.structured.constraint import Constraint
 from pippin.structured.spec import JSON_OPTIONS, GrammarSpec
 
 ITEM = {

@@ -4,7 +4,7 @@ MLX builds a custom kernel (`mx.fast.cuda_kernel`) by wrapping its source in a
 `__global__` function: one `const T* name` parameter per input (and `name_shape` where the
 source reads it), the outputs, and each template argument as a `constexpr` (or a `using`
 for a dtype) at the top of the body (`mlx/backend/cuda/custom_kernel.cpp`). `Recorder`
-stands in for `paged_attention.cuda_kernel` and records every launch the real launch code
+stands in for `kernels.device.cuda_kernel` and records every launch the real launch code
 makes; `compile_launch` wraps a launch's source the same way and compiles it for the
 H100/H200 (sm_90, so ptxas also checks registers and shared memory). What it cannot check
 is the result: the CUDA-only tests do that on a GPU.
@@ -78,7 +78,7 @@ class Launch:
 
 
 class Recorder:
-    """`paged_attention.cuda_kernel`'s stand-in: records each launch, returns zeros."""
+    """`kernels.device.cuda_kernel`'s stand-in: records each launch, returns zeros."""
 
     def __init__(self) -> None:
         self.launches: list[Launch] = []

@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 
 from pippin.api.errors import OpenAIError, loc_to_param
-from pippin.api.protocol import ChatCompletionRequest
-from pippin.api.sampling import Limits, build_sampling_params, merge_defaults, resolve_max_tokens
+from pippin.api.limits import Limits, merge_defaults
+from pippin.api.openai.protocol import ChatCompletionRequest
+from pippin.api.openai.sampling import build_sampling_params, resolve_max_tokens
 from pippin.cli import build_parser, settings_from_args
 
 LIMITS = Limits(max_model_len=100, vocab_size=50, max_tokens_cap=None)

@@ -11,10 +11,10 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from pippin.api.openai_chat import ChatRun
-from pippin.api.openai_completions import CompletionRun, Prompt
+from pippin.api.openai.chat import ChatRun
+from pippin.api.openai.completions import CompletionRun, Prompt
 from pippin.chat.output import OutputParser
-from pippin.engine.async_engine import EngineError
+from pippin.engine.client import EngineError
 from pippin.engine.types import CompletionOutput, RequestOutput, SamplingParams
 
 

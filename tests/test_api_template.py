@@ -10,8 +10,9 @@ import pytest
 from mlx_lm.utils import load_tokenizer
 
 from pippin.api.errors import OpenAIError
-from pippin.api.openai_chat import template_kwargs, template_messages, template_tools
-from pippin.api.protocol import ChatCompletionRequest, TokenRenderer
+from pippin.api.logprobs import TokenRenderer
+from pippin.api.openai.chat import template_kwargs, template_messages, template_tools
+from pippin.api.openai.protocol import ChatCompletionRequest
 from pippin.chat.template import ChatTemplateError, inspect_template, render_chat
 
 

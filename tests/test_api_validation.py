@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from pippin.server import MIB, ServerSettings, create_app
+from pippin.api.state import MIB, ServerSettings
+from pippin.server import create_app
 
 KEY = "sk-test-key"
 MODEL = "m"

@@ -17,7 +17,7 @@ from cuda_compile import Recorder, compile_launch, nvrtc
 from test_fused_attention import _attention, _kernel_path, _Layout, _runner
 from test_paged_attention import _case
 
-from pippin.engine import fused_attention, fused_layer, paged_attention
+from pippin.kernels import device, fused_attention, fused_layer, paged_attention
 
 NVRTC = nvrtc()
 needs_nvrtc = pytest.mark.skipif(
@@ -30,7 +30,7 @@ needs_nvrtc = pytest.mark.skipif(
 @pytest.fixture
 def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
     rec = Recorder()
-    monkeypatch.setattr(paged_attention, "cuda_kernel", rec)
+    monkeypatch.setattr(device, "cuda_kernel", rec)
     return rec
 
 

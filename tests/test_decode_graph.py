@@ -1,4 +1,4 @@
-"""The compiled decode step (`engine/decode_graph.py`) against the step built op by op."""
+"""The compiled decode step (`runner/decode_graph.py`) against the step built op by op."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from test_engine import _loaded
 from test_paged_attention import _greedy_logprobs, _greedy_or_skip
 
-from pippin.engine import decode_graph
+from pippin.runner import decode_graph
 
 
 @pytest.mark.parametrize(

@@ -13,11 +13,11 @@ from mlx_lm.generate import generate_step
 from mlx_lm.utils import load
 
 from pippin.engine import core as core_module
-from pippin.engine.async_engine import AsyncEngine
 from pippin.engine.config import EngineConfig
 from pippin.engine.core import EngineCore, EngineError
-from pippin.engine.model_runner import ModelRunner
+from pippin.engine.inproc_client import InprocClient
 from pippin.engine.types import SamplingParams
+from pippin.runner.model_runner import ModelRunner
 from pippin.store.loaded import LoadedModel
 
 GEN = 24
@@ -250,7 +250,7 @@ def test_async_engine_concurrency_and_cancellation(tiny_models) -> None:
     prompts = _prompts(vocab, 24, seed=17)
 
     async def main() -> dict:
-        engine = AsyncEngine(loaded, _config(max_num_batched_tokens=256))
+        engine = InprocClient(loaded, _config(max_num_batched_tokens=256))
         await engine.start()
         assert engine.ready
 
@@ -308,11 +308,11 @@ def _faulty_forward(
 
 
 def _serve(loaded: LoadedModel, prompts: list[list[int]], later: list[list[int]]) -> tuple:
-    """`prompts` at once, then `later` one after another, through an AsyncEngine: per
+    """`prompts` at once, then `later` one after another, through an InprocClient: per
     request (tokens, finish reason, error), and the engine's stats and core."""
     params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
 
-    async def collect(engine: AsyncEngine, prompt: list[int], rid: str) -> tuple:
+    async def collect(engine: InprocClient, prompt: list[int], rid: str) -> tuple:
         tokens: list[int] = []
         reason, error = None, None
         async for out in engine.generate(prompt, params, rid):
@@ -323,7 +323,7 @@ def _serve(loaded: LoadedModel, prompts: list[list[int]], later: list[list[int]]
         return tokens, reason, error
 
     async def main() -> tuple:
-        engine = AsyncEngine(loaded, _config())
+        engine = InprocClient(loaded, _config())
         await engine.start()
         first = await asyncio.gather(*(collect(engine, p, f"r{i}") for i, p in enumerate(prompts)))
         after = [await collect(engine, p, f"l{i}") for i, p in enumerate(later)]
@@ -506,7 +506,7 @@ def test_stream_interval_merges_deltas_without_losing_tokens(tiny_models) -> Non
     prompts = _prompts(loaded.model.args.vocab_size, 3, seed=31)
 
     async def run(interval: float) -> list[list[tuple[list[int], str, int, str | None]]]:
-        engine = AsyncEngine(loaded, _config(stream_interval_s=interval))
+        engine = InprocClient(loaded, _config(stream_interval_s=interval))
         await engine.start()
 
         async def one(i: int) -> list[tuple[list[int], str, int, str | None]]:

@@ -162,7 +162,7 @@ def test_engine_process_death_ends_streams_with_an_error(
 
 def test_engine_process_is_the_default_on_cuda_only(monkeypatch: pytest.MonkeyPatch) -> None:
     from pippin.cli import build_parser, settings_from_args
-    from pippin.engine import paged_attention
+    from pippin.kernels import paged_attention
 
     def settings(*flags: str) -> bool:
         args = build_parser().parse_args(["serve", "--offline", *flags])

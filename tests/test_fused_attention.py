@@ -1,4 +1,4 @@
-"""The fused decode attention block (`engine/fused_attention.py`).
+"""The fused decode attention block (`kernels/fused_attention.py`).
 
 Its CUDA kernel runs only on an NVIDIA GPU; there it must equal `reference`, mlx-lm's own
 ops. Everywhere else the hook itself (the module swap, the layouts that opt in, the
@@ -20,12 +20,12 @@ from mlx_lm.models.rope_utils import initialize_rope
 from test_engine import _loaded
 from test_paged_attention import _greedy_logprobs
 
-from pippin.engine import fused_attention, fused_proj, paged_attention
 from pippin.engine.config import EngineConfig
 from pippin.engine.core import EngineCore
+from pippin.kernels import device, fused_attention, paged_attention, patches
 from pippin.store.loaded import LoadedModel
 
-on_cuda = paged_attention._is_cuda() and mx.default_device() == mx.gpu
+on_cuda = device.on_cuda()
 needs_cuda = pytest.mark.skipif(
     not paged_attention.available(),
     reason="the fused kernel needs MLX's CUDA backend (an NVIDIA GPU); elsewhere the "
@@ -79,7 +79,7 @@ def _kernel_path(monkeypatch: pytest.MonkeyPatch) -> str:
     """Turn the paged kernel on: the CUDA kernels on a GPU, the references elsewhere.
     Returns the name of the fused function that runs."""
     if on_cuda:
-        monkeypatch.setattr(paged_attention, "_available", True)
+        monkeypatch.setenv("PIPPIN_PAGED_KERNEL", "auto")
         return "fused_decode_attention"
     monkeypatch.setattr(paged_attention, "force_reference", True)
     return "reference"
@@ -213,8 +213,8 @@ def _attention(kind: str, hq: int, hkv: int, d: int, dtype: mx.Dtype) -> nn.Modu
             lambda p: mx.array(rng.standard_normal(p.shape) * 0.3, dtype=dtype), attn.parameters()
         )
     )
-    assert fused_proj.install(attn) == 1
-    assert fused_attention.install(attn)
+    assert patches.fuse_projections(attn) == 1
+    assert patches.fuse_attention(attn)
     return attn
 
 

@@ -1,4 +1,4 @@
-"""The fused decode layer (`engine/fused_layer.py`).
+"""The fused decode layer (`kernels/fused_layer.py`).
 
 Its CUDA kernel runs only on an NVIDIA GPU; there it must equal `reference_gemv`, MLX's
 own ops. Everywhere else the hook (the layer swap, which weights each projection reads,
@@ -23,7 +23,7 @@ from test_fused_attention import (
 )
 from test_paged_attention import _greedy_logprobs
 
-from pippin.engine import fused_layer
+from pippin.kernels import fused_layer
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Fused q/k/v and gate/up projections (`engine/fused_proj.py`): the same outputs as the
+"""Fused q/k/v and gate/up projections (`kernels/fused_proj.py`): the same outputs as the
 separate ones, eagerly, under `mx.compile`, quantised, and through the engine."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from mlx_lm.utils import load
 from test_engine import _loaded
 from test_paged_attention import _greedy_logprobs
 
-from pippin.engine import fused_proj
+from pippin.kernels import fused_proj, patches
 
 ARCHS = ["llama", "qwen3", "gemma3", "qwen3_next"]
 TOL = dict(atol=1e-4, rtol=1e-4)
@@ -45,7 +45,7 @@ def test_fused_model_gives_the_same_logits(tiny_models, arch: str, config: dict)
     want = _logits(model, x)
     before = _params(model)
 
-    groups = fused_proj.install(model)
+    groups = patches.fuse_projections(model)
     assert groups > 0
     assert mx.allclose(_logits(model, x), want, **TOL).item()
 
@@ -66,7 +66,7 @@ def test_fused_model_gives_the_same_logits(tiny_models, arch: str, config: dict)
         assert len(before) - len(after) == per_layer * model.args.num_hidden_layers
 
     # A second install finds nothing left to fuse.
-    assert fused_proj.install(model) == 0
+    assert patches.fuse_projections(model) == 0
 
 
 @pytest.mark.parametrize("mode", ["affine", "mxfp4"])
@@ -76,7 +76,7 @@ def test_quantized_model_gives_the_same_logits(tiny_models, mode: str, bias: boo
     nn.quantize(model, group_size=32, bits=4, mode=mode)
     x = _tokens(model)
     want = _logits(model, x)
-    assert fused_proj.install(model) == 2 * model.args.num_hidden_layers
+    assert patches.fuse_projections(model) == 2 * model.args.num_hidden_layers
     attn = model.model.layers[0].self_attn
     assert type(attn.qkv_proj) is nn.QuantizedLinear and attn.qkv_proj.mode == mode
     assert ("bias" in attn.qkv_proj) == bias
@@ -102,7 +102,7 @@ def test_mixed_projections_stay_apart(tiny_models) -> None:
     assert layers[1].self_attn.v_proj.bits == 8
     x = _tokens(model)
     want = _logits(model, x)
-    assert fused_proj.install(model) == len(layers)
+    assert patches.fuse_projections(model) == len(layers)
     assert all(type(lay.self_attn.q_proj) is nn.QuantizedLinear for lay in layers)
     assert all(isinstance(lay.mlp.up_proj, fused_proj.Part) for lay in layers)
     assert mx.allclose(_logits(model, x), want, **TOL).item()
@@ -120,7 +120,7 @@ def test_parts_are_right_in_any_call_order(tiny_models, quantized: bool) -> None
     x1, x2 = (mx.array(rng.standard_normal((2, 3, model.args.hidden_size))) for _ in "12")
     want = {(n, i): old[n](x) for n in names for i, x in ((1, x1), (2, x2))}
 
-    fused_proj.install(model)
+    patches.fuse_projections(model)
     part = {n: getattr(attn, n) for n in names}
     shared = part["q_proj"].shared
 
@@ -151,7 +151,7 @@ def test_compiled_model_matches_eager(tiny_models, arch: str) -> None:
     model, _ = load(str(tiny_models(arch)))
     x, x2 = _tokens(model), _tokens(model, seed=1)
     want, want2 = model(x), model(x2)
-    fused_proj.install(model)
+    patches.fuse_projections(model)
     fn = mx.compile(lambda t: model(t))
     got = fn(x)
     # Replayed, not retraced, on other values of the same shape.
@@ -176,7 +176,7 @@ def test_install_peak_memory_is_one_group(tiny_models) -> None:
     mx.synchronize()
     active = mx.get_active_memory()
     mx.reset_peak_memory()
-    assert fused_proj.install(model) == 12
+    assert patches.fuse_projections(model) == 12
     assert mx.get_peak_memory() - active < group  # all six layers' would be 6x that
     assert mx.get_active_memory() - active < 4096  # the parts' rows are views
 

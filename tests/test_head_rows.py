@@ -8,7 +8,7 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load
 
-from pippin.engine import head_rows
+from pippin.kernels import patches
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3", "qwen3_next"])
@@ -19,7 +19,7 @@ def test_selected_positions_match_full_logits(tiny_models, arch: str) -> None:
     full = model(x, cache=make_prompt_cache(model))
     params = dict(model.parameters())
 
-    holder = head_rows.install(model)
+    holder = patches.select_head_rows(model)
     assert holder is not None, "every tiny architecture has a final norm the head follows"
     rows, cols = [0, 2, 1], [6, 3, 0]
     with holder.select(rows, cols, (3, 7)):

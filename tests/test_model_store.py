@@ -33,7 +33,7 @@ from tiny_models import (
 )
 from transformers import PreTrainedTokenizerFast
 
-from pippin.engine import fused_proj
+from pippin.kernels import patches
 from pippin.store import gguf_loader
 from pippin.store.loaded import LoadedModel
 from pippin.store.loader import ModelLoadError, default_model_path, load_model
@@ -457,7 +457,7 @@ def test_gguf_matches_mlx_lm(
     scale = float(mx.abs(expected).max())
     assert float(mx.abs(expected - got).max()) < tolerance * scale
     # The engine fuses q/k/v and gate/up: the file's layers (quantised or not) fuse alike.
-    assert fused_proj.install(lm.model) > 0
+    assert patches.fuse_projections(lm.model) > 0
     assert float(mx.abs(expected - lm.model(tokens)).max()) < tolerance * scale
     entry = gguf_loader.cache_folder(path)
     assert entry.parent == tmp_cache / "gguf"

@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 from test_engine import _loaded
 
-from pippin.engine import paged_attention, paged_cache
 from pippin.engine.config import EngineConfig
 from pippin.engine.core import EngineCore
-from pippin.engine.model_runner import UnsupportedModelError
 from pippin.engine.types import SamplingParams
+from pippin.kernels import device, paged_attention
+from pippin.runner import paged_cache
+from pippin.runner.model_runner import UnsupportedModelError
 from pippin.store.loaded import LoadedModel
 
 needs_cuda = pytest.mark.skipif(
@@ -118,16 +119,16 @@ def test_engine_decode_through_paged_path_matches_gather(
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 200) for _ in range(rng.randrange(2, 40))] for _ in range(6)]
 
-    monkeypatch.setattr(paged_attention, "_available", False)
+    monkeypatch.setenv("PIPPIN_PAGED_KERNEL", "0")
     monkeypatch.setattr(paged_attention, "force_reference", False)
     monkeypatch.setenv("PIPPIN_FUSED_ATTENTION", "0")  # its own tests: test_fused_attention
     base = _greedy_logprobs(loaded, prompts)
 
-    if not paged_attention._is_cuda() or mx.default_device() != mx.gpu:
+    if not device.on_cuda():
         monkeypatch.setattr(paged_attention, "force_reference", True)  # the plumbing only
         name = "reference_decode_attention"
     else:
-        monkeypatch.setattr(paged_attention, "_available", True)
+        monkeypatch.setenv("PIPPIN_PAGED_KERNEL", "auto")
         name = "paged_decode_attention"
     calls = 0
     real = getattr(paged_attention, name)
@@ -186,64 +187,3 @@ def test_fresh_prefill_matches_reading_the_pool(
     for rid in fast:
         assert [t for t, _ in fast[rid]] == [t for t, _ in slow[rid]], rid
         assert np.allclose([lp for _, lp in fast[rid]], [lp for _, lp in slow[rid]], atol=2e-3)
-
-
-@pytest.mark.parametrize(
-    "arch,config", [("llama", {}), ("gemma3", {}), ("llama", {"kv_bits": 8, "kv_group_size": 32})]
-)
-@pytest.mark.parametrize("fresh", [True, False])
-def test_prefill_bucket_pads_without_changing_outputs(
-    tiny_models, arch: str, config: dict, fresh: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Prompt chunks padded to a multiple of PIPPIN_PREFILL_BUCKET tokens give the same
-    tokens and logprobs as chunks padded only to the longest. Prompts of many lengths, some
-    sharing a cached prefix, read in chunks of a small step: fresh batches, lone rows and
-    batches after a prefix (the mask) all take the padding. gemma3 has sliding-window
-    layers; 8-bit KV quantises the padded keys too."""
-    loaded = _loaded(tiny_models(arch, head_dim=32) if arch != "gemma3" else tiny_models(arch))
-    rng = random.Random(5)
-    head = [rng.randrange(3, 200) for _ in range(10)]
-    prompts = [
-        (head if i % 2 else []) + [rng.randrange(3, 200) for _ in range(rng.randrange(2, 45))]
-        for i in range(8)
-    ]
-    config = {"max_num_batched_tokens": 40, **config}
-    monkeypatch.setattr(paged_cache, "FRESH_PREFILL", fresh)
-    exact = _greedy_or_skip(loaded, prompts, **config)
-    seen: set[tuple[int, ...]] = set()
-    real = paged_cache.BatchLayout.__post_init__
-
-    def spy(self: paged_cache.BatchLayout) -> None:
-        real(self)
-        if self.bucket is not None:  # not the probe of quantised KV at start-up
-            seen.add((len(self.starts), self.pad_len, self.kv_width))
-
-    monkeypatch.setattr(paged_cache.BatchLayout, "__post_init__", spy)
-    monkeypatch.setenv("PIPPIN_PREFILL_BUCKET", "16")
-    padded = _greedy_logprobs(loaded, prompts, **config)
-    assert exact.keys() == padded.keys() == {str(i) for i in range(len(prompts))}
-    for rid in exact:
-        assert [t for t, _ in exact[rid]] == [t for t, _ in padded[rid]], rid
-        assert np.allclose([lp for _, lp in exact[rid]], [lp for _, lp in padded[rid]], atol=2e-3)
-    prefills = {(b, L, w) for b, L, w in seen if L > 1}
-    assert prefills and all(L % 16 == 0 for _, L, _ in prefills), prefills
-    # A lone row after a prefix reads start + L keys (padded); so did some call here.
-    assert any(b == 1 and w > L for b, L, w in prefills), prefills
-
-
-def test_prefill_bucket_bounds_the_shapes() -> None:
-    """Rows of 500-530 new tokens make 31 shapes unpadded and two with a 64-token bucket;
-    the keys a batch after a prefix reads are whole multiples of the bucket too."""
-    tables = [list(range(1, 40))]
-    shapes = set()
-    for n in range(500, 531):
-        lay = paged_cache.BatchLayout([0], [n], tables, 16, 64)
-        shapes.add(lay.pad_len)
-        assert lay.write_slots.shape == (lay.pad_len,)
-        assert (np.array(lay.write_slots)[n:] == 0).all()  # padding writes the null block
-        two = paged_cache.BatchLayout([16, 32], [n, n - 3], tables * 2, 16, 64)
-        assert two.pad_len % 64 == 0 and two.kv_width % 64 == 0 and two.kv_width >= 32 + n
-        assert two.gather_blocks.shape == (2, two.kv_width // 16)
-    assert shapes == {512, 576}
-    plain = paged_cache.BatchLayout([0], [517], tables, 16)
-    assert plain.pad_len == 517 and plain.write_slots.shape == (517,)

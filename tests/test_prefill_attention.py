@@ -14,7 +14,8 @@ import pytest
 from test_engine import _loaded
 from test_paged_attention import _greedy_logprobs
 
-from pippin.engine import prefill_attention
+from pippin.kernels import prefill_attention
+from pippin.kernels.config import KernelConfig
 
 
 @pytest.mark.parametrize("hq,hkv", [(8, 2), (4, 4), (6, 3)])
@@ -65,26 +66,25 @@ def test_rows_in_pieces_match_whole(rows: int, mask_kind: str) -> None:
 
 
 def test_route_policy(monkeypatch: pytest.MonkeyPatch) -> None:
-    def rows(B: int, L: int, S: int) -> int:
+    def rows(B: int, L: int, S: int, mode: str = "auto") -> int:
         q, k = mx.zeros((B, 32, L, 1)), mx.zeros((B, 8, S, 1))
-        return prefill_attention.composed_rows(q, k)
+        return prefill_attention.composed_rows(q, k, mode)
 
-    monkeypatch.setattr(prefill_attention, "_on_cuda", lambda: True)
-    monkeypatch.delenv("PIPPIN_PREFILL_ATTENTION", raising=False)
-    assert prefill_attention.wanted()
+    monkeypatch.setattr(prefill_attention, "on_cuda", lambda: True)
+    assert prefill_attention.wanted("auto")
     assert rows(16, 512, 528) == 16  # 16 prompts of 512 tokens: one piece
     assert rows(6, 1692, 1696) == 2  # 92M score elements a row: two rows a piece
     assert rows(1, 4096, 4096) == 0  # a long prompt's row alone is over: cuDNN
     assert rows(4, 1, 512) == 0  # decode
-    monkeypatch.setenv("PIPPIN_PREFILL_ATTENTION", "fused")
-    assert not prefill_attention.wanted()
+    assert not prefill_attention.wanted("fused")
+    assert rows(16, 512, 528, "fused") == 0
+    assert rows(1, 4096, 4096, "composed") == 1
+    monkeypatch.setattr(prefill_attention, "on_cuda", lambda: False)
+    assert not prefill_attention.wanted("auto")  # Metal and CPU build nothing per shape
     assert rows(16, 512, 528) == 0
+    # The switch is read from the environment once, into the engine's config.
     monkeypatch.setenv("PIPPIN_PREFILL_ATTENTION", "composed")
-    assert rows(1, 4096, 4096) == 1
-    monkeypatch.setattr(prefill_attention, "_on_cuda", lambda: False)
-    monkeypatch.delenv("PIPPIN_PREFILL_ATTENTION")
-    assert not prefill_attention.wanted()  # Metal and CPU build nothing per shape
-    assert rows(16, 512, 528) == 0
+    assert KernelConfig.from_env().prefill_attention == "composed"
 
 
 @pytest.mark.parametrize("route", ["composed", "pieces"])
@@ -111,7 +111,7 @@ def test_engine_outputs_match_with_composed_prefill(
 
     if route == "pieces":
         monkeypatch.delenv("PIPPIN_PREFILL_ATTENTION")
-        monkeypatch.setattr(prefill_attention, "_on_cuda", lambda: True)
+        monkeypatch.setattr(prefill_attention, "on_cuda", lambda: True)
         # 4 query heads: rows of up to 7 tokens go two a piece, longer ones to the fused kernel.
         monkeypatch.setattr(prefill_attention, "SCORES_BUDGET", 2 * 4 * 7 * 7)
     else:

@@ -22,9 +22,9 @@ from llguidance import LLMatcher
 
 from pippin.chat.tool_parsers import get_tool_parser
 from pippin.chat.tool_parsers.base import collect_calls
+from pippin.engine.constraint import Constraint
+from pippin.engine.grammar_masks import ANSWER, MAY_REASON, REASONING, GrammarMasks, GrammarState
 from pippin.structured.compiler import GrammarCompiler
-from pippin.structured.constraint import Constraint
-from pippin.structured.decoding import ANSWER, MAY_REASON, REASONING, GrammarMasks, GrammarState
 from pippin.structured.formats import guided_grammar, response_format_grammar
 from pippin.structured.spec import GrammarSpec, StructuredOutputError
 from pippin.structured.tool_calls import FORMATS, forced_tool_grammar

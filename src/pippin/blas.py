@@ -14,6 +14,8 @@ import os
 import sys
 from pathlib import Path
 
+from pippin import envs
+
 CANDIDATES = (
     "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0",
     "/usr/lib/aarch64-linux-gnu/openblas-pthread/libopenblas.so.0",
@@ -23,7 +25,6 @@ CANDIDATES = (
     "/usr/lib/libopenblas.so.0",
 )
 MARK = "PIPPIN_BLAS_PRELOADED"
-OPT_OUT = "PIPPIN_NO_OPENBLAS"
 
 
 def find_openblas() -> str | None:
@@ -35,7 +36,11 @@ def find_openblas() -> str | None:
 
 def maybe_reexec_with_openblas(argv: list[str] | None = None) -> None:
     """Re-exec this process with OpenBLAS preloaded when that helps; else return."""
-    if not sys.platform.startswith("linux") or os.environ.get(MARK) or os.environ.get(OPT_OUT):
+    if (
+        not sys.platform.startswith("linux")
+        or envs.PIPPIN_BLAS_PRELOADED
+        or envs.PIPPIN_NO_OPENBLAS
+    ):
         return
     if "mlx" in sys.modules or "mlx.core" in sys.modules:
         return  # too late to change how MLX's library binds

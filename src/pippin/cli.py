@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Any
 
-from pippin import __version__
+from pippin import __version__, envs
 from pippin.bench.cli import add_bench_args
 from pippin.embed.config import EmbedSettings
 from pippin.engine.config import (
@@ -198,7 +198,7 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--port", type=_port, default=8000, help="port to bind (default: %(default)s)")
     s.add_argument(
         "--api-key",
-        default=os.environ.get("PIPPIN_API_KEY"),
+        default=envs.PIPPIN_API_KEY,
         help="require this key on every route but /health, as 'Authorization: Bearer KEY' or "
         "'x-api-key: KEY' (default: $PIPPIN_API_KEY; unset means no key is needed)",
     )
@@ -470,7 +470,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:
-    from pippin.server import MIB, ServerSettings
+    from pippin.api.state import MIB, ServerSettings
 
     if args.model and args.model_flag and args.model != args.model_flag:
         raise SystemExit("pippin serve: give the model once (positional MODEL or --model)")

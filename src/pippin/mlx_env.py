@@ -6,6 +6,8 @@ import importlib.util
 import os
 from pathlib import Path
 
+from pippin import envs
+
 # Ops MLX's CUDA backend records into one CUDA graph before launching it. MLX lets at
 # most ten launched graphs be unfinished before `eval`/`async_eval` wait for one, so with
 # its small default a step of a thousand ops waits for the device mid-step, and the
@@ -30,5 +32,5 @@ def cuda_build() -> bool:
 def apply() -> None:
     """Set pippin's defaults for what the user left unset. Metal keeps MLX's own: its
     command buffers follow other rules, and nobody here can measure them."""
-    if "MLX_MAX_OPS_PER_BUFFER" not in os.environ and cuda_build():
+    if envs.MLX_MAX_OPS_PER_BUFFER is None and cuda_build():
         os.environ["MLX_MAX_OPS_PER_BUFFER"] = SET["MLX_MAX_OPS_PER_BUFFER"] = OPS_PER_BUFFER_CUDA

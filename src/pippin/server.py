@@ -7,13 +7,12 @@ starts the engine before the server accepts requests; it stops the engine on exi
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import hmac
 import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
@@ -21,136 +20,28 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pippin import __version__
-from pippin.api import (
-    anthropic_messages,
-    cache_control,
-    openai_chat,
-    openai_completions,
-    openai_embeddings,
-    openai_models,
-    openai_responses,
-    rerank,
-)
+from pippin.api import cache_control, rerank, status
+from pippin.api.anthropic import messages as anthropic_messages
 from pippin.api.errors import OpenAIError, install_error_handlers
-from pippin.api.protocol import TokenRenderer
-from pippin.api.sampling import Limits, merge_defaults
-from pippin.chat.output import ParserChoice
-from pippin.chat.template import TemplateInfo, inspect_template
-from pippin.embed.config import EmbedSettings
-from pippin.engine.async_engine import AsyncEngine, materialize
-from pippin.engine.config import EngineConfig
+from pippin.api.openai import chat as openai_chat
+from pippin.api.openai import completions as openai_completions
+from pippin.api.openai import embeddings as openai_embeddings
+from pippin.api.openai import models as openai_models
+from pippin.api.openai import responses as openai_responses
+from pippin.api.state import MIB, ServerSettings, ServerState
+from pippin.engine.client import EngineClient
+from pippin.engine.inproc_client import InprocClient
+from pippin.engine.process_client import ProcessClient
+from pippin.obs import logs
 from pippin.obs.http import ObservabilityMiddleware
+from pippin.obs.logs import setup_logging
 from pippin.obs.metrics import CONTENT_TYPE, Metrics
 from pippin.obs.observer import ServerObserver
-from pippin.store.loaded import LoadedModel
-from pippin.structured.compiler import GrammarCompiler
+from pippin.structured.compiler import serve_in_engine_process
 from pippin.web import STATIC_PATHS
 from pippin.web import router as web_router
 
 log = logging.getLogger("pippin.server")
-
-MIB = 1024 * 1024
-
-
-@dataclass
-class ServerSettings:
-    """What the CLI decided; everything the app needs besides the model itself."""
-
-    # Local folder, GGUF file or Hub id; None: the default model.
-    model: str | None = None
-    served_model_names: list[str] = field(default_factory=list)
-    api_key: str | None = None
-    dtype: str | None = None
-    trust_remote_code: bool = False
-    revision: str | None = None
-    max_request_body_bytes: int = 16 * MIB
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    # Run the engine in a process of its own (--engine-process): its own GIL.
-    engine_process: bool = False
-    # --default-temperature etc.: above the model's defaults, below the request.
-    sampling_overrides: dict[str, Any] = field(default_factory=dict)
-    default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    tool_call_parser: str = "auto"  # a parser name, "auto" or "none"
-    reasoning_parser: str = "auto"
-    # Serve Prometheus metrics on /metrics (--no-metrics turns them off).
-    metrics: bool = True
-    # Optional embedding and rerank models served beside the chat model.
-    embed: EmbedSettings = field(default_factory=EmbedSettings)
-    # --warm-prompts: a JSON file of prompts prefilled before the server turns ready.
-    warm_prompts: str | None = None
-
-
-@dataclass
-class ServerState:
-    """Shared by the routes through ``app.state.pippin``; filled in by the lifespan."""
-
-    settings: ServerSettings
-    model_names: list[str] = field(default_factory=list)
-    loaded: LoadedModel | None = None
-    engine: AsyncEngine | None = None
-    limits: Limits | None = None
-    defaults: dict[str, Any] = field(default_factory=dict)
-    template: TemplateInfo | None = None
-    template_source: str = ""
-    parsers: ParserChoice | None = None
-    grammars: GrammarCompiler | None = None  # structured output for this model
-    token_renderer: Any = None
-    fingerprint: str = ""
-    created: int = field(default_factory=lambda: int(time.time()))
-    metrics: Metrics | None = None
-    observer: ServerObserver = field(default_factory=lambda: ServerObserver(None))
-
-    def engine_stats(self) -> dict[str, int]:
-        return self.engine.stats() if self.engine is not None else {}
-
-    # The embedding/rerank worker and the names of its models, by kind.
-    embed: Any = None
-    extra_names: dict[str, list[str]] = field(default_factory=dict)
-
-    def extra_model(self, name: str) -> Any:
-        """The embedding or rerank model served under ``name``, if any."""
-        for kind, names in self.extra_names.items():
-            if name in names and self.embed is not None:
-                return self.embed.models.get(kind)
-        return None
-
-    def attach(self, loaded: LoadedModel, engine: AsyncEngine) -> None:
-        s = self.settings
-        self.loaded, self.engine = loaded, engine
-        self.model_names = list(s.served_model_names) or [loaded.name]
-        self.limits = Limits(
-            max_model_len=engine.max_model_len,
-            vocab_size=loaded.vocab_size,
-            max_tokens_cap=s.engine.max_tokens_cap,
-        )
-        self.defaults = merge_defaults(loaded.generation_defaults, s.sampling_overrides)
-        self.template = inspect_template(loaded.tokenizer)
-        tmpl = getattr(loaded.tokenizer, "chat_template", None)
-        self.template_source = str(tmpl or "")
-        self.token_renderer = TokenRenderer(loaded.tokenizer)
-        self.parsers = ParserChoice.for_model(
-            loaded.tokenizer,
-            str(loaded.config.get("model_type", "")),
-            self.template_source,
-            s.tool_call_parser,
-            s.reasoning_parser,
-        )
-        if self.parsers.tool is not None:
-            self.parsers.tool.prepare()
-        log.info(
-            "output parsers: tool calls %s, reasoning %s",
-            self.parsers.tool.name if self.parsers.tool else "none",
-            self.parsers.reasoning.name if self.parsers.reasoning else "none",
-        )
-        self.grammars = GrammarCompiler(
-            loaded.tokenizer, self.limits.vocab_size, loaded.eos_token_ids
-        )
-        # Changes whenever what produces the tokens changes (OpenAI's meaning).
-        ident = (
-            f"{__version__}|{loaded.source}|{loaded.dtype}|{s.engine.block_size}"
-            f"|{s.engine.kv_bits}|{s.engine.kv_group_size}"
-        )
-        self.fingerprint = "fp_" + hashlib.sha256(ident.encode()).hexdigest()[:10]
 
 
 # --- middleware ---------------------------------------------------------------
@@ -239,7 +130,7 @@ class BodyLimitMiddleware:
 
 
 async def start_model(state: ServerState) -> None:
-    from pippin.store.loader import load_model  # heavy imports, only when serving
+    from pippin.store.loader import load_model, materialize  # heavy: only when serving
 
     s = state.settings
     log.info("loading the model")
@@ -248,16 +139,20 @@ async def start_model(state: ServerState) -> None:
     load_kwargs: dict[str, Any] = dict(
         spec=s.model, dtype=s.dtype, trust_remote_code=s.trust_remote_code, revision=s.revision
     )
-    engine: AsyncEngine
+    engine: EngineClient
     if s.engine_process:
-        from pippin.engine.remote import RemoteEngine
-
         # This process keeps the tokenizer and config; the engine process loads the weights.
         loaded = await asyncio.to_thread(lambda: load_model(**load_kwargs, weights=False))
-        engine = RemoteEngine(load_kwargs, s.engine, observer=state.observer)
+        engine = ProcessClient(
+            load_kwargs,
+            s.engine,
+            observer=state.observer,
+            on_start=partial(setup_logging, *(logs.CURRENT or ("info", "text"))),
+            on_loaded=serve_in_engine_process,
+        )
     else:
         loaded = await asyncio.to_thread(lambda: materialize(load_model(**load_kwargs)))
-        engine = AsyncEngine(loaded, s.engine, observer=state.observer)
+        engine = InprocClient(loaded, s.engine, observer=state.observer)
     await engine.start()
     state.attach(loaded, engine)
     stats = engine.stats()
@@ -335,6 +230,7 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
     install_error_handlers(app)
     routers = (
         openai_models.router,
+        status.router,
         openai_chat.router,
         openai_completions.router,
         anthropic_messages.router,

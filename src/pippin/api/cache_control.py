@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from pippin.api.errors import bad_request
-from pippin.api.openai_models import get_state, require_engine
+from pippin.api.state import get_state, require_engine
 from pippin.engine.cache_tiers import TIERS
 
 router = APIRouter()

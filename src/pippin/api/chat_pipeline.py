@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from pippin.api.common import closing
 from pippin.api.errors import (
     OpenAIError,
     bad_request,
@@ -19,17 +20,17 @@ from pippin.api.errors import (
     unsupported_param,
     unsupported_value,
 )
-from pippin.api.protocol import closing
-from pippin.api.structured_output import compile_spec
 from pippin.chat.output import OutputParser
 from pippin.chat.template import ChatTemplateError, render_chat_async
 from pippin.chat.tool_parsers.base import ParsedDelta, random_call_id
-from pippin.engine.async_engine import AsyncEngine
+from pippin.engine.client import EngineClient
+from pippin.engine.constraint import Constraint
 from pippin.engine.types import CompletionOutput, RequestOutput, SamplingParams
-from pippin.structured.spec import GrammarSpec
+from pippin.structured.constraint import after_reasoning
+from pippin.structured.spec import GrammarSpec, StructuredOutputError
 
 if TYPE_CHECKING:
-    from pippin.server import ServerState
+    from pippin.api.state import ServerState
 
 
 async def render_prompt(
@@ -144,7 +145,7 @@ class ParsedStep:
 
 
 async def run_parsed(
-    engine: AsyncEngine,
+    engine: EngineClient,
     prompt_ids: list[int],
     params: SamplingParams,
     request_id: str,
@@ -178,3 +179,28 @@ async def run_parsed(
                     reason,
                     c.stop_reason,
                 )
+
+
+def grammar_error(exc: StructuredOutputError) -> OpenAIError:
+    return bad_request(exc.message, param=exc.param, code="invalid_value")
+
+
+async def compile_spec(
+    state: ServerState, spec: GrammarSpec, prompt_text: str | None = None
+) -> Constraint:
+    """`spec` compiled for the served model; with `prompt_text`, it starts after the
+    model's reasoning section (chat)."""
+    compiler = state.grammars
+    assert compiler is not None
+    choice = state.parsers
+    if choice is not None and choice.tool is not None and choice.tool.handles_reasoning:
+        raise unsupported_value(
+            spec.param, "Structured output is not supported for this model's output format."
+        )
+    try:
+        constraint = await compiler.constraint(spec)
+    except StructuredOutputError as exc:
+        raise grammar_error(exc) from None
+    if prompt_text is not None:
+        constraint = after_reasoning(constraint, choice, prompt_text)
+    return constraint

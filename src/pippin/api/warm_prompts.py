@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.types import ASGIApp, Message
 
 if TYPE_CHECKING:
-    from pippin.server import ServerState
+    from pippin.api.state import ServerState
 
 log = logging.getLogger(__name__)
 

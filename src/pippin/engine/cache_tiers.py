@@ -29,9 +29,9 @@ import numpy as np
 
 from pippin.engine.block_manager import BlockManager
 from pippin.engine.kv_fingerprint import kv_fingerprint, raw_view
-from pippin.engine.model_runner import ModelRunner
-from pippin.engine.paged_cache import bytes_per_block
 from pippin.engine.ssd_store import SsdStore
+from pippin.runner.model_runner import ModelRunner
+from pippin.runner.paged_cache import bytes_per_block
 
 if TYPE_CHECKING:
     from pippin.engine.config import EngineConfig

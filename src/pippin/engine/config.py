@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from pippin.kernels.config import KernelConfig
 
 
 @dataclass
@@ -42,6 +44,9 @@ class EngineConfig:
     # with the engine thread: under a large batch, sending each token alone would slow
     # every step. A request's first tokens and its end are never held back.
     stream_interval_s: float | None = None
+    # The kernels and pippin's changes to mlx-lm's model code (`pippin.kernels.patches`);
+    # its switches are read from the environment once, here.
+    kernels: KernelConfig = field(default_factory=KernelConfig.from_env)
 
 
 MIN_BUFFER_CACHE = 1 << 30
@@ -55,7 +60,7 @@ BATCHED_TOKENS_CUDA = 8192
 
 
 def default_batched_tokens() -> int:
-    from pippin.engine.paged_attention import on_cuda
+    from pippin.kernels.device import on_cuda
 
     return BATCHED_TOKENS_CUDA if on_cuda() else EngineConfig.max_num_batched_tokens
 
@@ -65,6 +70,6 @@ def default_engine_process() -> bool:
     CUDA a step's host work is most of its time, and the HTTP side's Python, sharing the
     GIL, delays it: 256 streams on an H200 ran at 12.6k output tok/s in an engine
     process against 9.0k in one process (docs/benchmarks.md)."""
-    from pippin.engine.paged_attention import on_cuda
+    from pippin.kernels.device import on_cuda
 
     return on_cuda()

@@ -16,16 +16,22 @@ import mlx.core as mx
 from pippin.engine.block_manager import BlockManager
 from pippin.engine.cache_tiers import CacheTiers
 from pippin.engine.config import MIN_BUFFER_CACHE, EngineConfig
-from pippin.engine.model_runner import ModelRunner
+from pippin.engine.grammar_masks import GrammarMasks, split_constrained
 from pippin.engine.observer import EngineObserver
 from pippin.engine.output_processor import OutputProcessor
-from pippin.engine.paged_cache import bytes_per_block
 from pippin.engine.sampler import SampleResult, sample
 from pippin.engine.scheduler import ScheduledSeq, Scheduler
 from pippin.engine.sequence import Sequence
-from pippin.engine.types import CompletionOutput, RequestOutput, SamplingParams, TokenLogprob
+from pippin.engine.types import (
+    CompletionOutput,
+    EngineError,
+    RequestOutput,
+    SamplingParams,
+    TokenLogprob,
+)
+from pippin.runner.model_runner import ModelRunner
+from pippin.runner.paged_cache import bytes_per_block
 from pippin.store.loaded import LoadedModel
-from pippin.structured.decoding import GrammarMasks, split_constrained
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +60,6 @@ def step_error(e: Exception) -> str:
     what to change."""
     msg = f"engine error: {type(e).__name__}: {e}"
     return msg + OUT_OF_MEMORY_HINT if out_of_memory(e) else msg
-
-
-class EngineError(Exception):
-    """A request the engine cannot take (e.g. its prompt does not fit)."""
 
 
 @dataclass
@@ -112,7 +114,7 @@ def _arrays(result: SampleResult) -> list[mx.array]:
 
 
 class EngineCore:
-    observer = EngineObserver()  # the AsyncEngine sets its own
+    observer = EngineObserver()  # the engine loop sets its own
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
         self.config = config
@@ -121,7 +123,7 @@ class EngineCore:
             config.max_model_len or loaded.max_position_embeddings or DEFAULT_MAX_MODEL_LEN
         )
         self.runner = ModelRunner(
-            loaded.model, config.block_size, config.kv_bits, config.kv_group_size
+            loaded.model, config.block_size, config.kv_bits, config.kv_group_size, config.kernels
         )
         self.num_blocks = self._num_blocks()
         self.runner.allocate(self.num_blocks)

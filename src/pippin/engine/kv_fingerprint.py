@@ -17,7 +17,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
-from pippin.engine.paged_cache import LayerSpec
+from pippin.runner.paged_cache import LayerSpec
 
 # Bump when the block file payload layout changes.
 KV_FORMAT_VERSION = 1

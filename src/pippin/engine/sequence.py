@@ -53,7 +53,7 @@ class Sequence:
     think_state: int = 0
     think_count: int = 0
     forced: list[int] = field(default_factory=list)
-    # Structured output: this sequence's grammar matcher (pippin.structured.decoding).
+    # Structured output: this sequence's grammar matcher (pippin.engine.grammar_masks).
     grammar: Any = None
 
     @property

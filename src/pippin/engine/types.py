@@ -6,9 +6,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from pippin.structured.constraint import Constraint
+    from pippin.engine.constraint import Constraint
 
 FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+class EngineError(Exception):
+    """A request the engine cannot take (e.g. its prompt does not fit)."""
 
 
 @dataclass

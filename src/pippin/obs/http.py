@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
     from pippin.obs.metrics import Metrics
-    from pippin.obs.observer import RequestTiming
+    from pippin.obs.timing import RequestTiming
 
 log = logging.getLogger("pippin.request")
 

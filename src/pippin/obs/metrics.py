@@ -3,7 +3,7 @@ process do not clash). Every metric is listed in docs/architecture.md#metrics.
 
 Request-level metrics are fed by `pippin.obs.observer` and the HTTP middleware; the
 engine's gauges and counters (queues, KV blocks, prefix cache, preemptions) are read from
-`AsyncEngine.stats()` when scraped, so they cost nothing between scrapes.
+`EngineClient.stats()` when scraped, so they cost nothing between scrapes.
 """
 
 from __future__ import annotations

@@ -31,7 +31,9 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import _get_classes, infer_quant_config, load_config, load_tokenizer
 from mlx_lm.utils import load_model as mlx_load_model
 
-from .loader import ModelLoadError
+from pippin import envs
+
+from .loaded import ModelLoadError
 
 logger = logging.getLogger(__name__)
 
@@ -86,9 +88,9 @@ _SKIPPED = {"rope_freqs.weight"}
 
 
 def cache_root() -> Path:
-    if env := os.environ.get("PIPPIN_CACHE_DIR"):
+    if env := envs.PIPPIN_CACHE_DIR:
         return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    base = envs.XDG_CACHE_HOME or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "pippin"
 
 

@@ -36,3 +36,7 @@ class LoadedModel:
             if isinstance(v, int) and v > 0:
                 return v
         return len(self.tokenizer)
+
+
+class ModelLoadError(Exception):
+    """A model could not be found, read or built; the message is one line."""

@@ -19,7 +19,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map_with_path
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from .loaded import LoadedModel
+from .loaded import LoadedModel, ModelLoadError
 
 logger = logging.getLogger(__name__)
 
@@ -40,10 +40,6 @@ _GENERATION_KEYS = {
     "max_new_tokens": "max_tokens",
 }
 _CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions")
-
-
-class ModelLoadError(Exception):
-    """A model could not be found, read or built; the message is one line."""
 
 
 def default_model_path() -> Path:
@@ -108,6 +104,20 @@ def load_model(
         max_position_embeddings=context_length(config),
         dtype=chosen,
     )
+
+
+def materialize(loaded: LoadedModel) -> LoadedModel:
+    """Evaluate a lazily loaded model in the thread that loaded it.
+
+    On CUDA each thread has its own streams, and the engine thread cannot evaluate
+    work recorded on another thread's stream: the weights, and arrays models derive
+    at construction (RoPE frequencies and the like), which one forward pass computes."""
+    mx.eval(loaded.model.parameters())
+    try:
+        mx.eval(loaded.model(mx.array([[0]])))
+    except Exception:  # a model that takes other inputs: its weights are evaluated
+        pass
+    return loaded
 
 
 def resolve_spec(spec: str | None, revision: str | None) -> tuple[Path, str, str]:

@@ -12,14 +12,17 @@ import copy
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llguidance
 from llguidance import LLMatcher
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from pippin.structured.constraint import Constraint
+from pippin.engine.constraint import Constraint
 from pippin.structured.spec import GrammarSpec, StructuredOutputError
+
+if TYPE_CHECKING:
+    from pippin.store.loaded import LoadedModel
 
 COMPILE_TIMEOUT_S = 10.0
 _CACHE_SIZE = 128
@@ -120,3 +123,12 @@ class GrammarCompiler:
                 f"{spec.what} took longer than {self.timeout:g} s to compile; simplify it.",
             ) from None
         return Constraint(matcher, spec.what, self.n_vocab, grammar=spec.grammar)
+
+
+def serve_in_engine_process(loaded: LoadedModel) -> None:
+    """In an engine process: compile the grammars of the constraints that arrive (they
+    cross the pipe as their JSON text, `Constraint.__reduce__`)."""
+    from pippin.engine import constraint
+
+    grammars = GrammarCompiler(loaded.tokenizer, loaded.vocab_size, loaded.eos_token_ids)
+    constraint.MATCHER_BUILDER = lambda g: grammars.build(GrammarSpec(g, "", ""))

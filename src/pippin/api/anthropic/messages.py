@@ -1,0 +1,789 @@
+"""POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API.
+
+Requests become template messages and tools for the model's own chat template, run
+through the shared chat pipeline, and come back as content blocks (thinking, text,
+tool_use), streamed with Anthropic's event grammar. Any `claude-*` model name is
+served by the loaded model, so Claude Code works without configuration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import json
+import secrets
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from pippin.api.anthropic.protocol import (
+    ClearThinking,
+    ClearToolUses,
+    CountTokensRequest,
+    DocumentBlock,
+    ImageBlock,
+    MessagesRequest,
+    RedactedThinkingBlock,
+    ServerTool,
+    TextBlock,
+    ThinkingBlock,
+    ThinkingDisabled,
+    ThinkingEnabled,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from pippin.api.chat_pipeline import ParsedStep, output_parsing, render_prompt, run_parsed
+from pippin.api.common import (
+    SSE_HEADERS,
+    cancel_on_disconnect,
+    closing,
+    parse_request,
+    typed_sse,
+)
+from pippin.api.errors import OpenAIError, bad_request, server_error
+from pippin.api.state import get_state, require_engine
+from pippin.chat.tool_parsers.base import ParsedDelta
+from pippin.engine.client import EngineError
+from pippin.engine.types import SamplingParams
+from pippin.obs.http import note_error
+from pippin.structured.formats import response_format_grammar
+from pippin.structured.spec import GrammarSpec, StructuredOutputError
+from pippin.structured.tool_calls import forced_tool_grammar
+
+if TYPE_CHECKING:
+    from pippin.api.state import ServerState
+
+router = APIRouter()
+
+# Signs thinking blocks so a client can hand them back; nothing checks them on input.
+_SIGNING_KEY = secrets.token_bytes(32)
+PING_SECONDS = 5.0
+# message_start waits this long for the engine's first step, to report cached tokens.
+_START_WAIT = 1.0
+
+
+def _error(message: str, param: str, status: int = 400) -> OpenAIError:
+    return OpenAIError(status, message, param=param)
+
+
+# --- request -> prompt -------------------------------------------------------
+
+
+def check_model(state: ServerState, name: str) -> None:
+    """Served names, and any Claude model name (Claude Code asks for its own)."""
+    if name in state.model_names or name.startswith("claude"):
+        return
+    raise OpenAIError(
+        404,
+        f"model: {name} is not served here; use one of "
+        f"{', '.join(state.model_names)} (or any claude-* name).",
+        param="model",
+    )
+
+
+def _system_text(system: str | list[TextBlock] | None) -> str:
+    if system is None:
+        return ""
+    if isinstance(system, str):
+        return system
+    return "\n\n".join(b.text for b in system)
+
+
+def _document_text(block: DocumentBlock, param: str) -> str:
+    src = block.source
+    if src.get("type") == "text" and isinstance(src.get("data"), str):
+        body = src["data"]
+    elif src.get("type") == "content" and isinstance(src.get("content"), list | str):
+        content = src["content"]
+        parts = [content] if isinstance(content, str) else content
+        body = "\n".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in parts)
+    else:
+        raise _error(
+            f"{param}.source: only text documents ('text' or 'content' sources) are "
+            "supported by this model.",
+            f"{param}.source",
+        )
+    head = "\n".join(x for x in (block.title, block.context) if x)
+    return f"{head}\n\n{body}" if head else body
+
+
+def _tool_result_text(block: ToolResultBlock, param: str) -> str:
+    content = block.content
+    if content is None:
+        text = ""
+    elif isinstance(content, str):
+        text = content
+    else:
+        texts = []
+        for j, part in enumerate(content):
+            if isinstance(part, TextBlock):
+                texts.append(part.text)
+            elif isinstance(part, DocumentBlock):
+                texts.append(_document_text(part, f"{param}.content[{j}]"))
+            else:
+                raise _error("This model does not accept images.", f"{param}.content[{j}]")
+        text = "\n".join(texts)
+    if block.is_error:
+        return f"Error: {text}"
+    return text
+
+
+def template_messages(
+    system: str | list[TextBlock] | None, messages: list[Any]
+) -> list[dict[str, Any]]:
+    """Anthropic messages -> the plain dicts Hugging Face chat templates take."""
+    out: list[dict[str, Any]] = []
+    sys_parts = [_system_text(system)]
+    pending: list[str] = []  # system messages met mid-conversation
+    for i, m in enumerate(messages):
+        p = f"messages[{i}]"
+        if m.role == "system":
+            text = m.content if isinstance(m.content, str) else _texts(m.content, p)
+            # Before the first turn they extend the system prompt; later ones go with the
+            # next user turn, since most templates only take a system message first.
+            (pending if out else sys_parts).append(text)
+            continue
+        turn: list[dict[str, Any]]
+        if isinstance(m.content, str):
+            turn = [{"role": m.role, "content": m.content}]
+        elif m.role == "user":
+            turn = _user_turn(m.content, p)
+        else:
+            turn = [_assistant_turn(m.content, p)]
+        if pending and m.role == "user":
+            _prepend_user(turn, "\n\n".join(pending))
+            pending = []
+        out.extend(turn)
+    if pending:
+        out.append({"role": "user", "content": "\n\n".join(pending)})
+    sys_text = "\n\n".join(t for t in sys_parts if t)
+    return ([{"role": "system", "content": sys_text}] if sys_text else []) + out
+
+
+def _texts(blocks: list[Any], p: str) -> str:
+    texts = []
+    for j, b in enumerate(blocks):
+        if not isinstance(b, TextBlock):
+            raise _error("System messages may only hold text blocks.", f"{p}.content[{j}]")
+        texts.append(b.text)
+    return "\n\n".join(texts)
+
+
+def _prepend_user(turn: list[dict[str, Any]], text: str) -> None:
+    for msg in turn:
+        if msg["role"] == "user":
+            msg["content"] = f"{text}\n\n{msg['content']}"
+            return
+    turn.append({"role": "user", "content": text})
+
+
+def _user_turn(blocks: list[Any], p: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    texts: list[str] = []
+
+    def flush() -> None:
+        if texts:
+            out.append({"role": "user", "content": "\n\n".join(texts)})
+            texts.clear()
+
+    for j, b in enumerate(blocks):
+        param = f"{p}.content[{j}]"
+        if isinstance(b, TextBlock):
+            texts.append(b.text)
+        elif isinstance(b, DocumentBlock):
+            texts.append(_document_text(b, param))
+        elif isinstance(b, ToolResultBlock):
+            flush()  # tool results answer the previous turn: they come first
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": b.tool_use_id,
+                    "content": _tool_result_text(b, param),
+                }
+            )
+        elif isinstance(b, ImageBlock):
+            raise _error("This model does not accept images.", param)
+        else:
+            raise _error(f"'{b.type}' blocks may only appear in assistant messages.", param)
+    flush()
+    return out
+
+
+def _assistant_turn(blocks: list[Any], p: str) -> dict[str, Any]:
+    texts: list[str] = []
+    thoughts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for j, b in enumerate(blocks):
+        if isinstance(b, TextBlock):
+            texts.append(b.text)
+        elif isinstance(b, ThinkingBlock):
+            thoughts.append(b.thinking)
+        elif isinstance(b, RedactedThinkingBlock):
+            continue  # opaque to us: nothing to show the model
+        elif isinstance(b, ToolUseBlock):
+            calls.append(
+                {
+                    "id": b.id,
+                    "type": "function",
+                    "function": {"name": b.name, "arguments": b.input},
+                }
+            )
+        else:
+            raise _error(
+                f"'{b.type}' blocks may only appear in user messages.", f"{p}.content[{j}]"
+            )
+    msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+    if thoughts:
+        msg["reasoning_content"] = "\n".join(thoughts)
+    if calls:
+        msg["tool_calls"] = calls
+    return msg
+
+
+def template_tools(req: MessagesRequest | CountTokensRequest) -> list[dict[str, Any]] | None:
+    tools: list[dict[str, Any]] = []
+    for j, t in enumerate(req.tools or []):
+        if isinstance(t, ServerTool):
+            raise _error(
+                f"tools[{j}]: the server tool '{t.type}' is not available here; "
+                "define it as a client tool with an input_schema.",
+                f"tools[{j}].type",
+            )
+        fn: dict[str, Any] = {"name": t.name, "parameters": t.input_schema}
+        if t.description:
+            fn["description"] = t.description
+        tools.append({"type": "function", "function": fn})
+    choice = req.tool_choice
+    if choice is not None:
+        if choice.type == "tool" and not choice.name:
+            raise _error("tool_choice.name is required with type 'tool'.", "tool_choice.name")
+        if choice.type != "tool" and choice.name is not None:
+            raise _error("tool_choice.name is only allowed with type 'tool'.", "tool_choice.name")
+        if choice.type == "none":
+            return None
+    return tools or None
+
+
+def structured_spec(
+    state: ServerState, req: MessagesRequest, tools: list[dict[str, Any]] | None
+) -> GrammarSpec | None:
+    """A forced tool call (`tool_choice` any / tool), else `output_config.format`."""
+    choice = req.tool_choice
+    fmt = req.output_config.format if req.output_config is not None else None
+    try:
+        if choice is not None and choice.type in ("any", "tool"):
+            assert state.parsers is not None
+            return forced_tool_grammar(
+                state.parsers.tool,
+                tools or [],
+                choice.name,
+                parallel=not choice.disable_parallel_tool_use,
+                vocab=state.grammars,
+                param="tool_choice",
+            )
+        if fmt is None:
+            return None
+        if fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+            raise StructuredOutputError(
+                "output_config.format", "output_config.format must be a json_schema with a schema."
+            )
+        # Anthropic's structured outputs are strict: the schema is the contract.
+        openai_fmt = {"type": "json_schema", "name": "output", "schema": fmt["schema"]}
+        return response_format_grammar(openai_fmt | {"strict": True}, "output_config.format")
+    except StructuredOutputError as exc:
+        raise _error(exc.message, exc.param) from None
+
+
+def reject_unsupported(req: MessagesRequest | CountTokensRequest) -> None:
+    for name in ("mcp_servers", "output_format"):
+        if getattr(req, name) is not None:
+            raise _error(f"{name}: not supported by this server.", name)
+
+    if isinstance(req, MessagesRequest) and req.container is not None:
+        raise _error("container: not supported by this server.", "container")
+
+
+def template_kwargs(
+    state: ServerState, req: MessagesRequest | CountTokensRequest
+) -> dict[str, Any]:
+    kwargs = dict(state.settings.default_chat_template_kwargs)
+    thinking = req.thinking
+    effort = req.output_config.effort if req.output_config else None
+    if thinking is None and effort is None:
+        return kwargs
+    info = state.template
+    assert info is not None
+    on = thinking is None or not isinstance(thinking, ThinkingDisabled)
+    if info.reasoning_kwarg == "enable_thinking":
+        kwargs["enable_thinking"] = on
+    elif info.reasoning_kwarg == "reasoning_effort":
+        kwargs["reasoning_effort"] = (effort or "high") if on else "low"
+    elif isinstance(thinking, ThinkingEnabled) and (
+        state.parsers is None or state.parsers.reasoning is None
+    ):
+        # "adaptive" and effort leave thinking to the model: one without it just answers.
+        raise _error("This model has no thinking mode.", "thinking.type")
+    return kwargs
+
+
+@dataclass
+class Prompt:
+    ids: list[int]
+    tools: list[dict[str, Any]] | None
+    # What context management did, as the response reports it (None: not asked for),
+    # and the prompt's length before it.
+    applied_edits: list[dict[str, Any]] | None = None
+    original_tokens: int = 0
+
+    def context_management(self) -> dict[str, Any] | None:
+        if self.applied_edits is None:
+            return None
+        return {"applied_edits": self.applied_edits}
+
+
+async def _prompt(
+    state: ServerState, tokenizer: Any, req: MessagesRequest | CountTokensRequest
+) -> Prompt:
+    reject_unsupported(req)
+    tools = template_tools(req)
+    kwargs = template_kwargs(state, req)
+
+    async def render(history: list[Any]) -> list[int]:
+        messages = template_messages(req.system, history)
+        return await render_prompt(state, tokenizer, messages, tools, kwargs, tools_param="tools")
+
+    history = req.messages
+    ids = await render(history)
+    original = len(ids)
+    if req.context_management is None:
+        return Prompt(ids, tools)
+    applied: list[dict[str, Any]] = []
+    # Edits apply in order (Anthropic: clear_thinking first), each to the last one's result.
+    for edit in req.context_management.edits:
+        if isinstance(edit, ClearThinking):
+            history, turns = clear_thinking(history, edit)
+            if not turns:
+                continue
+            kind, count = "cleared_thinking_turns", turns
+        else:
+            if not _triggered(edit, history, len(ids)):
+                continue
+            history, uses = clear_tool_uses(history, edit)
+            if not uses:
+                continue
+            kind, count = "cleared_tool_uses", uses
+        before, ids = len(ids), await render(history)
+        applied.append({"type": edit.type, kind: count, "cleared_input_tokens": before - len(ids)})
+    return Prompt(ids, tools, applied, original)
+
+
+def _triggered(edit: ClearToolUses, history: list[Any], prompt_tokens: int) -> bool:
+    trigger = edit.trigger
+    if trigger is None or trigger.type == "input_tokens":
+        return prompt_tokens > (trigger.value if trigger else 100_000)
+    uses = sum(
+        isinstance(b, ToolUseBlock)
+        for m in history
+        if not isinstance(m.content, str)
+        for b in m.content
+    )
+    return uses > trigger.value
+
+
+def clear_thinking(history: list[Any], edit: ClearThinking) -> tuple[list[Any], int]:
+    """Drop thinking from all but the last N assistant turns (default 1); and how many."""
+    if edit.keep == "all":
+        return history, 0
+    keep = 1 if edit.keep is None else edit.keep.value
+    turns = [i for i, m in enumerate(history) if m.role == "assistant"]
+    drop = set(turns[: max(len(turns) - keep, 0)])
+    out, cleared = [], 0
+    for i, m in enumerate(history):
+        if i in drop and not isinstance(m.content, str):
+            kept = [
+                b for b in m.content if not isinstance(b, ThinkingBlock | RedactedThinkingBlock)
+            ]
+            if len(kept) < len(m.content):
+                cleared += 1
+                m = m.model_copy(update={"content": kept})
+        out.append(m)
+    return out, cleared
+
+
+_CLEARED = "[tool result cleared to save context]"
+
+
+def clear_tool_uses(history: list[Any], edit: ClearToolUses) -> tuple[list[Any], int]:
+    """Replace all but the last `keep` tool results (and optionally inputs) with a note;
+    and how many were replaced."""
+    keep = edit.keep.value if edit.keep else 3
+    excluded = set(edit.exclude_tools or [])
+    names: dict[str, str] = {}
+    results: list[str] = []
+    for m in history:
+        for b in [] if isinstance(m.content, str) else m.content:
+            if isinstance(b, ToolUseBlock):
+                names[b.id] = b.name
+            elif isinstance(b, ToolResultBlock) and names.get(b.tool_use_id) not in excluded:
+                results.append(b.tool_use_id)
+    cleared = set(results[: max(len(results) - keep, 0)])
+    inputs = edit.clear_tool_inputs
+    out = []
+    for m in history:
+        if isinstance(m.content, str):
+            out.append(m)
+            continue
+        blocks = []
+        for b in m.content:
+            if isinstance(b, ToolResultBlock) and b.tool_use_id in cleared:
+                b = b.model_copy(update={"content": _CLEARED})
+            elif (
+                isinstance(b, ToolUseBlock)
+                and b.id in cleared
+                and (inputs is True or (isinstance(inputs, list) and b.name in inputs))
+            ):
+                b = b.model_copy(update={"input": {}})
+            blocks.append(b)
+        out.append(m.model_copy(update={"content": blocks}))
+    return out, len(cleared)
+
+
+def sampling_params(state: ServerState, req: MessagesRequest, prompt_len: int) -> SamplingParams:
+    limits = state.limits
+    assert limits is not None
+    room = limits.max_model_len - prompt_len
+    if room < 1:
+        raise _error(
+            f"prompt is too long: {prompt_len} tokens > {limits.max_model_len - 1} maximum",
+            "messages",
+        )
+    # Clients such as Claude Code ask for more than a local model's context holds; the
+    # answer is capped by what is left (and stops with "max_tokens" there).
+    max_tokens = min(req.max_tokens, room)
+    if limits.max_tokens_cap is not None:
+        max_tokens = min(max_tokens, limits.max_tokens_cap)
+    d = state.defaults
+
+    def pick(value: Any, name: str) -> Any:
+        return d[name] if value is None else value
+
+    temperature = float(pick(req.temperature, "temperature"))
+    top_p = float(pick(req.top_p, "top_p"))
+    if top_p == 0.0:
+        temperature, top_p = 0.0, 1.0
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=int(pick(req.top_k, "top_k")),
+        min_p=float(d["min_p"]),
+        repetition_penalty=float(d["repetition_penalty"]),
+        presence_penalty=float(d["presence_penalty"]),
+        frequency_penalty=float(d["frequency_penalty"]),
+        stop=[s for s in req.stop_sequences or [] if s],
+    )
+
+
+# --- engine output -> content blocks ------------------------------------------
+
+
+def _signature(thinking: str) -> str:
+    mac = hmac.new(_SIGNING_KEY, thinking.encode(), hashlib.sha256).digest()
+    return base64.b64encode(mac).decode()
+
+
+def _tool_id() -> str:
+    return "toolu_" + secrets.token_hex(12)
+
+
+@dataclass
+class BlockBuilder:
+    """Turns parsed deltas into content blocks and the stream events that build them."""
+
+    single_call: bool = False  # disable_parallel_tool_use
+    blocks: list[dict[str, Any]] = field(default_factory=list)
+    kind: str | None = None  # type of the open block
+    _space: str = ""  # whitespace-only text, sent only if more text follows
+    _skip_call: bool = False
+    _args: str = ""
+
+    def feed(self, d: ParsedDelta) -> list[dict[str, Any]]:
+        ev: list[dict[str, Any]] = []
+        if d.reasoning:
+            if self.kind != "thinking":
+                ev += self._open({"type": "thinking", "thinking": ""})
+            self.blocks[-1]["thinking"] += d.reasoning
+            ev.append(self._delta({"type": "thinking_delta", "thinking": d.reasoning}))
+        if d.content:
+            text = self._space + d.content
+            if not text.strip() and self.kind != "text":
+                self._space = text
+            else:
+                self._space = ""
+                if self.kind != "text":
+                    ev += self._open({"type": "text", "text": ""})
+                self.blocks[-1]["text"] += text
+                ev.append(self._delta({"type": "text_delta", "text": text}))
+        for c in d.calls:
+            if c.name is not None:
+                self._skip_call = self.single_call and any(
+                    b["type"] == "tool_use" for b in self.blocks
+                )
+                if self._skip_call:
+                    continue
+                self._space = ""
+                ev += self._open({"type": "tool_use", "id": c.id, "name": c.name, "input": {}})
+                self._args = ""
+            if self._skip_call or not c.arguments:
+                continue
+            self._args += c.arguments
+            ev.append(self._delta({"type": "input_json_delta", "partial_json": c.arguments}))
+        return ev
+
+    def close(self) -> list[dict[str, Any]]:
+        if self.kind is None:
+            return []
+        ev: list[dict[str, Any]] = []
+        block = self.blocks[-1]
+        if self.kind == "thinking":
+            block["signature"] = _signature(block["thinking"])
+            ev.append(self._delta({"type": "signature_delta", "signature": block["signature"]}))
+        elif self.kind == "tool_use":
+            block["input"] = json.loads(self._args) if self._args else {}
+        ev.append({"type": "content_block_stop", "index": len(self.blocks) - 1})
+        self.kind = None
+        return ev
+
+    def _open(self, block: dict[str, Any]) -> list[dict[str, Any]]:
+        ev = self.close()
+        self.blocks.append(block)
+        self.kind = block["type"]
+        start = dict(block)
+        if self.kind == "thinking":
+            start["signature"] = ""
+        ev.append(
+            {"type": "content_block_start", "index": len(self.blocks) - 1, "content_block": start}
+        )
+        return ev
+
+    def _delta(self, delta: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "content_block_delta", "index": len(self.blocks) - 1, "delta": delta}
+
+
+def stop_fields(step: ParsedStep | None, called: bool) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence) as Anthropic names them."""
+    if step is None:
+        return "end_turn", None
+    reason = step.finish_reason
+    if reason == "length":
+        return "max_tokens", None
+    if called or reason == "tool_calls":
+        return "tool_use", None
+    if isinstance(step.stop_reason, str):
+        return "stop_sequence", step.stop_reason
+    return "end_turn", None
+
+
+def usage_body(prompt: int, cached: int, output: int) -> dict[str, Any]:
+    # Anthropic's input_tokens leaves out what was read from the cache.
+    return {
+        "input_tokens": prompt - cached,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+        "output_tokens": output,
+    }
+
+
+@dataclass
+class MessageRun:
+    state: ServerState
+    prompt_ids: list[int]
+    params: SamplingParams
+    new_parser: Any
+    model: str
+    single_call: bool
+    context_management: dict[str, Any] | None = None
+    message_id: str = field(default_factory=lambda: "msg_" + uuid.uuid4().hex[:24])
+
+    def _head(self) -> dict[str, Any]:
+        return {
+            "id": self.message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+        }
+
+    def _steps(self) -> AsyncIterator[ParsedStep]:
+        engine = self.state.engine
+        assert engine is not None
+        return run_parsed(engine, self.prompt_ids, self.params, self.message_id, self.new_parser())
+
+    async def collect(self) -> dict[str, Any]:
+        builder = BlockBuilder(self.single_call)
+        last: ParsedStep | None = None
+        async with closing(self._steps()) as steps:
+            async for step in steps:
+                builder.feed(step.parsed)
+                last = step
+        builder.close()
+        reason, seq = stop_fields(last, any(b["type"] == "tool_use" for b in builder.blocks))
+        cached = last.cached_tokens if last else 0
+        out = last.completion_tokens if last else 0
+        body = {
+            **self._head(),
+            "content": builder.blocks,
+            "stop_reason": reason,
+            "stop_sequence": seq,
+            "usage": usage_body(len(self.prompt_ids), cached, out),
+        }
+        if self.context_management is not None:
+            body["context_management"] = self.context_management
+        return body
+
+    async def stream(self) -> AsyncIterator[str]:
+        builder = BlockBuilder(self.single_call)
+        queue: asyncio.Queue[ParsedStep | BaseException | None] = asyncio.Queue()
+
+        async def pump() -> None:
+            try:
+                async with closing(self._steps()) as steps:
+                    async for step in steps:
+                        await queue.put(step)
+                await queue.put(None)
+            except BaseException as exc:  # noqa: BLE001 - handed to the stream
+                await queue.put(exc)
+
+        task = asyncio.ensure_future(pump())
+        try:
+            first = await _get(queue, _START_WAIT)
+            cached = first.cached_tokens if isinstance(first, ParsedStep) else 0
+            start = {
+                **self._head(),
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": usage_body(len(self.prompt_ids), cached, 0),
+            }
+            yield typed_sse({"type": "message_start", "message": start})
+            yield typed_sse({"type": "ping"})
+            last: ParsedStep | None = None
+            item: Any = first
+            while True:
+                while item is _TIMEOUT:
+                    yield typed_sse({"type": "ping"})  # still reading the prompt
+                    item = await _get(queue, PING_SECONDS)
+                if item is None:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                last = item
+                for ev in builder.feed(item.parsed):
+                    yield typed_sse(ev)
+                item = await _get(queue, PING_SECONDS)
+            for ev in builder.close():
+                yield typed_sse(ev)
+            reason, seq = stop_fields(last, any(b["type"] == "tool_use" for b in builder.blocks))
+            usage = usage_body(
+                len(self.prompt_ids),
+                last.cached_tokens if last else 0,
+                last.completion_tokens if last else 0,
+            )
+            final: dict[str, Any] = {
+                "type": "message_delta",
+                "delta": {"stop_reason": reason, "stop_sequence": seq},
+                "usage": usage,
+            }
+            if self.context_management is not None:
+                final["context_management"] = self.context_management
+            yield typed_sse(final)
+            yield typed_sse({"type": "message_stop"})
+        except OpenAIError as exc:
+            note_error(exc.code or exc.type)
+            yield typed_sse(exc.anthropic_body())
+        except EngineError as exc:
+            yield typed_sse(
+                server_error(f"The engine could not take this request: {exc}").anthropic_body()
+            )
+        except Exception as exc:  # never end a stream without saying why
+            err = server_error(f"Internal server error ({type(exc).__name__}).")
+            yield typed_sse(err.anthropic_body())
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+_TIMEOUT = object()
+
+
+async def _get(queue: asyncio.Queue[Any], timeout: float) -> Any:
+    try:
+        return await asyncio.wait_for(queue.get(), timeout)
+    except asyncio.TimeoutError:
+        return _TIMEOUT
+
+
+# --- routes ------------------------------------------------------------------
+
+
+@router.post("/v1/messages", response_model=None)
+async def create_message(request: Request) -> Any:
+    req = await parse_request(MessagesRequest, await request.body())
+    state = get_state(request)
+    check_model(state, req.model)
+    if not req.messages:
+        raise bad_request("messages: at least one message is required.", param="messages")
+    engine, loaded = require_engine(state)
+    prompt = await _prompt(state, loaded.tokenizer, req)
+    prompt_ids, tools = prompt.ids, prompt.tools
+    params = sampling_params(state, req, len(prompt_ids))
+    budget = None
+    if isinstance(req.thinking, ThinkingEnabled):
+        if req.thinking.budget_tokens >= req.max_tokens:
+            raise _error(
+                "`max_tokens` must be greater than `thinking.budget_tokens`.",
+                "thinking.budget_tokens",
+            )
+        budget = req.thinking.budget_tokens
+    if budget is not None and (state.parsers is None or state.parsers.reasoning is None):
+        budget = None  # the template's switch is all this model has
+    new_parser, params = await output_parsing(
+        state,
+        loaded.tokenizer,
+        prompt_ids,
+        params,
+        tools,
+        budget,
+        spec=structured_spec(state, req, tools),
+        budget_param="thinking.budget_tokens",
+        new_id=_tool_id,
+    )
+    try:
+        engine.check(prompt_ids, params)
+    except EngineError as exc:
+        raise bad_request(str(exc), param="messages") from None
+    single = bool(req.tool_choice and req.tool_choice.disable_parallel_tool_use)
+    run = MessageRun(
+        state, prompt_ids, params, new_parser, req.model, single, prompt.context_management()
+    )
+    if req.stream:
+        return StreamingResponse(run.stream(), media_type="text/event-stream", headers=SSE_HEADERS)
+    return JSONResponse(await cancel_on_disconnect(request.receive, run.collect()))
+
+
+@router.post("/v1/messages/count_tokens", response_model=None)
+async def count_tokens(request: Request) -> Any:
+    req = await parse_request(CountTokensRequest, await request.body())
+    state = get_state(request)
+    check_model(state, req.model)
+    _, loaded = require_engine(state)
+    prompt = await _prompt(state, loaded.tokenizer, req)
+    body: dict[str, Any] = {"input_tokens": len(prompt.ids)}
+    if prompt.applied_edits is not None:
+        body["context_management"] = {"original_input_tokens": prompt.original_tokens}
+    return JSONResponse(body)

@@ -1,0 +1,133 @@
+"""What every API surface shares: strict request models, body parsing, SSE framing,
+and the client-disconnect watch."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Discriminator, ValidationError
+
+from pippin.api.errors import OpenAIError, from_validation_error
+
+# Parsing a big body (up to the body cap) takes long enough to stall other
+# requests, so above this size it runs in a worker thread.
+_PARSE_INLINE_MAX = 256 * 1024
+
+# Event streams must reach the client as they are written: no caches, no proxy buffering.
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Loose(BaseModel):
+    """Parts parsed only so the handler can refuse them by name."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+def by_tag(key: str, *values: str) -> Discriminator:
+    """Pick a union member by the literal value of `key`.
+
+    Members are tagged '@value' (see `Annotated[..., Tag("@value")]` below) so tags can
+    be told apart from field names when an error location is turned into `param`.
+    """
+
+    def pick(v: Any) -> str | None:
+        tag = v.get(key) if isinstance(v, dict) else getattr(v, key, None)
+        return f"@{tag}" if isinstance(tag, str) else None
+
+    expected = ", ".join(f"'{v}'" for v in values)
+    return Discriminator(
+        pick,
+        # The error type carries the field name (context dicts would make the
+        # annotation unhashable, which `X | None` needs).
+        custom_error_type=f"invalid_tag_{key}",
+        custom_error_message=f"'{key}' must be one of {expected}",
+    )
+
+
+RequestT = TypeVar("RequestT", bound=BaseModel)
+
+
+def _parse(cls: type[RequestT], raw: bytes) -> RequestT:
+    try:
+        return cls.model_validate_json(raw, strict=True)
+    except ValidationError as exc:
+        raise from_validation_error(exc) from None
+
+
+async def parse_request(cls: type[RequestT], raw: bytes) -> RequestT:
+    """Parse and validate a JSON body, raising an OpenAI 400 that names the field."""
+    if len(raw) > _PARSE_INLINE_MAX:
+        return await asyncio.to_thread(_parse, cls, raw)
+    return _parse(cls, raw)
+
+
+def sse(payload: dict[str, Any] | str) -> str:
+    """One server-sent event line as the OpenAI chat and completions streams carry it."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    return f"data: {data}\n\n"
+
+
+def typed_sse(event: dict[str, Any]) -> str:
+    """One event named by its ``type`` (``event:`` line), as the Anthropic Messages and
+    OpenAI Responses streams carry them."""
+    return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
+
+
+T = TypeVar("T")
+
+
+@asynccontextmanager
+async def closing(it: AsyncIterator[T]) -> AsyncIterator[AsyncIterator[T]]:
+    """Close an async generator when the block is left, even early, so the engine
+    request behind it is aborted at once rather than when it is garbage collected."""
+    try:
+        yield it
+    finally:
+        aclose = getattr(it, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+class ClientGone(OpenAIError):
+    """The client disconnected before a non-streaming response was ready.
+
+    Nobody reads the reply; 499 (nginx's "client closed request") keeps access logs clear.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(499, "The client closed the request.", code="client_closed_request")
+
+
+async def cancel_on_disconnect(receive: Any, work: Any) -> Any:
+    """Await `work`; if the client disconnects first, cancel it and raise ClientGone.
+
+    Cancelling the work closes the engine's output iterator, which aborts the
+    request and frees its KV blocks. Must be called after the body was read.
+    """
+    task = asyncio.ensure_future(work)
+
+    async def watch() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # the handler itself was cancelled
+        task.cancel()
+        watcher.cancel()
+        raise
+    watcher.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise ClientGone()
+    return task.result()

@@ -1,0 +1,388 @@
+"""POST /v1/completions: the legacy OpenAI completions API (text_completion objects).
+
+A request may carry several prompts; each becomes one engine request with `n`
+sequences, and choice `p * n + i` is sequence `i` of prompt `p`, as OpenAI orders them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from pippin.api.chat_pipeline import engine_failure
+from pippin.api.common import SSE_HEADERS, cancel_on_disconnect, closing, parse_request, sse
+from pippin.api.errors import bad_request, unsupported_param
+from pippin.api.limits import Limits, context_exceeded
+from pippin.api.logprobs import TokenRenderer, clamp_logprob
+from pippin.api.openai.chat import usage_dict
+from pippin.api.openai.protocol import CompletionRequest, framed_stream
+from pippin.api.openai.sampling import build_sampling_params, resolve_max_tokens
+from pippin.api.openai.structured_output import completion_constraint
+from pippin.api.state import check_model, get_state, require_engine
+from pippin.engine.client import EngineClient, EngineError
+from pippin.engine.types import RequestOutput, SamplingParams, TokenLogprob
+
+router = APIRouter()
+log = logging.getLogger(__name__)
+
+# The API reference's default for this endpoint (chat has no such default).
+DEFAULT_MAX_TOKENS = 16
+
+
+@dataclass
+class Prompt:
+    ids: list[int]
+    text: str  # for echo; decoded when the prompt came as token ids
+
+
+def _tokenize(tokenizer: Any, prompt: Any, add_special: bool, echo: bool) -> list[Prompt]:
+    """Runs in a worker thread: tokenizing a long prompt can take a while."""
+    if isinstance(prompt, str):
+        items: list[str | list[int]] = [prompt]
+    elif prompt and all(isinstance(x, int) for x in prompt):
+        items = [prompt]
+    else:
+        items = list(prompt)
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            ids = list(tokenizer.encode(item, add_special_tokens=add_special))
+            if not ids:
+                # As OpenAI: an empty prompt generates from the start of a new document.
+                ids = _document_start(tokenizer)
+            out.append(Prompt(ids, item))
+        else:
+            out.append(Prompt(list(item), tokenizer.decode(item) if echo else ""))
+    return out
+
+
+def _document_start(tokenizer: Any) -> list[int]:
+    """The token a document starts after: BOS, or the end-of-text separator GPT-style
+    vocabularies use between documents; none when the model has neither."""
+    for tid in (getattr(tokenizer, "bos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if isinstance(tid, int):
+            return [tid]
+    return []
+
+
+def _check_prompts(prompts: list[Prompt], limits: Limits) -> None:
+    if not prompts:
+        raise bad_request("'prompt' must not be empty.", param="prompt")
+    for p, pr in enumerate(prompts):
+        if not pr.ids:
+            raise bad_request(f"Prompt {p} is empty.", param="prompt")
+        bad = next((t for t in pr.ids if not 0 <= t < limits.vocab_size), None)
+        if bad is not None:
+            raise bad_request(
+                f"Invalid token id {bad} in prompt {p}: ids must be in [0, {limits.vocab_size}).",
+                param="prompt",
+            )
+
+
+def _reject_unsupported(req: CompletionRequest) -> None:
+    if req.suffix:
+        raise unsupported_param("suffix", "Insertion (fill-in-the-middle) is not supported.")
+    n = req.n or 1
+    if req.best_of is not None and req.best_of != n:
+        raise unsupported_param(
+            "best_of", f"best_of must equal n ({n}); ranking candidates is not supported."
+        )
+    if req.echo and req.logprobs is not None:
+        # OpenAI then also scores the prompt tokens, which the engine does not return yet.
+        raise unsupported_param("echo", "echo together with logprobs is not supported yet.")
+    if req.stream_options is not None and not req.stream:
+        raise bad_request(
+            "'stream_options' is only allowed when 'stream' is true.", param="stream_options"
+        )
+
+
+def format_logprobs(
+    lps: list[TokenLogprob], render: TokenRenderer, offset: int
+) -> tuple[dict[str, Any], int]:
+    """The legacy logprobs object for some tokens; returns it and the next text offset."""
+    tokens, token_lps, tops, offsets = [], [], [], []
+    for lp in lps:
+        text, _ = render(lp.token_id)
+        top = {render(tid)[0]: clamp_logprob(v) for tid, v in lp.top}
+        # As OpenAI: the sampled token is always among the alternatives (and wins
+        # when another id renders to the same text, e.g. two partial characters).
+        top[text] = clamp_logprob(lp.logprob)
+        tokens.append(text)
+        token_lps.append(clamp_logprob(lp.logprob))
+        tops.append(top)
+        offsets.append(offset)
+        offset += len(text)
+    body = {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops}
+    body["text_offset"] = offsets
+    return body, offset
+
+
+@dataclass
+class _Choice:
+    text: list[str] = field(default_factory=list)
+    tokens: int = 0
+    offset: int = 0
+    logprobs: dict[str, list[Any]] | None = None
+    finish_reason: str | None = None
+
+
+@dataclass
+class CompletionRun:
+    engine: EngineClient
+    prompts: list[Prompt]
+    params: list[SamplingParams]
+    request_id: str
+    model: str
+    fingerprint: str
+    render: TokenRenderer
+    echo: bool = False
+    include_usage: bool = False
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def n(self) -> int:
+        return self.params[0].n
+
+    def header(self) -> dict[str, Any]:
+        return {
+            "id": self.request_id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": self.fingerprint,
+        }
+
+    async def _outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """(prompt index, output) from every prompt's engine request, as they come."""
+        live = [p for p, sp in enumerate(self.params) if sp.max_tokens > 0]
+        if len(live) == 1:
+            p = live[0]
+            gen = self.engine.generate(self.prompts[p].ids, self.params[p], self._rid(p))
+            async with closing(gen) as outs:
+                async for out in outs:
+                    yield p, out
+            return
+        queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+
+        async def pump(p: int) -> None:
+            try:
+                gen = self.engine.generate(self.prompts[p].ids, self.params[p], self._rid(p))
+                async with closing(gen) as outs:
+                    async for out in outs:
+                        await queue.put((p, out))
+                await queue.put((p, None))
+            except Exception as exc:  # handed to the consumer, which re-raises it
+                await queue.put((p, exc))
+
+        tasks = [asyncio.create_task(pump(p)) for p in live]
+        try:
+            left = len(tasks)
+            while left:
+                p, item = await queue.get()
+                if item is None:
+                    left -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield p, item
+        finally:
+            # Leaving early (client gone, error) closes every engine request.
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _rid(self, p: int) -> str:
+        return self.request_id if len(self.prompts) == 1 else f"{self.request_id}-{p}"
+
+    def _new_choices(self) -> list[_Choice]:
+        choices = []
+        for pr, sp in zip(self.prompts, self.params):
+            for _ in range(self.n):
+                ch = _Choice()
+                if self.echo:
+                    ch.text.append(pr.text)
+                    ch.offset = len(pr.text)
+                if sp.logprobs:
+                    ch.logprobs = {"tokens": [], "token_logprobs": [], "top_logprobs": []}
+                    ch.logprobs["text_offset"] = []
+                if sp.max_tokens == 0:
+                    ch.finish_reason = "length"
+                choices.append(ch)
+        return choices
+
+    async def collect(self) -> dict[str, Any]:
+        choices = self._new_choices()
+        usage = {p: (len(pr.ids), 0) for p, pr in enumerate(self.prompts)}
+        async for p, out in self._outputs():
+            usage[p] = (out.prompt_tokens, out.cached_tokens)
+            err = engine_failure(out)
+            if err:
+                raise err
+            for c in out.outputs:
+                err = engine_failure(out, c)
+                if err:
+                    raise err
+                ch = choices[p * self.n + c.index]
+                ch.text.append(c.text)
+                ch.tokens += len(c.token_ids)
+                if c.logprobs and ch.logprobs is not None:
+                    lp, ch.offset = format_logprobs(c.logprobs, self.render, ch.offset)
+                    for k, v in lp.items():
+                        ch.logprobs[k].extend(v)
+                if c.finish_reason is not None:
+                    ch.finish_reason = c.finish_reason
+        body = self.header()
+        body["choices"] = [
+            {
+                "index": i,
+                "text": "".join(ch.text),
+                "logprobs": ch.logprobs,
+                "finish_reason": ch.finish_reason or "stop",
+            }
+            for i, ch in enumerate(choices)
+        ]
+        prompt_tokens = sum(u[0] for u in usage.values())
+        cached = sum(u[1] for u in usage.values())
+        body["usage"] = usage_dict(prompt_tokens, sum(c.tokens for c in choices), cached)
+        return body
+
+    def _chunk(self, choices: list[dict[str, Any]]) -> str:
+        body = self.header()
+        body["choices"] = choices
+        if self.include_usage:
+            body["usage"] = None
+        return sse(body)
+
+    def stream(self) -> AsyncIterator[str]:
+        usage = {p: (len(pr.ids), 0) for p, pr in enumerate(self.prompts)}
+        tally = {"completion": 0}
+
+        def usage_chunk() -> dict[str, Any] | None:
+            if not self.include_usage:
+                return None
+            body = self.header()
+            body["choices"] = []
+            prompt_tokens = sum(u[0] for u in usage.values())
+            cached = sum(u[1] for u in usage.values())
+            body["usage"] = usage_dict(prompt_tokens, tally["completion"], cached)
+            return body
+
+        return framed_stream(self._events(usage, tally), usage_chunk)
+
+    async def _events(
+        self, usage: dict[int, tuple[int, int]], tally: dict[str, int]
+    ) -> AsyncIterator[str]:
+        choices = self._new_choices()
+        first = []
+        for i, ch in enumerate(choices):
+            if ch.text or ch.finish_reason:  # the echoed prompt; max_tokens=0 ends here
+                text = "".join(ch.text)
+                first.append(
+                    {"index": i, "text": text, "logprobs": None, "finish_reason": ch.finish_reason}
+                )
+        if first:
+            yield self._chunk(first)
+        async with closing(self._outputs()) as outputs:
+            async for p, out in outputs:
+                usage[p] = (out.prompt_tokens, out.cached_tokens)
+                batch = []
+                for c in out.outputs:
+                    tally["completion"] += len(c.token_ids)
+                    failed = engine_failure(out, c)
+                    if failed:
+                        raise failed
+                    i = p * self.n + c.index
+                    lp = None
+                    if c.logprobs and choices[i].logprobs is not None:
+                        lp, choices[i].offset = format_logprobs(
+                            c.logprobs, self.render, choices[i].offset
+                        )
+                    if not c.text and lp is None and c.finish_reason is None:
+                        continue
+                    batch.append(
+                        {
+                            "index": i,
+                            "text": c.text,
+                            "logprobs": lp,
+                            "finish_reason": c.finish_reason,
+                        }
+                    )
+                failed = engine_failure(out)
+                if failed:
+                    raise failed
+                if batch:
+                    yield self._chunk(batch)
+
+
+@router.post("/v1/completions", response_model=None)
+async def create_completion(request: Request) -> Any:
+    req = await parse_request(CompletionRequest, await request.body())
+    state = get_state(request)
+    check_model(state, req.model)
+    _reject_unsupported(req)
+    engine, loaded = require_engine(state)
+    limits = state.limits
+    assert limits is not None
+
+    add_special = True if req.add_special_tokens is None else req.add_special_tokens
+    prompts = await asyncio.to_thread(
+        _tokenize, loaded.tokenizer, req.prompt, add_special, bool(req.echo)
+    )
+    _check_prompts(prompts, limits)
+    constraint = await completion_constraint(state, req)
+    params: list[SamplingParams] = []
+    for pr in prompts:
+        if req.max_tokens == 0:
+            # Nothing to generate (useful with echo); the engine is not involved.
+            if len(pr.ids) > limits.max_model_len:
+                raise context_exceeded(limits.max_model_len, len(pr.ids), "prompt")
+            max_tokens = 0
+        else:
+            max_tokens = resolve_max_tokens(
+                req.max_tokens,
+                len(pr.ids),
+                limits,
+                state.defaults.get("max_tokens"),
+                DEFAULT_MAX_TOKENS,
+                "prompt",
+            )
+        sp = build_sampling_params(
+            req,
+            max_tokens=max(max_tokens, 1),
+            limits=limits,
+            defaults=state.defaults,
+            logprobs=req.logprobs is not None,
+            top_logprobs=req.logprobs or 0,
+        )
+        sp.max_tokens = max_tokens
+        sp.constraint = constraint
+        if max_tokens:
+            try:
+                engine.check(pr.ids, sp)
+            except EngineError as exc:
+                raise bad_request(str(exc), param="prompt") from None
+        params.append(sp)
+
+    run = CompletionRun(
+        engine=engine,
+        prompts=prompts,
+        params=params,
+        request_id=f"cmpl-{uuid.uuid4().hex}",
+        model=req.model,
+        fingerprint=state.fingerprint,
+        render=state.token_renderer,
+        echo=bool(req.echo),
+        include_usage=bool(req.stream_options and req.stream_options.include_usage),
+    )
+    if req.stream:
+        return StreamingResponse(run.stream(), media_type="text/event-stream", headers=SSE_HEADERS)
+    # JSONResponse directly: FastAPI's generic encoder is slow on big logprobs bodies.
+    return JSONResponse(await cancel_on_disconnect(request.receive, run.collect()))

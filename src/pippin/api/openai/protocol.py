@@ -1,0 +1,328 @@
+"""Wire format of the OpenAI chat and (legacy) completions requests.
+
+The models list every field of the official API reference plus the vLLM extensions
+clients send. Unknown fields are refused (``extra="forbid"``) and types are strict
+(``"5"`` is not an integer), so nothing is silently coerced or ignored. Fields that are
+parsed here but not supported are refused by the handlers with a 400 naming them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, Tag
+
+from pippin.api.common import Loose, Strict, by_tag, closing, sse
+from pippin.api.errors import OpenAIError, server_error
+from pippin.engine.client import EngineError
+from pippin.obs.http import note_error
+
+# --- message content parts ---------------------------------------------------
+
+
+class CacheBreakpoint(Strict):
+    mode: Literal["explicit"]
+    ttl: Literal["30m", "12h"] | None = None
+
+
+class TextPart(Strict):
+    type: Literal["text"]
+    text: str
+    # Prefix caching is automatic for every prompt, so breakpoints are always served.
+    prompt_cache_breakpoint: CacheBreakpoint | None = None
+
+
+class RefusalPart(Strict):
+    type: Literal["refusal"]
+    refusal: str
+
+
+class ImagePart(Loose):
+    type: Literal["image_url"]
+
+
+class AudioPart(Loose):
+    type: Literal["input_audio"]
+
+
+class FilePart(Loose):
+    type: Literal["file"]
+
+
+UserPart = Annotated[
+    Annotated[TextPart, Tag("@text")]
+    | Annotated[ImagePart, Tag("@image_url")]
+    | Annotated[AudioPart, Tag("@input_audio")]
+    | Annotated[FilePart, Tag("@file")],
+    by_tag("type", "text", "image_url", "input_audio", "file"),
+]
+AssistantPart = Annotated[
+    Annotated[TextPart, Tag("@text")] | Annotated[RefusalPart, Tag("@refusal")],
+    by_tag("type", "text", "refusal"),
+]
+
+# --- messages ----------------------------------------------------------------
+
+
+class FunctionCallData(Strict):
+    name: str
+    arguments: str
+
+
+class ToolCallData(Strict):
+    id: str
+    type: Literal["function"]
+    function: FunctionCallData
+
+
+class SystemMessage(Strict):
+    role: Literal["system"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+
+class DeveloperMessage(Strict):
+    role: Literal["developer"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+
+class UserMessage(Strict):
+    role: Literal["user"]
+    content: str | list[UserPart]
+    name: str | None = None
+
+
+class AssistantMessage(Strict):
+    role: Literal["assistant"]
+    content: str | list[AssistantPart] | None = None
+    name: str | None = None
+    refusal: str | None = None
+    tool_calls: list[ToolCallData] | None = None
+    function_call: FunctionCallData | None = None
+    audio: dict[str, Any] | None = None
+    # Not in OpenAI's reference, but sent back by clients of reasoning models
+    # (vLLM, DeepSeek); chat templates may render it.
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+
+
+class ToolMessage(Strict):
+    role: Literal["tool"]
+    content: str | list[TextPart]
+    tool_call_id: str
+
+
+class FunctionMessage(Strict):
+    role: Literal["function"]
+    content: str | None
+    name: str
+
+
+Message = Annotated[
+    Annotated[SystemMessage, Tag("@system")]
+    | Annotated[DeveloperMessage, Tag("@developer")]
+    | Annotated[UserMessage, Tag("@user")]
+    | Annotated[AssistantMessage, Tag("@assistant")]
+    | Annotated[ToolMessage, Tag("@tool")]
+    | Annotated[FunctionMessage, Tag("@function")],
+    by_tag("role", "system", "developer", "user", "assistant", "tool", "function"),
+]
+
+# --- tools and formats -------------------------------------------------------
+
+
+class FunctionDef(Strict):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class FunctionTool(Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class CustomTool(Loose):
+    type: Literal["custom"]
+
+
+Tool = Annotated[
+    Annotated[FunctionTool, Tag("@function")] | Annotated[CustomTool, Tag("@custom")],
+    by_tag("type", "function", "custom"),
+]
+
+
+class ResponseFormatText(Strict):
+    type: Literal["text"]
+
+
+class ResponseFormatOther(Loose):
+    type: Literal["json_object", "json_schema"]
+
+
+ResponseFormat = Annotated[
+    Annotated[ResponseFormatText, Tag("@text")]
+    | Annotated[ResponseFormatOther, Tag("@json_object")]
+    | Annotated[ResponseFormatOther, Tag("@json_schema")],
+    by_tag("type", "text", "json_object", "json_schema"),
+]
+
+
+class StreamOptions(Strict):
+    include_usage: bool | None = None
+    include_obfuscation: bool | None = None
+
+
+class PromptCacheOptions(Strict):
+    mode: Literal["implicit", "explicit"] | None = None
+    ttl: Literal["30m"] | None = None
+
+
+# --- requests ----------------------------------------------------------------
+
+
+class SamplingFields(Strict):
+    """Fields shared by chat and completions requests."""
+
+    model: str
+    n: int | None = Field(None, ge=1, le=128)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
+    stop: str | list[str] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # vLLM extensions.
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0, le=10)
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+    min_tokens: int | None = Field(None, ge=0)
+    skip_special_tokens: bool | None = None
+    # vLLM's structured output fields (one of them; see api/structured_output.py).
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: dict[str, Any] | None = None
+    # Requests with different salts never share cached KV (multi-tenant isolation).
+    cache_salt: str | None = Field(None, min_length=1)
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[Message] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[FunctionDef] | None = None
+    function_call: Literal["none", "auto"] | dict[str, Any] | None = None
+    metadata: dict[str, str] | None = Field(None, max_length=16)
+    store: bool | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast"] | None = None
+    modalities: list[Literal["text", "audio"]] | None = None
+    audio: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = (
+        None
+    )
+    verbosity: Literal["low", "medium", "high"] | None = None
+    web_search_options: dict[str, Any] | None = None
+    moderation: dict[str, Any] | None = None
+    safety_identifier: str | None = Field(None, max_length=128)
+    prompt_cache_key: str | None = None
+    prompt_cache_options: PromptCacheOptions | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    # vLLM extensions.
+    chat_template_kwargs: dict[str, Any] | None = None
+    # Reasoning tokens after which the model's reasoning section is closed for it.
+    thinking_token_budget: int | None = Field(None, ge=0)
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
+
+
+PromptInput = Union[str, list[str], list[int], list[list[int]]]  # noqa: UP007
+
+
+class CompletionRequest(SamplingFields):
+    prompt: PromptInput
+    max_tokens: int | None = Field(None, ge=0)
+    best_of: int | None = Field(None, ge=1, le=128)
+    echo: bool | None = None
+    logprobs: int | None = Field(None, ge=0, le=5)
+    suffix: str | None = None
+    # vLLM extension: add the tokenizer's BOS etc. to string prompts.
+    add_special_tokens: bool | None = None
+
+
+class EmbeddingRequest(Strict):
+    model: str
+    input: PromptInput
+    encoding_format: Literal["float", "base64"] | None = None
+    dimensions: int | None = Field(None, ge=1)
+    user: str | None = None
+
+
+class RerankDocument(BaseModel):
+    """A document given as an object (Cohere v1): ranked by ``text``; its other keys are
+    the client's own and come back unchanged with ``return_documents``."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    text: str
+
+
+class RerankRequest(Strict):
+    """Cohere (v1 and v2), Jina and vLLM rerank requests."""
+
+    model: str | None = None
+    query: str
+    documents: list[str | RerankDocument]
+    top_n: int | None = Field(None, ge=1)
+    return_documents: bool | None = None
+    max_tokens_per_doc: int | None = Field(None, ge=1)
+    rank_fields: list[str] | None = None
+    max_chunks_per_doc: int | None = None
+
+
+# --- response side -----------------------------------------------------------
+
+
+async def framed_stream(
+    events: AsyncIterator[str], usage_chunk: Callable[[], dict[str, Any] | None]
+) -> AsyncIterator[str]:
+    """`events`, then the end every OpenAI stream has: an error event if it failed (the
+    status, 200, is already sent), else the usage chunk when one was asked for; then
+    [DONE]. A failure is an OpenAIError (or any exception) raised by `events`."""
+    failed: OpenAIError | None = None
+    try:
+        async with closing(events) as body:
+            async for event in body:
+                yield event
+    except OpenAIError as exc:
+        failed = exc
+    except EngineError as exc:
+        failed = server_error(f"The engine could not take this request: {exc}", "engine_error")
+    except Exception as exc:  # never end a stream without saying why
+        logging.getLogger(__name__).exception("stream failed")
+        failed = server_error(f"Internal server error ({type(exc).__name__}).")
+    if failed is not None:
+        note_error(failed.code or failed.type)
+        yield sse(failed.body())
+    else:
+        usage = usage_chunk()
+        if usage is not None:
+            yield sse(usage)
+    yield sse("[DONE]")

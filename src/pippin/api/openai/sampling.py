@@ -1,0 +1,143 @@
+"""Request fields + the model's defaults + server limits -> SamplingParams.
+
+Precedence for every sampling knob: the request, then the server's ``--default-*``
+overrides, then the model's own ``generation_config.json``, then the built-in values
+below. ``max_tokens`` defaults to what is left of the context, capped by the model's
+default and by ``--max-tokens``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pippin.api.errors import bad_request
+from pippin.api.limits import Limits, context_exceeded
+from pippin.api.openai.protocol import SamplingFields
+from pippin.engine.types import SamplingParams
+
+
+def resolve_max_tokens(
+    requested: int | None,
+    prompt_len: int,
+    limits: Limits,
+    model_default: int | None,
+    api_default: int | None,
+    what: str,
+    param: str = "max_tokens",
+) -> int:
+    """How many tokens to generate at most; 400 when the request cannot fit.
+
+    `param` names the field the request used (max_tokens or max_completion_tokens)."""
+    room = limits.max_model_len - prompt_len
+    if room < 1:
+        raise context_exceeded(limits.max_model_len, prompt_len, what)
+    cap = limits.max_tokens_cap
+    if requested is not None:
+        if cap is not None and requested > cap:
+            raise bad_request(
+                f"{param} is too large: {requested}. This server allows at most {cap} "
+                "completion tokens per request.",
+                param=param,
+                code="invalid_value",
+            )
+        if requested > room:
+            # As OpenAI does: refuse rather than silently shorten the answer.
+            raise bad_request(
+                f"This model's maximum context length is {limits.max_model_len} tokens. "
+                f"However, you requested {prompt_len + requested} tokens ({prompt_len} in the "
+                f"{what}, {requested} in the completion). Please reduce the length of the "
+                f"{what} or completion.",
+                param=what,
+                code="context_length_exceeded",
+            )
+        return requested
+    out = room
+    for bound in (cap, model_default, api_default):
+        if bound is not None and bound > 0:
+            out = min(out, bound)
+    return out
+
+
+def _token_id(value: int, limits: Limits, param: str) -> int:
+    if not 0 <= value < limits.vocab_size:
+        raise bad_request(
+            f"Invalid token id {value} in '{param}': ids must be in [0, {limits.vocab_size}).",
+            param=param,
+            code="invalid_value",
+        )
+    return value
+
+
+def _logit_bias(raw: dict[str, float] | None, limits: Limits) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for key, bias in (raw or {}).items():
+        try:
+            tok = int(key)
+        except ValueError:
+            raise bad_request(
+                f"Invalid key '{key}' in 'logit_bias': keys must be token ids.",
+                param="logit_bias",
+                code="invalid_value",
+            ) from None
+        _token_id(tok, limits, "logit_bias")
+        if not -100 <= bias <= 100:
+            raise bad_request(
+                f"Invalid value {bias} for token {key} in 'logit_bias': must be in [-100, 100].",
+                param="logit_bias",
+                code="invalid_value",
+            )
+        out[tok] = float(bias)
+    return out
+
+
+def build_sampling_params(
+    req: SamplingFields,
+    *,
+    max_tokens: int,
+    limits: Limits,
+    defaults: dict[str, Any],
+    logprobs: bool,
+    top_logprobs: int,
+) -> SamplingParams:
+    """`max_tokens` comes from resolve_max_tokens; `defaults` from merge_defaults."""
+
+    def pick(name: str) -> Any:
+        value = getattr(req, name)
+        return defaults[name] if value is None else value
+
+    temperature = float(pick("temperature"))
+    top_p = float(pick("top_p"))
+    if top_p == 0.0:
+        # The nucleus of mass 0 is the single most likely token: greedy.
+        temperature, top_p = 0.0, 1.0
+    top_k = int(pick("top_k"))
+    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    min_tokens = req.min_tokens or 0
+    if min_tokens > max_tokens:
+        raise bad_request(
+            f"min_tokens ({min_tokens}) must not exceed max_tokens ({max_tokens}).",
+            param="min_tokens",
+            code="invalid_value",
+        )
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=max(top_k, 0),  # vLLM's -1 and our 0 both mean off
+        min_p=float(pick("min_p")),
+        repetition_penalty=float(pick("repetition_penalty")),
+        presence_penalty=float(pick("presence_penalty")),
+        frequency_penalty=float(pick("frequency_penalty")),
+        logit_bias=_logit_bias(req.logit_bias, limits),
+        seed=req.seed,
+        logprobs=logprobs,
+        top_logprobs=top_logprobs if logprobs else 0,
+        # An empty stop string would end every answer before it starts.
+        stop=[s for s in stops if s],
+        stop_token_ids=[_token_id(t, limits, "stop_token_ids") for t in req.stop_token_ids or []],
+        ignore_eos=bool(req.ignore_eos),
+        min_tokens=min_tokens,
+        n=req.n or 1,
+        skip_special_tokens=True if req.skip_special_tokens is None else req.skip_special_tokens,
+        cache_salt=req.cache_salt,
+    )

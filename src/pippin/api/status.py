@@ -1,0 +1,33 @@
+"""Whether the server is up: /health, /version and the engine's counters."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from pippin import __version__
+from pippin.api.state import get_state
+
+router = APIRouter()
+
+
+@router.get("/health")
+async def health(request: Request) -> JSONResponse:
+    state = get_state(request)
+    engine = state.engine
+    embed_ok = state.embed is None or state.embed.ready
+    if engine is not None and engine.ready and embed_ok:
+        return JSONResponse({"status": "ok"})
+    return JSONResponse({"status": "unavailable"}, status_code=503)
+
+
+@router.get("/version")
+async def version() -> dict[str, str]:
+    return {"version": __version__}
+
+
+@router.get("/v1/engine/stats")
+async def engine_stats(request: Request) -> dict[str, int]:
+    # A debugging aid (and what the load tests check KV blocks with) until /metrics.
+    engine = get_state(request).engine
+    return engine.stats() if engine is not None else {}

@@ -1,0 +1,65 @@
+"""The one seam between the HTTP front and the engine: the `EngineClient` protocol.
+
+The front holds an `EngineClient` and nothing else of the engine. Two implement it:
+`InprocClient` (the engine on a thread of this process) and `ProcessClient` (the engine
+in a process of its own, over a pipe). Both are built by composition from the same
+parts: `OutputStreams` on the event loop side and `EngineLoop` on the engine side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from pippin.engine.types import EngineError, RequestOutput, SamplingParams
+
+__all__ = ["EngineClient", "EngineError"]
+
+
+class EngineClient(Protocol):
+    async def start(self) -> None:
+        """Start the engine (load, build the pools) and return once it takes requests.
+        Raises if it cannot start; the error says why."""
+
+    async def stop(self) -> None:
+        """Stop the engine. Streams still open end with an output whose ``error`` says the
+        server is shutting down; the SSD tier's pending blocks are written first."""
+
+    @property
+    def ready(self) -> bool:
+        """True once started and while the engine runs (its thread or process alive)."""
+
+    @property
+    def max_model_len(self) -> int:
+        """The context limit in tokens (prompt plus output); valid once ``ready``."""
+
+    def check(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise ``EngineError`` if the engine cannot take this request (empty prompt, a
+        prompt that does not fit the context). Cheap; runs on the event loop."""
+
+    def generate(
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
+    ) -> AsyncIterator[RequestOutput]:
+        """The request's outputs as deltas; the last has ``finished=True``.
+
+        A request the engine cannot take raises ``EngineError`` on the first iteration
+        (so does a ``request_id`` already in use, or an engine that is not running).
+        Leaving the iteration early (client gone, ``aclose()``, task cancelled) aborts
+        the request; its KV blocks are freed at the next step. An engine failure ends
+        the stream with an output whose ``error`` is set, never with a hang. A reader
+        that falls behind gets what queued up merged into one delta."""
+
+    def abort(self, request_id: str) -> None:
+        """End the request at the next step (its stream gets a finished ``abort``
+        output). Unknown ids are ignored. Thread-safe; never blocks."""
+
+    def stats(self) -> dict[str, int]:
+        """Counters as of the last step: running, waiting, blocks_total, blocks_free,
+        block_size, ... Cheap; never waits for the engine."""
+
+    async def cache_stats(self) -> dict[str, Any]:
+        """The prefix cache's tiers (memory, SSD), read between two steps."""
+
+    async def clear_cache(self, tier: str | None = None) -> dict[str, int]:
+        """Drop the prefix cache's unreferenced blocks from ``tier`` ("memory", "ssd",
+        or both when None), between two steps; returns what was dropped."""

@@ -1,0 +1,103 @@
+"""Every environment variable pippin reads, in one place, each with its default, its
+parser and a line of documentation (vLLM's ``envs.py`` is the model).
+
+Nothing else in pippin reads the environment: code asks this module (``envs.PIPPIN_X``),
+and the engine's settings are read from it once, into `EngineConfig`, when the engine
+is configured. The speed switches below are for measuring (`bench/gpu/gpu_probe.sh`
+turns them one by one); a user's choices are CLI flags (`pippin serve --help`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+
+def _flag(name: str, default: str) -> Callable[[], str]:
+    return lambda: os.environ.get(name, default)
+
+
+def _on(name: str) -> Callable[[], bool]:
+    """On unless set to 0."""
+    return lambda: os.environ.get(name, "1") != "0"
+
+
+def _path(name: str) -> Callable[[], str | None]:
+    return lambda: os.environ.get(name) or None
+
+
+# name -> (reader, documentation)
+VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
+    # --- serving ---
+    "PIPPIN_API_KEY": (
+        _path("PIPPIN_API_KEY"),
+        "The API key of `pippin serve` when --api-key is not given (and of `pippin bench`).",
+    ),
+    "PIPPIN_CACHE_DIR": (
+        _path("PIPPIN_CACHE_DIR"),
+        "Where dequantised GGUF weights are cached (default $XDG_CACHE_HOME/pippin, "
+        "else ~/.cache/pippin).",
+    ),
+    "XDG_CACHE_HOME": (_path("XDG_CACHE_HOME"), "The user's cache folder (freedesktop)."),
+    "OPENAI_API_KEY": (
+        _path("OPENAI_API_KEY"),
+        "The key `pippin bench` sends when neither --api-key nor PIPPIN_API_KEY is set.",
+    ),
+    # --- platform ---
+    "PIPPIN_NO_OPENBLAS": (
+        lambda: bool(os.environ.get("PIPPIN_NO_OPENBLAS")),
+        "Set: do not re-exec with the system's OpenBLAS preloaded (Linux CPU).",
+    ),
+    "PIPPIN_BLAS_PRELOADED": (
+        _path("PIPPIN_BLAS_PRELOADED"),
+        "Set by pippin itself when it re-executed with OpenBLAS preloaded (the library).",
+    ),
+    "MLX_MAX_OPS_PER_BUFFER": (
+        _path("MLX_MAX_OPS_PER_BUFFER"),
+        "MLX's own: ops per CUDA graph. pippin sets 400 on CUDA when it is unset.",
+    ),
+    # --- speed switches, for measuring (read once into EngineConfig.kernels) ---
+    "PIPPIN_PAGED_KERNEL": (
+        _flag("PIPPIN_PAGED_KERNEL", "auto"),
+        "auto: the paged-attention CUDA kernel for decode batches where it pays; "
+        "0: never (the gather path); 1: for every decode batch.",
+    ),
+    "PIPPIN_PREFILL_ATTENTION": (
+        _flag("PIPPIN_PREFILL_ATTENTION", "auto"),
+        "auto: prompt chunks' attention composed of plain ops on CUDA (no cuDNN plan per "
+        "shape); composed: everywhere; fused: MLX's fused attention always.",
+    ),
+    "PIPPIN_FUSED_ATTENTION": (
+        _on("PIPPIN_FUSED_ATTENTION"),
+        "0: decode attention without the fused norms/RoPE/KV-write kernel.",
+    ),
+    "PIPPIN_FUSED_LAYER": (
+        _flag("PIPPIN_FUSED_LAYER", "1"),
+        "Which projections of a small decode batch run as the fused gemv kernel: 1 (the "
+        "default set), 0 (none), all, or names such as gate_up:1/down (NAME[:ROWS]).",
+    ),
+    "PIPPIN_FUSED_PROJ": (
+        _on("PIPPIN_FUSED_PROJ"),
+        "0: q/k/v and gate/up as separate matmuls instead of one each.",
+    ),
+    "PIPPIN_HEAD_ROWS": (
+        _on("PIPPIN_HEAD_ROWS"),
+        "0: the LM head on every position of a prompt chunk, not just the sampled ones.",
+    ),
+    "PIPPIN_COMPILE": (
+        _flag("PIPPIN_COMPILE", "auto"),
+        "auto: decode steps as one compiled MLX graph on CUDA only; 0: never; 1: always.",
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    entry = VARIABLES.get(name)
+    if entry is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return entry[0]()
+
+
+def __dir__() -> list[str]:
+    return list(VARIABLES)

@@ -1,0 +1,34 @@
+"""The speed switches of the kernels and of pippin's changes to mlx-lm, read once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pippin import envs
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    # The one switch: False runs mlx-lm's model code exactly as it ships (no CUDA kernel,
+    # no fused projection, no patch at all; `pippin serve --no-kernels`).
+    enabled: bool = True
+    # The rest are for measuring one change at a time; see `pippin.envs` for each.
+    paged_kernel: str = "auto"  # auto | 0 | 1
+    prefill_attention: str = "auto"  # auto | composed | fused
+    fused_attention: bool = True
+    fused_layer: str = "1"  # see fused_layer.projections
+    fused_proj: bool = True
+    head_rows: bool = True
+    compile: str = "auto"  # the decode step as one compiled graph: auto | 0 | 1
+
+    @classmethod
+    def from_env(cls) -> KernelConfig:
+        return cls(
+            paged_kernel=envs.PIPPIN_PAGED_KERNEL,
+            prefill_attention=envs.PIPPIN_PREFILL_ATTENTION,
+            fused_attention=envs.PIPPIN_FUSED_ATTENTION,
+            fused_layer=envs.PIPPIN_FUSED_LAYER,
+            fused_proj=envs.PIPPIN_FUSED_PROJ,
+            head_rows=envs.PIPPIN_HEAD_ROWS,
+            compile=envs.PIPPIN_COMPILE,
+        )

@@ -1,0 +1,272 @@
+"""Every change pippin makes to mlx-lm's model code: in this module only, behind one
+switch, and undone by one call.
+
+pippin runs mlx-lm's model classes as they ship; to make them fast on a GPU it changes
+a loaded model's live objects (never mlx-lm's source), in this order:
+
+1. `fuse_projections`: each layer's q/k/v and gate/up projections become parts of one
+   matmul each (`fused_proj`): the attributes are replaced by `fused_proj.Part`s.
+2. `route_attention`: the `scaled_dot_product_attention` bound in each of the model's
+   mlx-lm modules is wrapped. Decode batches that opted in run `paged_attention`'s
+   kernel, prompt chunks `prefill_attention`'s composed path where it applies, every
+   other call mlx-lm's own function.
+3. `fuse_attention`: the Llama/Qwen2/Qwen3 attention modules' class becomes a subclass
+   whose ``__call__`` is `fused_attention.call` (norms, RoPE, KV write and attention in
+   one kernel for decode batches that opted in, mlx-lm's own otherwise).
+4. `fuse_layers`: their transformer blocks' class likewise, with `fused_layer.call`.
+5. `select_head_rows`: the final norm's class becomes one that keeps only the positions
+   that sample, so the LM head skips the others (`head_rows`).
+
+`apply` makes the changes a `KernelConfig` allows; with ``enabled=False`` (`pippin serve
+--no-kernels`) it makes none, and the model runs exactly as mlx-lm ships it (the paged
+KV views still feed it; they are not a patch, they are the cache interface mlx-lm's
+models take). `undo` takes every change back.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from pippin.kernels import (
+    fused_attention,
+    fused_layer,
+    fused_proj,
+    head_rows,
+    paged_attention,
+    prefill_attention,
+)
+from pippin.kernels.config import KernelConfig
+
+# The attribute each class swap leaves on a module, and on its subclass the base class.
+_PLAN_ATTRS = ("_pippin_fused", "_pippin_plan")
+_BASE = "_pippin_base"
+_ORIGINAL = "_pippin_original"  # on a wrapped function: mlx-lm's own
+
+
+@dataclass
+class Patched:
+    """What `apply` changed, as the model runner needs to know it."""
+
+    paged_kernel: bool = False  # decode batches may take the paged kernel
+    fused_attention: bool = False
+    fused_layer: bool = False
+    head: head_rows.HeadRows | None = None
+
+
+def apply(
+    model: nn.Module,
+    config: KernelConfig,
+    specs: dict[int, Any],
+    state_sizes: dict[int, int],
+    kv_bits: int | None,
+) -> Patched:
+    """Make the changes `config` allows to `model`, whose attention layers have the KV
+    `specs` and recurrent layers `state_sizes` (the model runner's probe)."""
+    out = Patched()
+    if not config.enabled:
+        return out
+    if config.fused_proj:
+        fuse_projections(model)  # q/k/v and gate/up: one matmul each
+    # The paged kernel reads full-precision pools only.
+    out.paged_kernel = not kv_bits and paged_attention.enabled_for(
+        model, specs, state_sizes, config.paged_kernel
+    )
+    if out.paged_kernel or prefill_attention.wanted(config.prefill_attention):
+        # False when no module calls mlx-lm's shared attention: nothing to route.
+        out.paged_kernel = route_attention(model, config.prefill_attention) and out.paged_kernel
+    else:
+        _unroute(model)  # an earlier engine on this model may have routed it
+    if out.paged_kernel and config.fused_attention:
+        out.fused_attention = fuse_attention(model)
+    if out.fused_attention and config.fused_layer != "0":
+        out.fused_layer = fuse_layers(model, fused_layer.projections(config.fused_layer))
+        if out.fused_layer and not paged_attention.force_reference:
+            fused_layer.warm(model)
+    if config.head_rows:
+        out.head = select_head_rows(model)
+    return out
+
+
+def undo(model: nn.Module) -> None:
+    """Take back every change `apply` made to `model`: mlx-lm's classes, attributes and
+    module functions again. The attention routing is per mlx-lm module, so it is taken
+    back for every model of those modules in this process."""
+    for _, m in model.named_modules():
+        base = getattr(type(m), _BASE, None)
+        if base is not None:
+            m.__class__ = base
+        for attr in _PLAN_ATTRS:
+            if attr in m.__dict__:
+                delattr(m, attr)
+    for _, m in model.named_modules():
+        for fused_name, names in fused_proj.GROUPS:
+            parts = [getattr(m, n, None) for n in names]
+            if all(isinstance(p, fused_proj.Part) for p in parts):
+                for n, p in zip(names, parts):
+                    setattr(m, n, p.shared.alone[p.i])
+                m.pop(fused_name, None)
+    _unroute(model)
+
+
+# --- 1. fused projections ------------------------------------------------------
+
+
+def fuse_projections(model: nn.Module) -> int:
+    """Fuse every group of `fused_proj.GROUPS` in `model` that can be; how many were."""
+    count = 0
+    for fused_name, names in fused_proj.GROUPS:
+        # The parents only: a list of every module would keep each replaced layer
+        # alive until the walk ends, doubling those weights at the peak.
+        parents = {
+            id(m): m
+            for _, m in model.named_modules()
+            if all(isinstance(getattr(m, n, None), fused_proj.KINDS) for n in names)
+        }
+        count += sum(fused_proj.fuse(p, fused_name, names) for p in parents.values())
+    return count
+
+
+# --- 2. attention routing --------------------------------------------------------
+
+
+def _model_modules(model: nn.Module) -> set[str]:
+    names = {type(m).__module__ for _, m in model.named_modules()}
+    names.add(type(model).__module__)
+    for _, m in model.named_modules():  # a swapped class lives here: its base's module
+        base = getattr(type(m), _BASE, None)
+        if base is not None:
+            names.add(base.__module__)
+    return {n for n in names if n.startswith("mlx_lm.models.") and n in sys.modules}
+
+
+def route_attention(model: nn.Module, prefill_mode: str = "auto") -> bool:
+    """Wrap the `scaled_dot_product_attention` of `model`'s mlx-lm modules (see the
+    module's docstring). True when at least one module calls it (so that the paged
+    kernel can be used)."""
+    hooked = False
+    for name in _model_modules(model):
+        mod = sys.modules[name]
+        fn = getattr(mod, "scaled_dot_product_attention", None)
+        if fn is None:
+            continue
+        mod.scaled_dot_product_attention = _routed(getattr(fn, _ORIGINAL, fn), prefill_mode)
+        hooked = True
+    return hooked
+
+
+def _unroute(model: nn.Module) -> None:
+    for name in _model_modules(model):
+        mod = sys.modules[name]
+        original = getattr(getattr(mod, "scaled_dot_product_attention", None), _ORIGINAL, None)
+        if original is not None:
+            mod.scaled_dot_product_attention = original
+
+
+@functools.cache
+def _routed(original: Callable[..., mx.array], prefill_mode: str) -> Callable[..., mx.array]:
+    def scaled_dot_product_attention(
+        queries: mx.array,
+        keys: mx.array,
+        values: mx.array,
+        cache: Any,
+        scale: float,
+        mask: Any,
+        sinks: Any = None,
+    ) -> mx.array:
+        lay = getattr(cache, "layout", None)
+        if sinks is None and lay is not None and getattr(lay, "paged_kernel", False):
+            # The cache returned the pools themselves (the new token already written).
+            force = paged_attention.force_reference
+            fn = (
+                paged_attention.reference_decode_attention
+                if force
+                else paged_attention.paged_decode_attention
+            )
+            return fn(queries, keys, values, lay.gather_blocks, lay.offsets, scale, lay.block_size)
+        if lay is not None and not hasattr(cache, "bits"):  # not quantised
+            rows = prefill_attention.composed_rows(queries, keys, prefill_mode)
+            if rows:
+                return prefill_attention.composed_attention(
+                    queries, keys, values, scale, mask, rows, sinks
+                )
+        return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+
+    setattr(scaled_dot_product_attention, _ORIGINAL, original)
+    return scaled_dot_product_attention
+
+
+# --- 3, 4. class swaps -------------------------------------------------------------
+
+
+@functools.cache
+def _subclasses(pairs: tuple[tuple[str, str], ...], call: Callable) -> dict[type, type]:
+    """Each of mlx-lm's classes in `pairs` ((module, class name)), with a subclass whose
+    `__call__` is `call`. Cached, so that engines built on one model share the subclasses."""
+    out: dict[type, type] = {}
+    for mod, name in pairs:
+        base = getattr(importlib.import_module(f"mlx_lm.models.{mod}"), name)
+        attrs = {"__call__": call, _BASE: base}
+        out[base] = type(f"Fused{mod.capitalize()}{name}", (base,), attrs)
+    return out
+
+
+def _swap_in(
+    model: nn.Module, classes: dict[type, type], plan: Callable[[Any, type], Any], attr: str
+) -> bool:
+    """Give every module of `model` whose class is a key of `classes` `plan(module, class)`
+    as `attr` and the fused subclass, if every such module has a plan; True if so. Modules
+    fused by an earlier engine on the same model count too (and are planned again)."""
+    bases = {**{b: b for b in classes}, **{f: b for b, f in classes.items()}}
+    modules = [m for _, m in model.named_modules() if type(m) in bases]
+    plans = [plan(m, bases[type(m)]) for m in modules]
+    if not modules or any(p is None for p in plans):
+        return False
+    for m, p in zip(modules, plans):
+        setattr(m, attr, p)
+        m.__class__ = classes[bases[type(m)]]
+    return True
+
+
+def fuse_attention(model: nn.Module) -> bool:
+    """Swap every attention module of `model` for its fused form, if all can be; True if
+    so. Needs `fuse_projections` first, and decode batches that take the paged kernel."""
+    classes = _subclasses(fused_attention.CLASSES, fused_attention.call)
+    return _swap_in(model, classes, lambda m, _base: fused_attention.spec(m), "_pippin_fused")
+
+
+def fuse_layers(model: nn.Module, chosen: dict[str, int]) -> bool:
+    """Swap every transformer layer of `model` for its fused form, if all can be; True if
+    so. Needs `fuse_attention` first; `chosen`: `fused_layer.projections`."""
+    classes = _subclasses(fused_layer.CLASSES, fused_layer.call)
+    return _swap_in(
+        model, classes, lambda m, base: fused_layer.plan(m, base, chosen), "_pippin_plan"
+    )
+
+
+# --- 5. the LM head's rows ----------------------------------------------------------
+
+
+def select_head_rows(model: nn.Module) -> head_rows.HeadRows | None:
+    """Make `model`'s final norm select positions; None if the model has no known one."""
+    found = head_rows.final_norm(model)
+    if found is None:
+        return None
+    norm: nn.Module = getattr(*found)
+    holder = head_rows.HeadRows()
+    base = getattr(type(norm), _BASE, type(norm))
+
+    def __call__(self: nn.Module, x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
+        if holder.rows is not None and x.ndim == 3 and tuple(x.shape[:2]) == holder.shape:
+            x = x[holder.rows, holder.cols][:, None, :]
+        return base.__call__(self, x, *args, **kwargs)
+
+    norm.__class__ = type(base.__name__, (base,), {"__call__": __call__, _BASE: base})
+    return holder

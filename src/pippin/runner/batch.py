@@ -1,0 +1,36 @@
+"""What the model runner reads of a scheduled sequence: the engine's `ScheduledSeq` and
+`Sequence` satisfy these; the runner imports nothing of the engine."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+
+class BlockTable(Protocol):
+    block_ids: list[int]
+
+
+class RunSequence(Protocol):
+    table: BlockTable
+    # Tokens the step in flight is still sampling: (array, row) each, not yet known.
+    pending: list[tuple[Any, int]]
+
+    @property
+    def num_known(self) -> int:
+        """Tokens known on the host (prompt and sampled)."""
+
+    state: list[Any] | None  # recurrent layers' state, per layer (None: none yet)
+
+    def ids(self, start: int, end: int) -> list[int]: ...
+
+
+class RunItem(Protocol):
+    """One row of a model call: `length` tokens of `seq` from position `start`."""
+
+    seq: RunSequence
+    start: int
+    length: int
+
+    @property
+    def samples(self) -> bool:
+        """Whether the row's last position is sampled."""

@@ -1,0 +1,130 @@
+"""The decode step as one compiled MLX graph.
+
+A decode batch (one new token per row) runs the same model graph every step;
+only its values change. Built op by op in Python, that graph costs a few
+milliseconds of host time per step, more than a small model's whole step on a
+GPU. `mx.compile` traces it once per padded shape and then replays it (fusing
+elementwise ops on the way), so a step's host time no longer grows with the
+model's depth.
+
+Every per-step value is an input array: the tokens, the block tables, the
+offsets, the write slots and the KV pools themselves, which come back out as
+the updated pools (the caller drops its references first, so the scatters stay
+in place). Batch size and table width are padded to buckets so that a few
+traces serve every step: padded rows read and write only the null block 0.
+
+On by default on CUDA (see `enabled`); `PIPPIN_COMPILE=0` turns it off, every step then
+running the model op by op.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import mlx.core as mx
+import numpy as np
+
+from pippin.kernels import paged_attention
+from pippin.kernels.config import KernelConfig
+from pippin.kernels.device import on_cuda
+from pippin.runner.paged_cache import DecodeLayout, LayerPool, table_arrays
+
+
+class Runner(Protocol):
+    """What a decode graph reads of `ModelRunner` (which builds one for itself)."""
+
+    model: Any
+    pools: dict[int, LayerPool]
+    block_size: int
+    num_caches: int
+    paged_kernel: bool
+    kernels: KernelConfig
+
+    def mark_fused(self, layout: Any, rows: int) -> None: ...
+
+    def _view(self, pool: LayerPool, layout: Any) -> Any: ...
+
+
+def enabled(flag: str = "auto") -> bool:
+    """On by default on CUDA only (`flag`: `KernelConfig.compile`). On the CPU backend a
+    step launched while the previous one still runs sometimes finds a pool still
+    referenced there, and its scatter then copies that pool whole instead of updating it
+    in place (seen with a tiny model, one copy of one layer's keys or values in about half
+    the steps): a loss that grows with the pool. On Metal it is not measured yet.
+    `PIPPIN_COMPILE=1` turns it on anywhere."""
+    if flag != "auto":
+        return flag != "0"
+    return on_cuda()
+
+
+def bucket(n: int) -> int:
+    """`n` rounded up to one of a few sizes per power of two (at most 25% more)."""
+    if n <= 4:
+        return n
+    step = 1 << (n.bit_length() - 3)
+    return -(-n // step) * step
+
+
+def pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+class DecodeGraph:
+    """Runs decode batches of `runner`'s model through compiled traces."""
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self.order = sorted(runner.pools)
+        self.counts = [len(runner.pools[i].parts) for i in self.order]  # arrays per layer
+        self.kernel = runner.paged_kernel
+        self._fn = mx.compile(self._step)
+
+    def _step(
+        self, tokens: mx.array, tables: mx.array, offsets: mx.array, slots: mx.array, *parts: Any
+    ) -> tuple[mx.array, ...]:
+        r = self.runner
+        B = tokens.shape[0]
+        always = r.kernels.paged_kernel == "1"
+        kernel = self.kernel and paged_attention.worth_it(B, tables.shape[1] * r.block_size, always)
+        layout = DecodeLayout(tables, offsets, slots, r.block_size, kernel)
+        r.mark_fused(layout, B)
+        pools = {i: r.pools[i].with_parts(p) for i, p in self._by_layer(parts).items()}
+        caches = [r._view(pools[i], layout) for i in range(r.num_caches)]
+        logits = r.model(tokens, cache=caches)
+        return (logits[:, 0], *(p for i in self.order for p in pools[i].parts))
+
+    def forward(self, tokens: mx.array, starts: list[int], tables: list[list[int]]) -> mx.array:
+        """Logits [B, vocab] of one decode step; `tokens` is [Bp, 1] already padded to
+        `self.rows(B)` rows."""
+        r = self.runner
+        bs = r.block_size
+        B = len(starts)
+        Bp = tokens.shape[0]
+        need = max(s // bs + 1 for s in starts)
+        nb = pow2(need) if self.kernel else bucket(need)
+        tab, slots = table_arrays(starts, [1] * B, tables, bs, Bp, nb)
+        offsets = np.zeros(Bp, dtype=np.int32)
+        offsets[:B] = starts
+        parts = [p for i in self.order for p in r.pools[i].parts]
+        for i in self.order:
+            r.pools[i].parts = []  # the compiled scatters may then update the pools in place
+        out = self._fn(
+            tokens, mx.array(tab), mx.array(offsets), mx.array(slots.reshape(-1)), *parts
+        )
+        del parts
+        for i, p in self._by_layer(out[1:]).items():
+            r.pools[i].parts = p
+        logits = out[0]
+        return logits if Bp == B else logits[:B]
+
+    def _by_layer(self, flat: Any) -> dict[int, list[mx.array]]:
+        """The pools' arrays, as one flat sequence in `order`, back to a list per layer."""
+        out, k = {}, 0
+        for i, n in zip(self.order, self.counts):
+            out[i] = list(flat[k : k + n])
+            k += n
+        return out
+
+    @staticmethod
+    def rows(B: int) -> int:
+        return bucket(B)

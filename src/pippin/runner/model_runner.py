@@ -1,0 +1,266 @@
+"""Runs mlx-lm model classes unchanged over the paged KV pool.
+
+Attention layers get `PagedLayerCache` views; layers that keep other state
+(the recurrent layers of Qwen3-Next or Mamba hybrids, mlx-lm's `ArraysCache`)
+keep it per sequence and have it stacked into a batch for each call.
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
+
+from pippin.kernels import (
+    fused_layer,
+    paged_attention,
+    patches,
+)
+from pippin.kernels.config import KernelConfig
+from pippin.runner import decode_graph
+from pippin.runner.batch import RunItem
+from pippin.runner.paged_cache import (
+    BatchLayout,
+    LayerPool,
+    LayerSpec,
+    PagedLayerCache,
+    QuantizedPagedLayerCache,
+)
+
+
+def _same_rows(lazy: list[tuple[int, mx.array, int]], rows: int) -> bool:
+    """Whether each of the `rows` rows reads its own row of one array of `rows` tokens."""
+    if not lazy or len(lazy) != rows:
+        return False
+    arr = lazy[0][1]
+    if arr.ndim != 1 or arr.shape[0] != rows or arr.dtype != mx.int32:
+        return False
+    return all(b == i and r == i and a is arr for i, (b, a, r) in enumerate(lazy))
+
+
+class UnsupportedModelError(Exception):
+    pass
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: nn.Module,
+        block_size: int,
+        kv_bits: int | None = None,
+        kv_group_size: int = 64,
+        kernels: KernelConfig | None = None,
+    ) -> None:
+        self.model = model
+        self.block_size = block_size
+        self.kv_bits = kv_bits
+        self.kv_group_size = kv_group_size
+        self.num_caches = 0  # entries of the model's cache list, one per layer
+        self.specs: dict[int, LayerSpec] = {}  # attention layers
+        self.state_sizes: dict[int, int] = {}  # recurrent layers
+        self.kernels = kernels if kernels is not None else KernelConfig.from_env()
+        self._probe()
+        self.pools: dict[int, LayerPool] = {}
+        self.graph: decode_graph.DecodeGraph | None = None
+        self._view = QuantizedPagedLayerCache if kv_bits else PagedLayerCache
+        if kv_bits:
+            self._probe_quantized()
+        # Every change to mlx-lm's model code is made (and documented) there.
+        patched = patches.apply(model, self.kernels, self.specs, self.state_sizes, kv_bits)
+        # Decode batches may read KV through the paged kernel; those that do take the
+        # fused attention block, and small ones each layer in five kernels around it.
+        self.paged_kernel = patched.paged_kernel
+        self.fused_attention = patched.fused_attention
+        self.fused_layer = patched.fused_layer
+        self.head = patched.head
+
+    def mark_fused(self, layout: Any, rows: int) -> None:
+        """Which fused kernels a batch of `rows` rows runs, once `layout.paged_kernel` says
+        whether it is a decode batch that takes the paged kernel."""
+        layout.fused_attention = layout.paged_kernel and self.fused_attention
+        small = fused_layer.applies(rows)
+        layout.fused_layer = layout.fused_attention and self.fused_layer and small
+
+    @property
+    def has_state_layers(self) -> bool:
+        return bool(self.state_sizes)
+
+    @property
+    def kv_specs(self) -> list[LayerSpec]:
+        return list(self.specs.values())
+
+    def _probe(self) -> None:
+        """Run two tokens through the model's own caches to learn each layer's KV shape."""
+        caches = make_prompt_cache(self.model)
+        self.model(mx.array([[1, 2]]), cache=caches)
+        self.num_caches = len(caches)
+        for i, c in enumerate(caches):
+            if type(c) in (KVCache, RotatingKVCache):  # not subclasses: they mean other layouts
+                mx.eval(c.keys, c.values)
+                _, h, _, dk = c.keys.shape
+                dv = c.values.shape[-1]
+                if self.kv_bits and (dk % self.kv_group_size or dv % self.kv_group_size):
+                    raise UnsupportedModelError(
+                        f"quantised KV needs head dims divisible by the group size "
+                        f"{self.kv_group_size}; layer {i} has {dk} and {dv}"
+                    )
+                self.specs[i] = LayerSpec(h, dk, dv, c.keys.dtype, self.kv_bits, self.kv_group_size)
+            elif isinstance(c, ArraysCache):
+                self.state_sizes[i] = len(c.cache)
+            else:
+                raise UnsupportedModelError(
+                    f"layer {i} uses a {type(c).__name__}, which the paged engine does not run yet"
+                )
+        if not self.specs and not self.state_sizes:
+            raise UnsupportedModelError("the model has no cache layers")
+
+    def _probe_quantized(self) -> None:
+        """Models whose attention does not go through mlx-lm's shared
+        `scaled_dot_product_attention` cannot read quantised KV: refuse them up front."""
+        pools = {i: LayerPool(s, 2, self.block_size) for i, s in self.specs.items()}
+        layout = BatchLayout([0], [2], [[1, 1]], self.block_size)
+        caches: list[Any] = [
+            self._view(pools[i], layout) if i in pools else ArraysCache(self.state_sizes[i])
+            for i in range(self.num_caches)
+        ]
+        try:
+            mx.eval(self.model(mx.array([[1, 2]]), cache=caches))
+        except Exception as e:
+            raise UnsupportedModelError(
+                f"this model's attention cannot read quantised KV ({type(e).__name__}: {e}); "
+                "run it without --kv-bits"
+            ) from None
+
+    def allocate(self, num_blocks: int) -> None:
+        self.pools = {i: LayerPool(s, num_blocks, self.block_size) for i, s in self.specs.items()}
+        mx.eval([p.parts for p in self.pools.values()])
+        # Recurrent state is stacked per call from each sequence's own arrays: not a
+        # fixed graph, so those models run op by op.
+        if decode_graph.enabled(self.kernels.compile) and not self.has_state_layers:
+            self.graph = decode_graph.DecodeGraph(self)
+
+    def reset_pools(self, num_blocks: int) -> None:
+        """Zeroed pools (and a new compiled step) in place of ones a failed step may have
+        left half written or still tied to its unfinished graph. The old ones are let go
+        first, so both are never held at once."""
+        self.pools = {}
+        self.graph = None
+        gc.collect()
+        mx.clear_cache()
+        self.allocate(num_blocks)
+
+    def block_slots(self, block_ids: list[int]) -> mx.array:
+        bs = self.block_size
+        return mx.array(
+            (np.asarray(block_ids, dtype=np.int32)[:, None] * bs + np.arange(bs)).reshape(-1)
+        )
+
+    def read_blocks(self, block_ids: list[int]) -> list[mx.array]:
+        """Every pool part of these blocks, layer by layer, each [H, n * block_size, width]."""
+        slots = self.block_slots(block_ids)
+        return [a for i in sorted(self.pools) for a in self.pools[i].read(slots)]
+
+    def write_blocks(self, block_ids: list[int], parts: list[mx.array]) -> None:
+        """The inverse of `read_blocks`."""
+        slots = self.block_slots(block_ids)
+        k = 0
+        for i in sorted(self.pools):
+            n = len(self.pools[i].parts)
+            self.pools[i].write(slots, parts[k : k + n])
+            k += n
+
+    def forward(self, items: list[RunItem]) -> mx.array | None:
+        """Compute `items` (one row each) and return the logits of the rows that sample,
+        in order, as [n, vocab]; None if no row samples."""
+        starts = [it.start for it in items]
+        lengths = [it.length for it in items]
+        tables = [it.seq.table.block_ids for it in items]
+        L = max(lengths)
+        compiled = self.graph is not None and L == 1
+        B = len(items)
+        tokens = np.zeros((self.graph.rows(B) if compiled else B, L), dtype=np.int32)
+        lazy: list[tuple[int, mx.array, int]] = []
+        for b, it in enumerate(items):
+            seq = it.seq
+            if seq.pending and it.start == seq.num_known:
+                # The input is the token the step in flight is sampling.
+                arr, row = seq.pending[-1]
+                lazy.append((b, arr, row))
+                continue
+            tokens[b, : it.length] = seq.ids(it.start, it.start + it.length)
+        if _same_rows(lazy, tokens.shape[0]):
+            # A steady decode batch: the previous step's sampled tokens are the inputs,
+            # row for row, with no upload or scatter.
+            inputs = lazy[0][1].reshape(-1, 1)
+        else:
+            inputs = mx.array(tokens)
+            groups: dict[int, tuple[mx.array, list[int], list[int]]] = {}
+            for b, arr, r in lazy:
+                groups.setdefault(id(arr), (arr, [], []))
+                groups[id(arr)][1].append(b)
+                groups[id(arr)][2].append(r)
+            for arr, dst, src in groups.values():
+                inputs[mx.array(dst), 0] = arr[mx.array(src)]
+        rows = [b for b, it in enumerate(items) if it.samples]
+
+        if compiled:
+            assert self.graph is not None
+            logits = self.graph.forward(inputs, starts, tables)
+            if not rows:
+                return None
+            return logits if len(rows) == B else logits[mx.array(rows)]
+
+        layout = BatchLayout(starts, lengths, tables, self.block_size)
+        if self.paged_kernel:
+            paged_attention.use_kernel(layout, always=self.kernels.paged_kernel == "1")
+            self.mark_fused(layout, B)
+        caches: list[Any] = [
+            self._view(self.pools[i], layout) if i in self.pools else self._stack_state(i, items)
+            for i in range(self.num_caches)
+        ]
+        cols = [lengths[b] - 1 for b in rows]
+        if self.head is not None and rows and L > 1:
+            # Only the sampling positions go through the LM head.
+            with self.head.select(rows, cols, (B, L)):
+                logits = self.model(inputs, cache=caches)
+        else:
+            logits = self.model(inputs, cache=caches)
+
+        if self.state_sizes:
+            for i in self.state_sizes:
+                stacked: ArraysCache = caches[i]
+                for b, it in enumerate(items):
+                    if it.seq.state is None:
+                        it.seq.state = [None] * self.num_caches
+                    it.seq.state[i] = [c[b : b + 1] for c in stacked.cache]
+
+        if not rows:
+            return None
+        if L == 1:
+            return logits[mx.array(rows), 0] if len(rows) < len(items) else logits[:, 0]
+        if logits.shape[:2] == (len(rows), 1) and self.head is not None:
+            return logits[:, 0]
+        return logits[mx.array(rows), mx.array(cols)]
+
+    def _stack_state(self, layer: int, items: list[RunItem]) -> ArraysCache:
+        size = self.state_sizes[layer]
+        per_seq = []
+        for it in items:
+            c = ArraysCache(size)
+            if it.seq.state is not None and it.seq.state[layer] is not None:
+                c.cache = list(it.seq.state[layer])
+            per_seq.append(c)
+        if len(per_seq) == 1:
+            return per_seq[0]
+        return ArraysCache.merge(per_seq)
+
+    def arrays_to_eval(self, items: list[RunItem]) -> list[Any]:
+        """Everything a step wrote, so one eval materialises it."""
+        out: list[Any] = [p.parts for p in self.pools.values()]
+        if self.state_sizes:
+            out.extend(it.seq.state for it in items if it.seq.state is not None)
+        return out
