@@ -334,6 +334,48 @@ def _serve(loaded: LoadedModel, prompts: list[list[int]], later: list[list[int]]
     return asyncio.run(main())
 
 
+def test_failure_adding_a_later_sequence_leaves_nothing_behind(
+    tiny_models, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request of n=3 whose second sequence cannot be added ends with an error, and the
+    first one, already queued, goes with it: nothing keeps waiting or holds a block, and
+    the next request is served."""
+    loaded = _loaded(tiny_models("llama"))
+    prompt = _prompts(loaded.model.args.vocab_size, 1, seed=4)[0]
+
+    async def main() -> tuple[list, dict, list]:
+        engine = InprocClient(loaded, _config())
+        await engine.start()
+        core = engine.engine.core
+        assert core is not None
+        real_add = core.scheduler.add
+        added = 0
+
+        def add(seq) -> None:  # type: ignore[no-untyped-def]
+            nonlocal added
+            added += 1
+            if added == 2:
+                raise RuntimeError("no room for sequence 1")
+            real_add(seq)
+
+        monkeypatch.setattr(core.scheduler, "add", add)
+        params = SamplingParams(max_tokens=8, temperature=0.0, n=3, ignore_eos=True)
+        failed = [out async for out in engine.generate(prompt, params, "broken")]
+        monkeypatch.setattr(core.scheduler, "add", real_add)
+        one = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+        after = [out async for out in engine.generate(prompt, one, "after")]
+        stats = engine.stats()
+        await engine.stop()
+        return failed, stats, after
+
+    failed, stats, after = asyncio.run(main())
+    assert failed[-1].finished and "no room for sequence 1" in (failed[-1].error or "")
+    assert after[-1].finished and after[-1].error is None
+    assert sum(len(c.token_ids) for o in after for c in o.outputs) == 4
+    assert stats["running"] == stats["waiting"] == 0
+    assert stats["blocks_free"] == stats["blocks_total"]
+
+
 def test_step_out_of_memory_is_recomputed_on_fresh_pools(
     tiny_models, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sys
+from dataclasses import replace
 from typing import Any
 
 from pippin import __version__, envs
@@ -25,6 +26,7 @@ from pippin.engine.config import (
     default_batched_tokens,
     default_engine_process,
 )
+from pippin.kernels.config import KernelConfig
 from pippin.obs.logs import LOG_FORMATS
 
 log = logging.getLogger("pippin.cli")
@@ -298,6 +300,13 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         "flag of that name)",
     )
     e.add_argument(
+        "--no-kernels",
+        dest="kernels",
+        action="store_false",
+        help="run mlx-lm's model code exactly as it ships: no custom CUDA kernel, no fused "
+        "projection, no change to its modules (slower on GPUs; for comparing or debugging)",
+    )
+    e.add_argument(
         "--buffer-cache-mb",
         type=_positive_int,
         help="most memory MLX keeps in its cache of freed buffers, in MiB (default: the KV "
@@ -501,6 +510,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         stream_interval_s=None
         if args.stream_interval_ms is None
         else args.stream_interval_ms / 1000,
+        kernels=replace(KernelConfig.from_env(), enabled=args.kernels),
     )
     from pippin.chat.reasoning import REASONING_PARSERS
     from pippin.chat.tool_parsers import registry

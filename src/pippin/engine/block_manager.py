@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
-def chain_hash(parent: int | None, token_ids: Seq[int], extra: object = None) -> int:
-    """Key of a full block: equal keys mean equal KV (same prefix, same tokens)."""
+def chain_hash(parent: int | None, token_ids: Seq[int]) -> int:
+    """Key of a full block: equal keys mean equal KV (same prefix, same tokens). Whatever
+    else changes a sequence's KV (its cache salt) is folded into its first parent, the
+    table's `root`."""
     h = hashlib.blake2b(digest_size=16)
     h.update(b"-" if parent is None else parent.to_bytes(16, "little"))
     h.update(np.asarray(token_ids, dtype=np.int64).tobytes())
-    if extra is not None:
-        h.update(repr(extra).encode())
     return int.from_bytes(h.digest(), "little")
 
 
@@ -92,22 +92,20 @@ class BlockManager:
     def num_cached(self) -> int:
         return len(self.hash_to_block)
 
-    def prompt_keys(
-        self, token_ids: Seq[int], root: int | None = None, extra: object = None
-    ) -> list[int]:
+    def prompt_keys(self, token_ids: Seq[int], root: int | None = None) -> list[int]:
         """Keys of the full blocks a prompt can take from a cache (its last token is
         always computed)."""
         bs = self.block_size
         keys: list[int] = []
         parent = root
         for i in range((len(token_ids) - 1) // bs):
-            parent = chain_hash(parent, token_ids[i * bs : (i + 1) * bs], extra)
+            parent = chain_hash(parent, token_ids[i * bs : (i + 1) * bs])
             keys.append(parent)
         return keys
 
     # -- prefix cache -----------------------------------------------------
     def match_prefix(
-        self, token_ids: Seq[int], root: int | None = None, extra: object = None
+        self, token_ids: Seq[int], root: int | None = None
     ) -> tuple[list[int], list[int]]:
         """Cached full blocks at the start of `token_ids`, leaving at least one
         token to compute (its logits are needed to sample)."""
@@ -120,7 +118,7 @@ class BlockManager:
         parent = root
         for i in range(max_blocks):
             chunk = token_ids[i * bs : (i + 1) * bs]
-            h = chain_hash(parent, chunk, extra)
+            h = chain_hash(parent, chunk)
             bid = self.hash_to_block.get(h)
             if bid is None or self.blocks[bid].token_ids != tuple(chunk):
                 break
@@ -198,7 +196,6 @@ class BlockManager:
         table: BlockTable,
         token_ids: Callable[[int, int], Seq[int]],
         num_computed: int,
-        extra: object = None,
     ) -> None:
         """Enter blocks that became full and computed into the prefix cache.
 
@@ -211,7 +208,7 @@ class BlockManager:
         for i in range(len(table.hashes), full):
             parent = table.hashes[i - 1] if i else table.root
             chunk = tuple(token_ids(i * bs, (i + 1) * bs))
-            h = chain_hash(parent, chunk, extra)
+            h = chain_hash(parent, chunk)
             table.hashes.append(h)
             bid = table.block_ids[i]
             if h not in self.hash_to_block:

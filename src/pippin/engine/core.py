@@ -21,7 +21,7 @@ from pippin.engine.observer import EngineObserver
 from pippin.engine.output_processor import OutputProcessor
 from pippin.engine.sampler import SampleResult, sample
 from pippin.engine.scheduler import ScheduledSeq, Scheduler
-from pippin.engine.sequence import Sequence
+from pippin.engine.sequence import Sequence, Think
 from pippin.engine.types import (
     CompletionOutput,
     EngineError,
@@ -97,9 +97,9 @@ def _budget_near(s: Sequence) -> bool:
     assert tb is not None
     if s.forced:
         return True
-    if s.think_state == 1:
+    if s.think_state is Think.INSIDE:
         return s.think_count + len(s.pending) + 1 >= tb.budget
-    return s.think_state == 0 and tb.budget <= 2
+    return s.think_state is Think.BEFORE and tb.budget <= 2
 
 
 Sampled = tuple[list[ScheduledSeq], SampleResult]
@@ -180,10 +180,12 @@ class EngineCore:
         ]
         for s in seqs[1:]:
             s.wait_for = seqs[0]  # siblings reuse the first one's prompt blocks
+        # Registered first: if adding sequence k fails, `abort` finds the ones before it
+        # (holding KV blocks, or prefetching them from disk) and frees them.
+        self.requests[request_id] = Request(request_id, seqs, len(prompt_ids))
         for s in seqs:
             self.outputs.init(s)
             self.scheduler.add(s)
-        self.requests[request_id] = Request(request_id, seqs, len(prompt_ids))
 
     def abort(self, request_id: str) -> RequestOutput | None:
         req = self.requests.pop(request_id, None)

@@ -9,6 +9,7 @@ are sampled with the model call as before and never wait for a mask.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,9 +21,17 @@ from llguidance.numpy import fill_next_token_bitmask, fill_next_token_bitmask_pa
 
 from pippin.engine.constraint import Constraint
 
-# Where a sequence is: its first token may still open a reasoning section; inside that
-# section (unconstrained); or in the constrained answer.
-MAY_REASON, REASONING, ANSWER = range(3)
+
+class Phase(enum.Enum):
+    """Where a sequence is: its first token may still open a reasoning section; inside
+    that section (unconstrained); or in the constrained answer."""
+
+    MAY_REASON = "may_reason"
+    REASONING = "reasoning"
+    ANSWER = "answer"
+
+
+MAY_REASON, REASONING, ANSWER = Phase.MAY_REASON, Phase.REASONING, Phase.ANSWER
 
 
 @dataclass
@@ -30,7 +39,7 @@ class GrammarState:
     """A sequence's own matcher and how far it has read the sequence's output."""
 
     matcher: LLMatcher
-    phase: int
+    phase: Phase
     seen: int = 0  # output tokens already read
     tail: list[int] = field(default_factory=list)  # last tokens, to spot the end marker
 

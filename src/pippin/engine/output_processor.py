@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, StreamingDetokenizer
 
-from pippin.engine.sequence import Sequence
+from pippin.engine.sequence import Sequence, Think
 from pippin.engine.types import TokenLogprob
 
 
@@ -52,7 +52,7 @@ class OutputProcessor:
     def _enter_thinking(seq: Sequence) -> None:
         tb = seq.params.thinking
         assert tb is not None
-        seq.think_state, seq.think_count = 1, 0
+        seq.think_state, seq.think_count = Think.INSIDE, 0
         if tb.budget <= 0:
             seq.forced = list(tb.end_ids)
 
@@ -61,14 +61,14 @@ class OutputProcessor:
         assert tb is not None
         if seq.forced and token == seq.forced[0]:
             seq.forced.pop(0)
-        if seq.think_state == 0:
+        if seq.think_state is Think.BEFORE:
             if token == tb.start_id:
                 self._enter_thinking(seq)
             else:
-                seq.think_state = 2  # the section only opens at the start
-        elif seq.think_state == 1:
+                seq.think_state = Think.AFTER  # the section only opens at the start
+        elif seq.think_state is Think.INSIDE:
             if token == tb.end_ids[-1]:
-                seq.think_state, seq.forced = 2, []
+                seq.think_state, seq.forced = Think.AFTER, []
                 return
             seq.think_count += 1
             if seq.think_count >= tb.budget and not seq.forced:
@@ -80,7 +80,7 @@ class OutputProcessor:
         p = seq.params
         seq.output_ids.append(token)
         seq.pending_ids.append(token)
-        if p.thinking is not None and seq.think_state != 2:
+        if p.thinking is not None and seq.think_state is not Think.AFTER:
             self._track_thinking(seq, token)
         if logprob is not None:
             seq.pending_logprobs.append(logprob)

@@ -50,7 +50,6 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         max_model_len: int,
-        prefix_extra: object = None,
         tiers: CacheTiers | None = None,
     ) -> None:
         self.bm = block_manager
@@ -60,7 +59,6 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.budget = max_num_batched_tokens
-        self.prefix_extra = prefix_extra
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -165,7 +163,7 @@ class Scheduler:
                     break  # keep order: it will find the sibling's blocks next step
                 seq.wait_for = None
             ids = seq.all_ids
-            cached, hashes = self.bm.match_prefix(ids, seq.table.root, self.prefix_extra)
+            cached, hashes = self.bm.match_prefix(ids, seq.table.root)
             need = self.bm.blocks_for(len(ids)) - len(cached)
             if not self.bm.can_allocate(need, cached):
                 # Wait for running sequences to free blocks; one that could never fit

@@ -10,6 +10,15 @@ from pippin.engine.block_manager import BlockTable
 from pippin.engine.types import FinishReason, SamplingParams, TokenLogprob
 
 
+class Think(enum.Enum):
+    """Where a sequence with a reasoning budget is: the section may still open (it only
+    opens at the start), is open, or is over (or never opened)."""
+
+    BEFORE = "before"
+    INSIDE = "inside"
+    AFTER = "after"
+
+
 class Status(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -48,9 +57,9 @@ class Sequence:
     # first. The next step reads the newest lazily, so it can be built before the
     # previous one has finished.
     pending: list[tuple[Any, int]] = field(default_factory=list)
-    # Reasoning budget: 0 before the section, 1 inside it, 2 after; tokens spent in it;
-    # and tokens that the next steps must produce (its end marker, once spent).
-    think_state: int = 0
+    # Reasoning budget: where the sequence is relative to the reasoning section, tokens
+    # spent in it, and tokens that the next steps must produce (its end marker, once spent).
+    think_state: Think = field(default_factory=lambda: Think.BEFORE)
     think_count: int = 0
     forced: list[int] = field(default_factory=list)
     # Structured output: this sequence's grammar matcher (pippin.engine.grammar_masks).
