@@ -234,6 +234,7 @@ class Server:
     def info(self) -> dict[str, Any]:
         return {
             "kind": self.spec.kind,
+            "pid": self.proc.pid if self.proc else None,
             "cmd": self.cmd,
             "env": self.spec.env,
             "startup_s": self.startup_s,
