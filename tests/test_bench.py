@@ -152,6 +152,11 @@ def test_workloads(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown workload fields"):
         Workload.from_dict({"prompt": 3})
     assert load_workload("chat-sessions").turns > 1
+    # Prompt lengths in another tokenizer's tokens: half a word a token, half the words.
+    w.words_per_token = 0.5
+    halves = [s.turns[0].text.split() for s in make_sessions(w, 7, seed=1)]
+    assert all(20 <= len(f) <= 30 for f in halves)
+    assert all(f[:10] == halves[0][:10] for f in halves)
 
 
 def test_percentile() -> None:
@@ -284,6 +289,8 @@ def test_pippin_against_mlx_lm_server(tmp_path: Path, capsys: pytest.CaptureFixt
     assert [s["model"] for s in data["servers"]] == ["tiny-qwen3", "default_model"]
     assert all(r["failed"] == 0 for r in data["summary"])
     assert all(not alive(s["pid"]) for s in data["servers"])
+    # Prompt lengths were counted in the model's own tokens (its tokenizer.json).
+    assert data["config"]["workload"]["words_per_token"] < 1
     # pippin honours ignore_eos; mlx_lm.server may stop at an end token.
     pippin = next(r for r in data["summary"] if r["server"] == "pippin")
     assert pippin["output_tokens"] == 4 * 8

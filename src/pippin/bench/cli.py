@@ -103,6 +103,12 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     w.add_argument("--turns", type=int, help="override: turns per session")
     w.add_argument("--shared-prefix-ratio", type=float, help="override: shared prefix share")
     w.add_argument(
+        "--tokenizer",
+        metavar="PATH|none",
+        help="prompt lengths in tokens of this tokenizer.json (or folder with one); default: "
+        "the first --serve model folder that has one, else a word a token",
+    )
+    w.add_argument(
         "--no-ignore-eos",
         action="store_true",
         help="do not send ignore_eos (for servers that refuse the field)",
@@ -290,8 +296,17 @@ def _measure(
     stagger_ms: float,
     retries: int,
 ) -> Any:
-    from pippin.bench.runner import BenchConfig, run_benchmark
+    from dataclasses import replace
 
+    from pippin.bench.runner import BenchConfig, run_benchmark
+    from pippin.bench.workload import words_per_token
+
+    tokenizer = args.tokenizer
+    if tokenizer is None and started is not None:
+        folders = [Path(s.model) for s in started.servers.values() if s.model]
+        tokenizer = next((str(f) for f in folders if (f / "tokenizer.json").is_file()), None)
+    if tokenizer and tokenizer != "none":
+        workload = replace(workload, words_per_token=words_per_token(tokenizer))
     cfg = BenchConfig(
         targets=_targets(args, entries, started),
         workload=workload,

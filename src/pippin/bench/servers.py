@@ -159,6 +159,7 @@ class Server:
     port: int
     log_path: Path
     model_field: str | None = None  # the `model` requests carry (None: its first listed)
+    model: str | None = None  # what it serves: a folder for random:NAME
     version: str | None = None
     proc: subprocess.Popen[bytes] | None = None
     startup_s: float | None = None
@@ -238,6 +239,7 @@ class Server:
             "cmd": self.cmd,
             "env": self.spec.env,
             "startup_s": self.startup_s,
+            "model_path": self.model,
             "package_version": self.version,
             "log": str(self.log_path),
         }
@@ -262,7 +264,7 @@ def make_server(
 
     port = free_port()
     env = dict(os.environ)
-    model = resolve_model(spec.model, model_root) if spec.kind != "cmd" else spec.model
+    model = resolve_model(spec.model, model_root) if spec.kind != "cmd" else None
     model_field = None
     if spec.kind == "pippin":
         env["PYTHONPATH"] = os.pathsep.join(
@@ -287,13 +289,13 @@ def make_server(
             cmd += ["--continuous-batching", "--stream-interval", "1"]
             version = package_version("vllm-mlx", python)
         else:
-            cmd = [model]
+            cmd = [spec.model]
             version = None
     cmd += spec.args
     cmd = [w.replace("{port}", str(port)) for w in cmd]
     env.update(spec.env)
     log = log_dir / f"{spec.name}.log"
-    return Server(spec, cmd, env, port, log, model_field, version)
+    return Server(spec, cmd, env, port, log, model_field, model, version)
 
 
 class ServerSet:
