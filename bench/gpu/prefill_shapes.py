@@ -8,7 +8,7 @@ A closed loop of 256 requests, as a server under 256 clients sees it: prompts of
 each, so requests end and new ones arrive at different steps. On CUDA every new shape of
 a prefill call that reaches cuDNN costs host time (it builds an attention plan per shape);
 the padding costs the extra tokens computed. On the H200 the bucket did not shorten the
-server's stalls (docs/benchmarks.md).
+server's stalls: they were cuDNN plan builds (docs/benchmarks.md).
 """
 
 from __future__ import annotations
