@@ -13,7 +13,7 @@ another short suffix after it, as a streaming completions request:
 TTFT is the time from sending the request to the first streamed chunk with text. The
 last chunk's usage says how many prompt tokens were cached. Run by hand, never as a test:
 
-    .venv/bin/python bench/cache_bench.py --out .tmp/cache_bench.json
+    .venv/bin/python bench/cache_bench.py --model random:tiny-qwen3 --out .tmp/cache_bench.json
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from server_utils import Server, run_server  # noqa: E402
+
+from pippin.bench.models import resolve_model  # noqa: E402
 
 # Token ids every model's vocabulary has (clear of the special ids at the start).
 ID_RANGE = (300, 5000)
@@ -73,7 +75,11 @@ def ttft(server: Server, model: str, prompt: str | list[int]) -> tuple[float, in
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None, help="model to serve (default: pippin's default)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model to serve, or random:NAME (pippin.bench.models; default: pippin's default)",
+    )
     p.add_argument("--prefix-tokens", type=int, default=4096)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--ssd-cache-dir", default=None, help="default: a fresh temporary folder")
@@ -82,7 +88,8 @@ def main() -> int:
     args = p.parse_args()
 
     ssd = args.ssd_cache_dir or tempfile.mkdtemp(prefix="pippin-ssd-bench-")
-    serve_args = [*([args.model] if args.model else []), "--ssd-cache-dir", ssd]
+    model_arg = [resolve_model(args.model)] if args.model else []
+    serve_args = [*model_arg, "--ssd-cache-dir", ssd]
     serve_args += ["--max-model-len", str(args.prefix_tokens + 512), *args.server_args.split()]
     prefixes = [make_ids(1000 + r, args.prefix_tokens) for r in range(args.reps)]
     rows: dict[str, list[tuple[float, int, int]]] = {"cold": [], "memory": [], "ssd": []}

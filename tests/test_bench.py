@@ -9,13 +9,17 @@ from __future__ import annotations
 import asyncio
 import csv
 import json
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from fake_openai_server import CACHED_TOKENS, PROMPT_TOKENS, Timing, fake_server
 
+from pippin.bench.models import resolve_model
 from pippin.bench.report import aggregate
 from pippin.bench.runner import BenchConfig, Target, run_benchmark
+from pippin.bench.servers import ServerSet, parse_spec
 from pippin.bench.stats import percentile
 from pippin.bench.workload import Length, Workload, load_workload, make_sessions
 from pippin.cli import main
@@ -148,9 +152,145 @@ def test_workloads(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown workload fields"):
         Workload.from_dict({"prompt": 3})
     assert load_workload("chat-sessions").turns > 1
+    # Prompt lengths in another tokenizer's tokens: half a word a token, half the words.
+    w.words_per_token = 0.5
+    halves = [s.turns[0].text.split() for s in make_sessions(w, 7, seed=1)]
+    assert all(20 <= len(f) <= 30 for f in halves)
+    assert all(f[:10] == halves[0][:10] for f in halves)
 
 
 def test_percentile() -> None:
     xs = [1.0, 2.0, 3.0, 4.0]
     assert percentile(xs, 50) == 2.5 and percentile(xs, 0) == 1 and percentile(xs, 100) == 4
     assert percentile([], 50) is None
+
+
+# --- `--serve`: servers that pippin bench starts and stops -------------------------------
+
+FAKE = Path(__file__).resolve().parent / "fake_openai_server.py"
+
+
+def fake_spec(name: str, ttft: float, itl: float) -> str:
+    return f"{name}=cmd:{sys.executable} {FAKE} {{port}} {ttft} {itl} 0"
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def stopped(pid: int) -> bool:
+    """Whether `pid` is stopped (SIGSTOP takes effect when the process next runs: wait)."""
+    for _ in range(100):
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T":
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def running(pid: int) -> bool:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T"
+
+
+def test_serve_specs() -> None:
+    s = parse_spec(
+        "PIPPIN_FUSED_LAYER=0 MLX_X=a:b off=pippin:random:tiny-qwen3 --max-model-len 4096"
+    )
+    assert (s.name, s.kind, s.model) == ("off", "pippin", "random:tiny-qwen3")
+    assert s.env == {"PIPPIN_FUSED_LAYER": "0", "MLX_X": "a:b"}
+    assert s.args == ["--max-model-len", "4096"]
+    s = parse_spec("mlx_lm:/models/a b")
+    assert (s.name, s.kind, s.model, s.args) == ("mlx_lm", "mlx_lm", "/models/a", ["b"])
+    assert s.ramps_clients and not parse_spec("pippin:m").ramps_clients
+    for bad in ("pippin", "llamacpp:m", "X=1", "name=pippin:", ""):
+        with pytest.raises(ValueError, match="KIND:MODEL"):
+            parse_spec(bad)
+    with pytest.raises(ValueError, match="no random model"):
+        resolve_model("random:nope")
+    assert resolve_model("/a/folder") == "/a/folder"
+
+
+def test_serve_starts_compares_and_stops_servers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two servers started as commands, measured in turns (the idle one paused), stopped."""
+    code = main(
+        [
+            "bench",
+            "--serve", fake_spec("fast", TTFT / 4, ITL / 4),
+            "--serve", fake_spec("slow", TTFT / 2, ITL / 2),
+            "--concurrency", "2",
+            "--num-requests", "4",
+            "--output-tokens", str(TOKENS),
+            "--warmup", "1",
+            "--no-progress",
+            "--log-dir", str(tmp_path / "logs"),
+            "--json", str(tmp_path / "b.json"),
+            "--md", str(tmp_path / "b.md"),
+        ]
+    )  # fmt: skip
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "fast tok/s ×" in out and "server CPU" in out
+    data = json.loads((tmp_path / "b.json").read_text())
+    servers = {s["name"]: s for s in data["servers"]}
+    assert list(servers) == ["fast", "slow"]
+    for s in servers.values():
+        assert s["kind"] == "cmd" and s["startup_s"] > 0 and not alive(s["pid"])
+        assert Path(s["log"]).parent == tmp_path / "logs"
+    assert all(w["cpu"]["server_cpu"] >= 0 for w in data["windows"])
+    assert all(r["failed"] == 0 for r in data["summary"])
+    assert "tok_s_x" in next(r for r in data["summary"] if r["server"] == "slow")
+    md = (tmp_path / "b.md").read_text()
+    assert md.startswith("```sh\npippin bench") and "| conc | server |" in md
+
+
+def test_idle_servers_are_paused(tmp_path: Path) -> None:
+    specs = [parse_spec(fake_spec(n, 0.01, 0.01)) for n in ("a", "b")]
+    with ServerSet(specs, log_dir=tmp_path, echo=lambda _: None) as servers:
+        a, b = (servers.servers[n].proc.pid for n in ("a", "b"))  # type: ignore[union-attr]
+        servers.begin("a")
+        assert stopped(b) and running(a)
+        servers.begin("b")
+        assert stopped(a) and running(b)
+        assert servers.end("b") is not None
+    assert not alive(a) and not alive(b)
+
+
+def test_a_server_that_does_not_start_is_reported(tmp_path: Path) -> None:
+    bad = f"cmd:{sys.executable} -c 'print(\"no model here\"); raise SystemExit(3)'"
+    with pytest.raises(SystemExit, match="exited with code 3(.|\n)*no model here"):
+        main(["bench", "--serve", bad, "--log-dir", str(tmp_path), "--no-progress"])
+
+
+def test_pippin_against_mlx_lm_server(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Real servers on a random model built for the run: pippin serve and mlx_lm.server."""
+    code = main(
+        [
+            "bench",
+            "--serve", "pippin:random:tiny-qwen3 --max-model-len 1024",
+            "--serve", "mlx_lm:random:tiny-qwen3",
+            "--model-root", str(tmp_path / "models"),
+            "--concurrency", "2",
+            "--num-requests", "4",
+            "--prompt-tokens", "32",
+            "--output-tokens", "8",
+            "--warmup", "1",
+            "--no-progress",
+            "--json", str(tmp_path / "b.json"),
+        ]
+    )  # fmt: skip
+    assert code == 0
+    assert "pippin tok/s ×" in capsys.readouterr().out
+    data = json.loads((tmp_path / "b.json").read_text())
+    assert [s["model"] for s in data["servers"]] == ["tiny-qwen3", "default_model"]
+    assert all(r["failed"] == 0 for r in data["summary"])
+    assert all(not alive(s["pid"]) for s in data["servers"])
+    # Prompt lengths were counted in the model's own tokens (its tokenizer.json).
+    assert data["config"]["workload"]["words_per_token"] < 1
+    # pippin honours ignore_eos; mlx_lm.server may stop at an end token.
+    pippin = next(r for r in data["summary"] if r["server"] == "pippin")
+    assert pippin["output_tokens"] == 4 * 8

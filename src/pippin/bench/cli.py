@@ -4,30 +4,86 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import shlex
 import sys
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from pippin.bench.workload import BUILTIN, Length, load_workload
 
 
+class _Server(argparse.Action):
+    """--url and --serve into one list, in the order given (ratios are to the first)."""
+
+    def __call__(self, parser: Any, ns: argparse.Namespace, value: Any, opt: Any = None) -> None:
+        ns.servers = [*(ns.servers or []), (self.dest, value)]
+
+
 def add_bench_args(p: argparse.ArgumentParser) -> None:
+    p.set_defaults(servers=None)
     s = p.add_argument_group("servers")
     s.add_argument(
         "--url",
-        action="append",
+        action=_Server,
         metavar="[NAME=]URL",
-        help="server to measure, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine); give it "
-        "several times to compare servers in one run, interleaved, with ratios to the first "
-        "(default: http://127.0.0.1:8000)",
+        help="a running server to measure, e.g. http://127.0.0.1:8000 (a trailing /v1 is "
+        "fine). Give --url and --serve several times to compare servers in one run, "
+        "interleaved, with ratios to the first (default: http://127.0.0.1:8000)",
+    )
+    s.add_argument(
+        "--serve",
+        action=_Server,
+        metavar="SPEC",
+        help="a server to start, measure and stop: '[VAR=VALUE ...] [NAME=]KIND:MODEL "
+        "[FLAGS ...]' with KIND pippin, mlx_lm, vllm_mlx or cmd, MODEL a path, a Hub id or "
+        "random:NAME (tiny-qwen3, llama-3.2-1b, qwen3-0.6b: random weights, built once), "
+        "e.g. --serve 'pippin:random:tiny-qwen3 --max-model-len 4096' --serve "
+        "mlx_lm:random:tiny-qwen3 (see docs/benchmarks.md)",
     )
     s.add_argument(
         "--model",
         action="append",
-        help="the 'model' field: once for all servers or once per --url (default: the first "
-        "model each server lists)",
+        help="the 'model' field: once for all --url servers or once per --url (default: "
+        "the first model each server lists)",
     )
+    s.add_argument(
+        "--python",
+        action="append",
+        default=[],
+        metavar="KIND=PATH",
+        help="the Python that runs --serve servers of KIND (default: this one)",
+    )
+    s.add_argument(
+        "--model-root",
+        type=Path,
+        metavar="DIR",
+        help="where random:NAME models are built (default: ~/.cache/pippin/bench-models)",
+    )
+    s.add_argument(
+        "--blas",
+        default="auto",
+        metavar="auto|none|PATH",
+        help="Linux: the BLAS every --serve server's MLX gets: auto (the OpenBLAS pippin "
+        "preloads, preloaded into the peers too), none (no preload, pippin's neither), or a "
+        "library (default: %(default)s)",
+    )
+    s.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=600,
+        metavar="S",
+        help="seconds a --serve server may take to answer (default: %(default)s)",
+    )
+    s.add_argument(
+        "--no-pause-idle",
+        action="store_true",
+        help="leave idle --serve servers running (by default they are paused with SIGSTOP "
+        "while another server is measured)",
+    )
+    s.add_argument("--log-dir", type=Path, help="--serve servers' logs (default: a temp folder)")
     s.add_argument(
         "--api-key",
         default=os.environ.get("PIPPIN_API_KEY") or os.environ.get("OPENAI_API_KEY"),
@@ -46,6 +102,12 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     w.add_argument("--output-tokens", type=int, help="override: fixed output length")
     w.add_argument("--turns", type=int, help="override: turns per session")
     w.add_argument("--shared-prefix-ratio", type=float, help="override: shared prefix share")
+    w.add_argument(
+        "--tokenizer",
+        metavar="PATH|none",
+        help="prompt lengths in tokens of this tokenizer.json (or folder with one); default: "
+        "the first --serve model folder that has one, else a word a token",
+    )
     w.add_argument(
         "--no-ignore-eos",
         action="store_true",
@@ -73,7 +135,29 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     load.add_argument(
         "--num-requests",
         type=int,
-        help="requests per window (default: 4 x concurrency, at least 8; or 10 s of arrivals)",
+        help="requests per window (default: --requests-per-client x concurrency, at least 8; "
+        "or 10 s of arrivals)",
+    )
+    load.add_argument(
+        "--requests-per-client",
+        type=float,
+        default=4,
+        metavar="K",
+        help="closed loop: requests per client a window (default: %(default)s)",
+    )
+    load.add_argument(
+        "--stagger-ms",
+        type=float,
+        metavar="MS",
+        help="closed loop: delay between the starts of a window's clients (default: 3 with "
+        "an mlx_lm server started, else 0)",
+    )
+    load.add_argument(
+        "--connect-retries",
+        type=int,
+        metavar="N",
+        help="retries of a refused or reset connect, counted in the results (default: 20 "
+        "with an mlx_lm server started, else 3)",
     )
     load.add_argument(
         "--client-processes",
@@ -92,6 +176,12 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     o.add_argument("--json", type=Path, metavar="PATH", help="full results as JSON")
     o.add_argument("--csv", type=Path, metavar="PATH", help="the summary table as CSV")
     o.add_argument(
+        "--md",
+        type=Path,
+        metavar="PATH",
+        help="the command, the machine, versions and servers, and the table, as Markdown",
+    )
+    o.add_argument(
         "--plot",
         type=Path,
         metavar="PREFIX",
@@ -100,32 +190,56 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     o.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
-def _targets(args: argparse.Namespace) -> list:
+def _entries(args: argparse.Namespace) -> list[tuple[str, Any]]:
+    """("url", (name, url)) and ("serve", ServerSpec) in the order given."""
+    from pippin.bench.servers import parse_spec
+
+    out: list[tuple[str, Any]] = []
+    for kind, value in args.servers or [("url", "http://127.0.0.1:8000")]:
+        if kind == "serve":
+            try:
+                out.append((kind, parse_spec(value)))
+            except ValueError as exc:
+                raise SystemExit(f"pippin bench: {exc}") from None
+            continue
+        name, sep, url = value.partition("=")
+        if not sep or "://" in name:
+            name, url = "", value
+        url = url.rstrip("/").removesuffix("/v1")
+        out.append((kind, (name or urlsplit(url).netloc, url)))
+    names = [v.name if k == "serve" else v[0] for k, v in out]
+    if len(set(names)) != len(names):
+        raise SystemExit("pippin bench: servers need distinct names (NAME=URL, NAME=KIND:MODEL)")
+    return out
+
+
+def _targets(args: argparse.Namespace, entries: list[tuple[str, Any]], servers: Any) -> list:
     from pippin.bench.runner import Target
 
-    urls = args.url or ["http://127.0.0.1:8000"]
+    urls = [v for k, v in entries if k == "url"]
     models = args.model or [None]
     if len(models) not in (1, len(urls)):
         raise SystemExit("pippin bench: give --model once, or once per --url")
-    targets = []
-    for i, spec in enumerate(urls):
-        name, sep, url = spec.partition("=")
-        if not sep or "://" in name:
-            name, url = "", spec
-        url = url.rstrip("/").removesuffix("/v1")
-        name = name or urlsplit(url).netloc
-        model = models[i] if len(models) > 1 else models[0]
-        targets.append(Target(name, url, model, args.api_key))
-    if len({t.name for t in targets}) != len(targets):
-        raise SystemExit("pippin bench: servers need distinct names (NAME=URL)")
+    targets, i = [], 0
+    for kind, value in entries:
+        if kind == "serve":
+            srv = servers.servers[value.name]
+            targets.append(Target(value.name, srv.url, srv.model_field, args.api_key))
+        else:
+            model = models[i] if len(models) > 1 else models[0]
+            targets.append(Target(value[0], value[1], model, args.api_key))
+            i += 1
     return targets
+
+
+def _command() -> str:
+    if sys.argv[1:2] == ["bench"]:
+        return shlex.join(["pippin", *sys.argv[1:]])
+    return "pippin bench (called from Python)"
 
 
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
-
-    from pippin.bench.report import aggregate, describe, table, write_csv, write_json
-    from pippin.bench.runner import BenchConfig, run_benchmark
 
     try:
         workload = load_workload(args.workload)
@@ -141,8 +255,60 @@ def run(args: argparse.Namespace) -> int:
     }
     workload = replace(workload, **{k: v for k, v in overrides.items() if v is not None})
     rate = args.request_rate is not None
+    entries = _entries(args)
+    specs = [v for k, v in entries if k == "serve"]
+    ramp = any(s.ramps_clients for s in specs)
+    stagger_ms = args.stagger_ms if args.stagger_ms is not None else (3.0 if ramp else 0.0)
+    retries = args.connect_retries if args.connect_retries is not None else (20 if ramp else 3)
+    pythons = {}
+    for item in args.python:
+        kind, sep, path = item.partition("=")
+        if not sep:
+            raise SystemExit(f"pippin bench: --python {item!r}: expected KIND=PATH")
+        pythons[kind] = path
+    servers: Any = contextlib.nullcontext()
+    if specs:
+        from pippin.bench.servers import ServerSet
+
+        servers = ServerSet(
+            specs,
+            pythons=pythons,
+            blas=args.blas,
+            startup_timeout=args.startup_timeout,
+            pause_idle=not args.no_pause_idle,
+            log_dir=args.log_dir,
+            model_root=args.model_root,
+        )
+    try:
+        with servers as started:
+            bench = _measure(args, workload, entries, started, rate, stagger_ms, retries)
+    except RuntimeError as exc:  # a server that did not start
+        raise SystemExit(f"pippin bench: {exc}") from None
+    return _report(args, bench)
+
+
+def _measure(
+    args: argparse.Namespace,
+    workload: Any,
+    entries: list[tuple[str, Any]],
+    started: Any,
+    rate: bool,
+    stagger_ms: float,
+    retries: int,
+) -> Any:
+    from dataclasses import replace
+
+    from pippin.bench.runner import BenchConfig, run_benchmark
+    from pippin.bench.workload import words_per_token
+
+    tokenizer = args.tokenizer
+    if tokenizer is None and started is not None:
+        folders = [Path(s.model) for s in started.servers.values() if s.model]
+        tokenizer = next((str(f) for f in folders if (f / "tokenizer.json").is_file()), None)
+    if tokenizer and tokenizer != "none":
+        workload = replace(workload, words_per_token=words_per_token(tokenizer))
     cfg = BenchConfig(
-        targets=_targets(args),
+        targets=_targets(args, entries, started),
         workload=workload,
         mode="rate" if rate else "concurrency",
         levels=[float(x) for x in (args.request_rate if rate else args.concurrency or [1, 4, 16])],
@@ -154,8 +320,23 @@ def run(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         progress=not args.no_progress,
         client_processes=args.client_processes,
+        requests_per_client=args.requests_per_client,
+        stagger=stagger_ms / 1000,
+        connect_retries=retries,
+        watch=started,
     )
     bench = asyncio.run(run_benchmark(cfg))
+    if started is not None:
+        for s in bench.servers:
+            if s["name"] in started.servers:
+                s.update(started.servers[s["name"]].info())
+    return bench
+
+
+def _report(args: argparse.Namespace, bench: Any) -> int:
+    from pippin.bench.report import aggregate, describe, markdown, table, write_csv, write_json
+
+    cfg = bench.config
     rows = aggregate(bench)
     print(describe(bench))
     print()
@@ -168,6 +349,8 @@ def run(args: argparse.Namespace) -> int:
         write_json(args.json, bench, rows)
     if args.csv:
         write_csv(args.csv, rows)
+    if args.md:
+        args.md.write_text(markdown(bench, rows, _command()))
     if args.plot:
         from pippin.bench.plots import plot
 

@@ -8,6 +8,7 @@ import platform
 import shutil
 import subprocess
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -56,6 +57,31 @@ def _gpus() -> list[str]:
         return []
 
 
+def pippin_commit() -> str | None:
+    """The commit of the checkout pippin runs from (`-dirty` with local changes), if any."""
+    import pippin
+
+    where = Path(pippin.__file__).resolve().parent
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(where), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(
+            ["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
 def machine() -> dict[str, Any]:
     versions = {}
     for name in PACKAGES:
@@ -65,6 +91,7 @@ def machine() -> dict[str, Any]:
             pass
     mem = _memory_gib()
     return {
+        "pippin_commit": pippin_commit(),
         "cpu": _cpu_model(),
         "cores": os.cpu_count(),
         "memory_gib": round(mem, 1) if mem else None,

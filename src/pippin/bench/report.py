@@ -25,6 +25,9 @@ def aggregate(run: BenchRun) -> list[dict[str, Any]]:
             row.update(summarize([r for w in wins for r in w.results], sum(w.wall for w in wins)))
             rates = [w.cache.hit_rate for w in wins if w.cache and w.cache.hit_rate is not None]
             row["server_cache_hit_rate"] = sum(rates) / len(rates) if rates else None
+            for key in ("server_cpu", "machine_cpu"):  # shares of a core, wall-weighted
+                cpu = [(w.cpu[key], w.wall) for w in wins if w.cpu and key in w.cpu]
+                row[key] = sum(c * t for c, t in cpu) / sum(t for _, t in cpu) if cpu else None
             rows.append(row)
     add_ratios(rows, run.config.mode, names[0])
     return rows
@@ -76,6 +79,8 @@ def table(rows: list[dict[str, Any]], mode: str, first: str | None = None) -> st
         ("e2e p99", lambda r: _ms(r["e2e_p99"])),
         ("cache hits", lambda r: _pct(r["server_cache_hit_rate"])),
     ]
+    if any(r.get("server_cpu") is not None for r in rows):
+        cols.append(("server CPU", lambda r: _pct(r.get("server_cpu"))))
     if first is not None and any("tok_s_x" in r for r in rows):
         cols.append((f"{first} tok/s ×", lambda r: _x(r.get("tok_s_x"))))
         cols.append((f"{first} TTFT p99 ×", lambda r: _x(r.get("ttft_p99_x"))))
@@ -93,10 +98,18 @@ def describe(run: BenchRun) -> str:
     """The header printed above the table: what ran where."""
     m = run.machine
     pk = ", ".join(f"{k} {v}" for k, v in m["packages"].items())
+    if m.get("pippin_commit"):
+        pk += f"; pippin commit {m['pippin_commit']}"
+
     gpus = f"; GPUs: {', '.join(m['gpus'])}" if m["gpus"] else ""
     servers = "; ".join(
         f"{s['name']} = {s['url']} (model {s['model']}"
         + (f", version {s['version']}" if s.get("version") else "")
+        + (
+            f", {s['kind']} {s['package_version']}"
+            if s.get("package_version") and s["package_version"] != s.get("version")
+            else ""
+        )
         + ")"
         for s in run.servers
     )
@@ -105,7 +118,9 @@ def describe(run: BenchRun) -> str:
         f"{run.started}. Client: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB{gpus}; "
         f"{m['os']}; Python {m['python']}; {pk}.\nServers: {servers}.\n"
         f"Workload: {c.workload.describe()}; {c.mode} {', '.join(f'{x:g}' for x in c.levels)}; "
-        f"{c.repetitions} repetition(s), warm-up {c.warmup} request(s) per server."
+        f"{c.repetitions} repetition(s), warm-up {c.warmup} request(s) per server"
+        + (f"; clients started {c.stagger * 1000:g} ms apart" if c.stagger else "")
+        + "."
     )
 
 
@@ -121,6 +136,9 @@ def to_json(run: BenchRun, rows: list[dict[str, Any]]) -> dict[str, Any]:
             "repetitions": c.repetitions,
             "seed": c.seed,
             "max_concurrency": c.max_concurrency,
+            "requests_per_client": c.requests_per_client,
+            "stagger_s": c.stagger,
+            "connect_retries": c.connect_retries,
             "workload": asdict(c.workload),
         },
         "machine": run.machine,
@@ -132,11 +150,18 @@ def to_json(run: BenchRun, rows: list[dict[str, Any]]) -> dict[str, Any]:
                 c.mode: w.level,
                 "rep": w.rep,
                 "cache": asdict(w.cache) if w.cache else None,
+                "cpu": w.cpu,
                 **summarize(w.results, w.wall),
             }
             for w in run.windows
         ],
     }
+
+
+def markdown(run: BenchRun, rows: list[dict[str, Any]], command: str) -> str:
+    """What docs/benchmarks.md shows for a run: the command, where and what ran, the table."""
+    first = run.config.targets[0].name if len(run.config.targets) > 1 else None
+    return f"```sh\n{command}\n```\n\n{describe(run)}\n\n{table(rows, run.config.mode, first)}\n"
 
 
 def write_json(path: Path, run: BenchRun, rows: list[dict[str, Any]]) -> None:

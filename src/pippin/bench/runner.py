@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import httpx
 
@@ -44,6 +44,16 @@ class Target:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
 
+class Watch(Protocol):
+    """Told whose turn it is (`begin`, before a server's warm-up and each of its windows)
+    and when the window ends (`end`, which may return figures to keep with the window, such
+    as CPU use). `pippin.bench.servers.ServerSet` is one: it pauses the idle servers."""
+
+    def begin(self, name: str) -> None: ...
+
+    def end(self, name: str) -> dict[str, float] | None: ...
+
+
 @dataclass
 class BenchConfig:
     targets: list[Target]
@@ -51,6 +61,7 @@ class BenchConfig:
     mode: Mode = "concurrency"
     levels: list[float] = field(default_factory=lambda: [1.0])
     num_requests: int | None = None  # per window; None: from the level
+    requests_per_client: float = 4.0  # closed loop, num_requests None: per client a window
     warmup: int = 2  # requests per server before measuring
     repetitions: int = 1
     seed: int = 0
@@ -60,6 +71,11 @@ class BenchConfig:
     # Closed-loop clients are spread over this many processes (0: one per 64 clients, up
     # to the cores but one), so the client's own CPU does not cap what a fast server shows.
     client_processes: int = 0
+    # Closed loop: seconds between the starts of a window's clients (a ramp, for servers
+    # that reset a burst of connects), and retries of a refused or reset connect.
+    stagger: float = 0.0
+    connect_retries: int = 3
+    watch: Watch | None = None
 
     def processes_at(self, level: float) -> int:
         if self.mode != "concurrency":
@@ -70,7 +86,9 @@ class BenchConfig:
         if self.num_requests is not None:
             return self.num_requests
         # Enough for each client to send a few; in rate mode about ten seconds' worth.
-        return max(8, int(4 * level)) if self.mode == "concurrency" else max(16, int(10 * level))
+        if self.mode == "concurrency":
+            return max(8, math.ceil(self.requests_per_client * level))
+        return max(16, int(10 * level))
 
 
 def client_processes(requested: int, clients: int) -> int:
@@ -103,6 +121,7 @@ class Window:
     wall: float
     results: list[RequestResult]
     cache: CacheStats | None = None
+    cpu: dict[str, float] | None = None  # from the watch: shares of a core
 
 
 @dataclass
@@ -135,6 +154,7 @@ async def run_session(
     w: Workload,
     session: Session,
     done: Callable[[RequestResult], None],
+    retries: int = 3,
 ) -> None:
     """The session's turns one after another, each with the conversation so far."""
     path = "/v1/chat/completions" if w.api == "chat" else "/v1/completions"
@@ -148,7 +168,7 @@ async def run_session(
             text = f"{text}\n{turn.text}" if text else turn.text
             prompt = text
         res = await stream_request(
-            client, t.base_url + path, _body(t, w, prompt, turn.max_tokens), t.headers()
+            client, t.base_url + path, _body(t, w, prompt, turn.max_tokens), t.headers(), retries
         )
         done(res)
         if not res.ok:
@@ -167,7 +187,9 @@ async def run_window(
     sessions: list[Session],
     seed: str,
     progress: Progress,
+    first: int = 0,
 ) -> Window:
+    """One window; `first` numbers this process's first client (for the stagger)."""
     results: list[RequestResult] = []
     end = 0.0
 
@@ -182,18 +204,20 @@ async def run_window(
     if cfg.mode == "concurrency":
         queue = deque(sessions)
 
-        async def worker() -> None:
+        async def worker(i: int) -> None:
+            if cfg.stagger:
+                await asyncio.sleep((first + i) * cfg.stagger)
             while queue:
-                await run_session(client, t, w, queue.popleft(), done)
+                await run_session(client, t, w, queue.popleft(), done, cfg.connect_retries)
 
-        await asyncio.gather(*(worker() for _ in range(max(1, int(level)))))
+        await asyncio.gather(*(worker(i) for i in range(max(1, int(level)))))
     else:
         rng = random.Random(f"arrivals|{seed}")
         limit = asyncio.Semaphore(cfg.max_concurrency or 1 << 30)
 
         async def limited(s: Session) -> None:
             async with limit:
-                await run_session(client, t, w, s, done)
+                await run_session(client, t, w, s, done, cfg.connect_retries)
 
         tasks = []
         for s in sessions:
@@ -203,7 +227,9 @@ async def run_window(
     return Window(t.name, level, 0, max(end - start, 1e-9), results)
 
 
-def _client_part(t: Target, cfg: BenchConfig, clients: int, sessions: list[Session]) -> Window:
+def _client_part(
+    t: Target, cfg: BenchConfig, clients: int, first: int, sessions: list[Session]
+) -> Window:
     """One client process's share of a closed-loop window (run in a worker process)."""
 
     async def run() -> Window:
@@ -211,7 +237,9 @@ def _client_part(t: Target, cfg: BenchConfig, clients: int, sessions: list[Sessi
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
         async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
             await _open_connections(client, t, clients)
-            return await run_window(client, t, cfg, clients, sessions, "", Progress(0, False))
+            return await run_window(
+                client, t, cfg, clients, sessions, "", Progress(0, False), first
+            )
 
     return asyncio.run(run())
 
@@ -238,10 +266,12 @@ async def run_window_in(
     the machine's monotonic clock, the same in every process)."""
     n = cfg.processes_at(level)
     loop = asyncio.get_running_loop()
+    share = shares(int(level), n)
+    sub = replace(cfg, watch=None)  # what goes to the worker processes
     parts = await asyncio.gather(
         *(
-            loop.run_in_executor(pool, _client_part, t, cfg, k, sessions[i::n])
-            for i, k in enumerate(shares(int(level), n))
+            loop.run_in_executor(pool, _client_part, t, sub, k, sum(share[:i]), sessions[i::n])
+            for i, k in enumerate(share)
         )
     )
     results = [r for p in parts for r in p.results]
@@ -272,11 +302,15 @@ async def run_benchmark(cfg: BenchConfig) -> BenchRun:
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
         servers = []
         for t in cfg.targets:
+            if cfg.watch:
+                cfg.watch.begin(t.name)
             await _resolve_model(client, t)
             info = await server_info(client, t.base_url, t.headers())
             servers.append({"name": t.name, "model": t.model, **info})
         for t in cfg.targets:
             if cfg.warmup:
+                if cfg.watch:
+                    cfg.watch.begin(t.name)
                 await _warm_up(client, t, cfg, progress)
         windows: list[Window] = []
         most = max((cfg.processes_at(lv) for lv in cfg.levels), default=1)
@@ -304,6 +338,8 @@ async def _measure(
             k = (rep + li) % len(cfg.targets)
             for t in cfg.targets[k:] + cfg.targets[:k]:
                 progress.start(f"{t.name} {cfg.mode} {level:g} rep {rep + 1}")
+                if cfg.watch:
+                    cfg.watch.begin(t.name)
                 before = await scrape(client, t.base_url, t.headers())
                 if pool is not None and cfg.processes_at(level) > 1:
                     win = await run_window_in(pool, t, cfg, level, sessions)
@@ -312,6 +348,7 @@ async def _measure(
                     win = await run_window(client, t, cfg, level, sessions, seed, progress)
                 after = await scrape(client, t.base_url, t.headers())
                 win.rep, win.cache = rep, cache_hit_rate(before, after)
+                win.cpu = cfg.watch.end(t.name) if cfg.watch else None
                 windows.append(win)
 
 
@@ -323,8 +360,11 @@ async def _warm_up(client: httpx.AsyncClient, t: Target, cfg: BenchConfig, p: Pr
     sessions = deque(make_sessions(one_turn, cfg.warmup, seed=f"warmup|{cfg.seed}"))
     width = cfg.max_concurrency or int(max(cfg.levels)) if cfg.mode == "rate" else max(cfg.levels)
 
-    async def worker() -> None:
+    async def worker(i: int) -> None:
+        await asyncio.sleep(i * cfg.stagger)
         while sessions:
-            await run_session(client, t, one_turn, sessions.popleft(), lambda _: p.advance())
+            await run_session(
+                client, t, one_turn, sessions.popleft(), lambda _: p.advance(), cfg.connect_retries
+            )
 
-    await asyncio.gather(*(worker() for _ in range(max(1, min(int(width), cfg.warmup)))))
+    await asyncio.gather(*(worker(i) for i in range(max(1, min(int(width), cfg.warmup)))))

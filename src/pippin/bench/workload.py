@@ -8,7 +8,8 @@ A workload is built in (`BUILTIN`) or read from a JSON file with the same fields
 
 A length is an integer or one of ``{"uniform": [lo, hi]}``, ``{"normal": [mean, std]}``,
 ``{"lognormal": [median, sigma]}``, ``{"choice": [a, b, ...]}``. Prompts are random common
-words, about one token each (the server's usage reports the real count).
+words, ``words_per_token`` words per token of the prompt length (1 unless measured with the
+model's tokenizer, `words_per_token()`; the server's usage reports the real count).
 ``shared_prefix_ratio`` is the share of each first-turn prompt that is one prefix common to
 the whole run (a system prompt); ``turns`` > 1 makes multi-turn sessions: each turn sends
 the conversation so far (earlier prompts and the server's answers) plus a new user message.
@@ -89,6 +90,7 @@ class Workload:
     # Ask for exactly output_tokens (vLLM's and pippin's `ignore_eos`) so servers compare
     # on equal work; servers that do not know the field ignore or refuse it.
     ignore_eos: bool = True
+    words_per_token: float = 1.0
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Workload:
@@ -107,6 +109,8 @@ class Workload:
             raise ValueError("shared_prefix_ratio must be in [0, 1)")
         if w.turns < 1:
             raise ValueError("turns must be at least 1")
+        if w.words_per_token <= 0:
+            raise ValueError("words_per_token must be positive")
         return w
 
     def describe(self) -> str:
@@ -119,6 +123,8 @@ class Workload:
             parts.append(f"shared prefix {self.shared_prefix_ratio:.0%}")
         if self.turns > 1:
             parts.append(f"{self.turns} turns")
+        if self.words_per_token != 1:
+            parts.append(f"{self.words_per_token:.2f} words a token")
         return ", ".join(parts)
 
 
@@ -159,6 +165,18 @@ def _words(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
+def words_per_token(tokenizer: str | Path) -> float:
+    """How many of the prompts' words make a token for `tokenizer` (a `tokenizer.json` or
+    a folder holding one), so that prompt lengths are in that model's tokens."""
+    from tokenizers import Tokenizer
+
+    path = Path(tokenizer)
+    tok = Tokenizer.from_file(str(path / "tokenizer.json" if path.is_dir() else path))
+    n = 4000
+    text = _words(random.Random(0), n)
+    return n / len(tok.encode(text, add_special_tokens=False).ids)
+
+
 def make_sessions(w: Workload, num_requests: int, seed: int | str) -> list[Session]:
     """Enough sessions for `num_requests` requests; the same seed gives the same prompts.
 
@@ -166,19 +184,21 @@ def make_sessions(w: Workload, num_requests: int, seed: int | str) -> list[Sessi
     window of a run; the rest of each prompt is fresh for each seed."""
     prefix_rng = random.Random(f"prefix|{w.name}")
     rng = random.Random(seed)
+    wpt = w.words_per_token
     shared = ""
     if w.shared_prefix_ratio:
         longest = max(w.prompt_tokens.sample(random.Random(i)) for i in range(64))
-        shared = _words(prefix_rng, math.ceil(longest * w.shared_prefix_ratio))
+        shared = _words(prefix_rng, math.ceil(longest * w.shared_prefix_ratio * wpt))
     sessions = []
     for _ in range(math.ceil(num_requests / w.turns)):
         turns = []
         for t in range(w.turns):
             n = w.prompt_tokens.sample(rng)
             n_shared = round(n * w.shared_prefix_ratio) if t == 0 else 0
-            head = " ".join(shared.split()[:n_shared])
+            head = " ".join(shared.split()[: round(n_shared * wpt)])
             # A random number first makes every unshared part differ from its first token.
-            tail = f"{rng.randrange(10**6)} {_words(rng, max(n - n_shared - 1, 0))}"
+            rest = max(round((n - n_shared) * wpt) - 1, 0)
+            tail = f"{rng.randrange(10**6)} {_words(rng, rest)}"
             turns.append(Turn(f"{head} {tail}".strip(), w.output_tokens.sample(rng)))
         sessions.append(Session(turns))
     return sessions

@@ -1,0 +1,187 @@
+"""Random-weight models for benchmarks, built once into a folder every server can load.
+
+`pippin bench --serve KIND:random:NAME` serves one of `CONFIGS` (built on first use under
+`--model-root`), so that pippin and its peers read the same folder:
+
+- `tiny-qwen3`: a 5.2M-parameter Qwen3 (hidden 256, 4 layers, vocab 8,000), float32, the
+  fastest dtype on CPU: for comparing serving overhead on a development machine;
+- `llama-3.2-1b`, `qwen3-0.6b`: those models' configurations, bfloat16: for the GPU.
+
+Weights come from mlx-lm's own model classes with a fixed seed. The tokenizer is a byte-level
+BPE of 8,000 ids learnt from Python's standard library sources, with a ChatML chat template,
+its vocabulary padded to the model's with never-produced ids so that every sampled id decodes.
+"""
+
+from __future__ import annotations
+
+import json
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+RANDOM_PREFIX = "random:"
+
+CONFIGS: dict[str, dict[str, Any]] = {
+    "tiny-qwen3": {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": 256,
+        "num_hidden_layers": 4,
+        "intermediate_size": 768,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": 8000,
+        "max_position_embeddings": 4096,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": True,
+        "torch_dtype": "float32",
+    },
+    # meta-llama/Llama-3.2-1B config.json (the fields mlx-lm reads)
+    "llama-3.2-1b": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "hidden_act": "silu",
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "factor": 32.0,
+            "high_freq_factor": 4.0,
+            "low_freq_factor": 1.0,
+            "original_max_position_embeddings": 8192,
+            "rope_type": "llama3",
+        },
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": True,
+        "vocab_size": 128256,
+        "torch_dtype": "bfloat16",
+    },
+    # Qwen/Qwen3-0.6B config.json
+    "qwen3-0.6b": {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "attention_bias": False,
+        "tie_word_embeddings": True,
+        "vocab_size": 151936,
+        "torch_dtype": "bfloat16",
+    },
+}
+
+CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def default_root() -> Path:
+    return Path.home() / ".cache" / "pippin" / "bench-models"
+
+
+def build_tokenizer(out: Path, vocab_size: int) -> int:
+    """Write `tokenizer.json` and `tokenizer_config.json` into `out`; returns the end-of-turn
+    id. 8,000 learnt ids, then never-produced ones up to `vocab_size`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=min(8000, vocab_size),
+        special_tokens=SPECIAL,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train([str(p) for p in sorted(stdlib.glob("*.py"))], trainer)
+    data = json.loads(tok.to_str())
+    vocab: dict[str, int] = data["model"]["vocab"]
+    for added in data["added_tokens"]:
+        vocab.setdefault(added["content"], added["id"])
+    for i in range(max(vocab.values()) + 1, vocab_size):
+        vocab[f"zz{i}"] = i
+    (out / "tokenizer.json").write_text(json.dumps(data))
+    cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "model_max_length": 4096,
+        "clean_up_tokenization_spaces": False,
+        "chat_template": CHATML,
+        "added_tokens_decoder": {
+            str(a["id"]): {
+                "content": a["content"],
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "single_word": False,
+                "special": True,
+            }
+            for a in data["added_tokens"]
+        },
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+    return vocab["<|im_end|>"]
+
+
+def random_model(config: dict[str, Any], dtype: str | None = None) -> Any:
+    """An mlx-lm model of `config` with seeded random weights in `dtype` (default: the
+    config's `torch_dtype`, else bfloat16), evaluated."""
+    import mlx.core as mx
+    from mlx_lm.utils import _get_classes
+
+    model_cls, args_cls = _get_classes(config)
+    mx.random.seed(0)
+    model = model_cls(args_cls.from_dict(config))
+    model.set_dtype(getattr(mx, dtype or config.get("torch_dtype") or "bfloat16"))
+    mx.eval(model.parameters())
+    return model
+
+
+def build_model(name: str, root: Path | None = None) -> Path:
+    """The folder of `CONFIGS[name]` under `root`, built if it is not there yet."""
+    if name not in CONFIGS:
+        raise ValueError(f"no random model {name!r}; one of: {', '.join(CONFIGS)}")
+    from mlx_lm.utils import save_config, save_model
+
+    out = (root or default_root()) / name
+    if (out / "config.json").exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    config = dict(CONFIGS[name])
+    eos = build_tokenizer(out, config["vocab_size"])
+    config.update(eos_token_id=eos, bos_token_id=None)
+    save_model(out, random_model(config))
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+    save_config(config, out / "config.json")  # last: its presence marks a finished build
+    return out
+
+
+def resolve_model(spec: str, root: Path | None = None) -> str:
+    """`random:NAME` built (once) and given as its folder; anything else as it is."""
+    if spec.startswith(RANDOM_PREFIX):
+        return str(build_model(spec[len(RANDOM_PREFIX) :], root))
+    return spec
