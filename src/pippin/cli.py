@@ -470,8 +470,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="measure any OpenAI-compatible server over HTTP",
         description="Load-test OpenAI-compatible servers (pippin or its peers) with streaming "
         "requests: concurrency sweeps or Poisson request rates; prints TTFT, inter-token "
-        "latency, TPOT and end-to-end percentiles and aggregate tokens/s; with several --url, "
-        "runs them interleaved and reports ratios to the first.",
+        "latency, TPOT and end-to-end percentiles and aggregate tokens/s; with several --url or "
+        "--serve (servers it starts and stops itself), runs them in one sweep and reports "
+        "ratios to the first.",
     )
     add_bench_args(bench)
     _add_embed_args(serve)

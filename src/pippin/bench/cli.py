@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import shlex
 import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from pippin import envs
 from pippin.bench.workload import BUILTIN, Length, load_workload
 
 
@@ -86,7 +86,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--log-dir", type=Path, help="--serve servers' logs (default: a temp folder)")
     s.add_argument(
         "--api-key",
-        default=os.environ.get("PIPPIN_API_KEY") or os.environ.get("OPENAI_API_KEY"),
+        default=envs.PIPPIN_API_KEY or envs.OPENAI_API_KEY,
         help="sent as a Bearer token (default: $PIPPIN_API_KEY, else $OPENAI_API_KEY)",
     )
     w = p.add_argument_group("workload")

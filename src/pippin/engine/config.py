@@ -24,7 +24,7 @@ class EngineConfig:
     # Most memory MLX may keep in its cache of freed buffers (None: the KV pool's size, at
     # least MIN_BUFFER_CACHE). Its own limit is the device's memory: with batch shapes
     # changing every step the cache only grows, and on a GPU shared with another process
-    # that ran it out of memory (bench/results/gpu-fused-layer-http-qwen3-run3-pippin-oom.log).
+    # that ran it out of memory (docs/benchmarks.md).
     buffer_cache_bytes: int | None = None
     enable_prefix_caching: bool = True
     # Server cap on max_tokens per request (None: up to the context).

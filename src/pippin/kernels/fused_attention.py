@@ -25,7 +25,7 @@ kernel, that is on CUDA. `PIPPIN_FUSED_ATTENTION=0` turns it off. Off CUDA, test
 the same hook with `reference` (mlx-lm's own ops) standing in for the kernel.
 
 On the H200 it takes Llama-3.2-1B's single-stream decode from 296 to 483 tok/s and
-Qwen3-0.6B's from 167 to 302 (`bench/single_stream.py`, in turns); `fused_layer` builds
+Qwen3-0.6B's from 167 to 302 (`bench/gpu/single_stream.py`, in turns); `fused_layer` builds
 the rest of the layer around it.
 """
 

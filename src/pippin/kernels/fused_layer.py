@@ -3,7 +3,7 @@
 A single stream's decode step on a GPU is bound by host time, not by the device: on the
 H200 a 16-layer Llama-3.2-1B step costs the same with its layers 2,048 wide as 256 wide,
 and MLX spends about 4 µs of host time per kernel it launches (measured by
-`bench/gpu_probe.sh floor`), about 15 kernels a layer. For the layers of mlx-lm's
+`bench/gpu/gpu_probe.sh floor`), about 15 kernels a layer. For the layers of mlx-lm's
 `llama`, `qwen2` and `qwen3` this module runs a decode batch of at most `MAX_ROWS` rows
 through five:
 
@@ -179,12 +179,12 @@ class Gemv:
 
 PROJECTIONS = ("qkv", "o", "gate_up", "down")
 # Decode of 1-8 rows on the H200, Llama-3.2-1B, tok/s, median of 3 in turns
-# (bench/results/gpu-fused-layer-rows-run5.log), none as the kernel / only down / gate/up
+# (`bash bench/gpu/gpu_probe.sh rows`), none as the kernel / only down / gate/up
 # and down / all four: 1 row 508 / 608 / 585 / 510; 2 rows 722 / 950 / 799 / 702; 4 rows
 # 1,145 / 1,333 / 1,257 / 1,059; 8 rows 2,390 / 2,811 / 1,771 / 1,468. The gate/up kernel's
-# time grows about 10 µs a row (each warp reads every row of x; bench/kernel_time.py), so
+# time grows about 10 µs a row (each warp reads every row of x; bench/gpu/kernel_time.py), so
 # from 2 rows on Llama loses with it. At one row it pays: only down / this default / gate/up
-# and down, 1 row, Llama 472 / 521 / 521, Qwen3-0.6B 281 / 352 / 349 (run6.log; at 2 rows
+# and down, 1 row, Llama 472 / 521 / 521, Qwen3-0.6B 281 / 352 / 349 (same probe; at 2 rows
 # Qwen3 gave 421 / 429 / 554, so its narrower layers would take gate/up for 2 rows too).
 # Why the q/k/v and output kernels lose end to end is not known: timed alone, even as
 # chained launches, they beat MLX's ops.
