@@ -30,6 +30,24 @@ import tiny_models as _tiny  # noqa: E402  (needs the path above)
 TinyModelFactory = Callable[..., Path]
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`cuda` tests skip where MLX has no CUDA backend (elsewhere a reference path stands
+    in for each kernel and is tested on its own); tests under `tests/e2e/` are `e2e`."""
+    from pippin.kernels import paged_attention
+
+    skip = pytest.mark.skip(
+        reason="needs MLX's CUDA backend (an NVIDIA GPU); on CPU and Metal the reference "
+        "path stands in for the kernel and is tested on its own"
+    )
+    on_cuda = paged_attention.available()
+    e2e_dir = Path(__file__).resolve().parent / "e2e"
+    for item in items:
+        if item.get_closest_marker("cuda") is not None and not on_cuda:
+            item.add_marker(skip)
+        if e2e_dir in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.e2e)
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> TinyModelFactory:
     """``tiny_models(arch, *, seed=0, **config_overrides) -> Path``, each built once.

@@ -7,7 +7,7 @@ import sys
 
 import mlx.core as mx
 import numpy as np
-from test_engine import _config, _loaded, _prompts, _run
+from engine_runs import _config, _loaded, _prompts, _run
 
 from pippin.engine.core import EngineCore
 from pippin.engine.types import SamplingParams

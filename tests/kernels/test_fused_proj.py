@@ -9,11 +9,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from engine_runs import _greedy_logprobs, _loaded
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load
-from test_engine import _loaded
-from test_paged_attention import _greedy_logprobs
 
 from pippin.kernels import fused_proj, patches
 

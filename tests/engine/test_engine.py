@@ -3,90 +3,26 @@
 from __future__ import annotations
 
 import asyncio
-import random
-from collections.abc import Callable
-from pathlib import Path
 
 import mlx.core as mx
 import pytest
-from mlx_lm.generate import generate_step
-from mlx_lm.utils import load
+from engine_runs import (
+    GEN,
+    OOM,
+    _agrees,
+    _config,
+    _faulty_forward,
+    _loaded,
+    _prompts,
+    _reference,
+    _run,
+    _serve,
+)
 
 from pippin.engine import core as core_module
-from pippin.engine.config import EngineConfig
 from pippin.engine.core import EngineCore, EngineError
 from pippin.engine.inproc_client import InprocClient
 from pippin.engine.types import SamplingParams
-from pippin.runner.model_runner import ModelRunner
-from pippin.store.loaded import LoadedModel
-
-GEN = 24
-# A greedy mismatch is accepted only where the reference's top two logprobs
-# are this close, i.e. where float rounding decides.
-TIE = 2e-3
-
-
-def _loaded(path: Path) -> LoadedModel:
-    model, tokenizer = load(str(path))
-    return LoadedModel(
-        model=model,
-        tokenizer=tokenizer,
-        config={},
-        source=str(path),
-        name=path.name,
-        eos_token_ids=set(tokenizer.eos_token_ids),
-    )
-
-
-def _reference(model, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
-    """Greedy tokens and, at each step, the gap between the top two logprobs."""
-    tokens, gaps = [], []
-    steps = generate_step(mx.array(prompt), model, max_tokens=n, sampler=lambda x: mx.argmax(x, -1))
-    for tok, lp in steps:
-        top2 = mx.sort(lp)[-2:].tolist()
-        tokens.append(int(tok))
-        gaps.append(top2[1] - top2[0])
-    return tokens, gaps
-
-
-def _agrees(got: list[int], ref: list[int], gaps: list[float]) -> bool:
-    for i, (g, r) in enumerate(zip(got, ref)):
-        if g != r:
-            return gaps[i] < TIE  # diverged where rounding decides: later tokens may differ
-    return len(got) == len(ref)
-
-
-def _run(core: EngineCore, recover: bool = False) -> dict[str, dict]:
-    """Every request's outputs; `recover`: a step that raises is recovered from, as the
-    engine's thread does."""
-    results: dict[str, dict] = {}
-    while core.has_work():
-        try:
-            outs = core.step()
-        except Exception as e:
-            if not recover:
-                raise
-            outs = core.recover(e)
-        for out in outs:
-            r = results.setdefault(out.request_id, {"ids": {}, "text": {}, "finish": {}})
-            r["cached"] = out.cached_tokens
-            for c in out.outputs:
-                r["ids"].setdefault(c.index, []).extend(c.token_ids)
-                r["text"][c.index] = r["text"].get(c.index, "") + c.text
-                r["finish"][c.index] = (c.finish_reason, c.stop_reason)
-    return results
-
-
-def _prompts(vocab: int, count: int, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    # Avoid the special ids 0-2 so no prompt contains an end-of-turn token.
-    return [[rng.randrange(3, vocab) for _ in range(rng.randrange(3, 60))] for _ in range(count)]
-
-
-def _config(**kw) -> EngineConfig:
-    base = dict(num_blocks=400, block_size=4, max_model_len=512, max_num_batched_tokens=48)
-    base.update(kw)
-    return EngineConfig(**base)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3", "qwen3_next"])
@@ -280,58 +216,6 @@ def test_async_engine_concurrency_and_cancellation(tiny_models) -> None:
     stats = out["stats"]
     assert stats["blocks_free"] == stats["blocks_total"]
     assert stats["running"] == stats["waiting"] == 0
-
-
-OOM = "cudaMallocAsync(&data, size, stream) failed: out of memory"
-
-
-def _faulty_forward(
-    monkeypatch: pytest.MonkeyPatch, fail: Callable[[int, list[str]], str | None]
-) -> None:
-    """Make `ModelRunner.forward` raise `fail(call, request ids)`'s message where it gives
-    one, after building its graph and with the KV pools overwritten: as a step that failed
-    half way leaves them."""
-    real = ModelRunner.forward
-    calls = {"n": 0}
-
-    def forward(self: ModelRunner, items: list) -> mx.array | None:
-        out = real(self, items)
-        calls["n"] += 1
-        message = fail(calls["n"], [it.seq.request_id for it in items])
-        if message is not None:
-            for pool in self.pools.values():
-                pool.parts = [mx.full(p.shape, 3.0, p.dtype) for p in pool.parts]
-            raise RuntimeError(message)
-        return out
-
-    monkeypatch.setattr(ModelRunner, "forward", forward)
-
-
-def _serve(loaded: LoadedModel, prompts: list[list[int]], later: list[list[int]]) -> tuple:
-    """`prompts` at once, then `later` one after another, through an InprocClient: per
-    request (tokens, finish reason, error), and the engine's stats and core."""
-    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
-
-    async def collect(engine: InprocClient, prompt: list[int], rid: str) -> tuple:
-        tokens: list[int] = []
-        reason, error = None, None
-        async for out in engine.generate(prompt, params, rid):
-            for o in out.outputs:
-                tokens += o.token_ids
-                reason = o.finish_reason or reason
-            error = out.error or error
-        return tokens, reason, error
-
-    async def main() -> tuple:
-        engine = InprocClient(loaded, _config())
-        await engine.start()
-        first = await asyncio.gather(*(collect(engine, p, f"r{i}") for i, p in enumerate(prompts)))
-        after = [await collect(engine, p, f"l{i}") for i, p in enumerate(later)]
-        stats, core = engine.stats(), engine.core
-        await engine.stop()
-        return first, after, stats, core
-
-    return asyncio.run(main())
 
 
 def test_failure_adding_a_later_sequence_leaves_nothing_behind(

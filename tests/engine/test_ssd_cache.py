@@ -10,8 +10,8 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
+from engine_runs import OOM, _agrees, _config, _faulty_forward, _loaded, _prompts, _run
 from mlx_lm.models.cache import QuantizedKVCache
-from test_engine import OOM, _agrees, _config, _faulty_forward, _loaded, _prompts, _run
 
 from pippin.engine.core import EngineCore
 from pippin.engine.kv_fingerprint import kv_fingerprint

@@ -9,26 +9,16 @@ standing the gather-based reference in for the kernel.
 from __future__ import annotations
 
 import random
-from typing import Any
 
 import mlx.core as mx
 import numpy as np
 import pytest
-from test_engine import _loaded
+from engine_runs import _greedy_logprobs, _greedy_or_skip, _loaded
 
 from pippin.engine.config import EngineConfig
 from pippin.engine.core import EngineCore
-from pippin.engine.types import SamplingParams
 from pippin.kernels import device, paged_attention
 from pippin.runner import paged_cache
-from pippin.runner.model_runner import UnsupportedModelError
-from pippin.store.loaded import LoadedModel
-
-needs_cuda = pytest.mark.skipif(
-    not paged_attention.available(),
-    reason="the paged-attention kernel needs MLX's CUDA backend (an NVIDIA GPU); "
-    "on CPU and Metal the gather path runs and is tested below",
-)
 
 
 def _case(
@@ -52,7 +42,7 @@ def _case(
     return q, k, v, mx.array(tables), mx.array(lens - 1, dtype=mx.int32)
 
 
-@needs_cuda
+@pytest.mark.cuda
 @pytest.mark.parametrize(
     "B,hq,hkv,d",
     [(1, 32, 8, 64), (7, 32, 8, 64), (33, 16, 8, 128), (5, 8, 8, 64), (3, 64, 8, 128)],
@@ -75,37 +65,6 @@ def test_kernel_matches_gather_path(B: int, hq: int, hkv: int, d: int, dtype: mx
     err = mx.max(mx.abs(got.astype(mx.float32) - ref)).item()
     assert got.shape == q.shape and got.dtype == dtype
     assert err < tol, err
-
-
-def _greedy_logprobs(
-    loaded: LoadedModel,
-    prompts: list[list[int]],
-    gens: list[int] | None = None,
-    num_blocks: int = 300,
-    top: int = 0,
-    **config: object,
-) -> dict[str, list]:
-    """Greedy (token, logprob) pairs per request; `gens`: max_tokens each (default 12).
-    With `top`, (token, logprob, that many alternatives as (token, logprob)) triples."""
-    core = EngineCore(
-        loaded,
-        EngineConfig(num_blocks=num_blocks, block_size=4, max_model_len=512, **config),  # type: ignore[arg-type]
-    )
-    for i, p in enumerate(prompts):
-        n = gens[i] if gens else 12
-        params = SamplingParams(
-            max_tokens=n, temperature=0.0, ignore_eos=True, logprobs=True, top_logprobs=top
-        )
-        core.add_request(str(i), p, params)
-    out: dict[str, list] = {}
-    while core.has_work():
-        for o in core.step():
-            for c in o.outputs:
-                out.setdefault(o.request_id, []).extend(
-                    (lp.token_id, lp.logprob, lp.top) if top else (lp.token_id, lp.logprob)
-                    for lp in c.logprobs or []
-                )
-    return out
 
 
 @pytest.mark.parametrize("compiled", ["1", "0"])
@@ -156,15 +115,6 @@ def test_kernel_not_used_for_windows_or_recurrent_layers(
     loaded = _loaded(tiny_models(arch))
     core = EngineCore(loaded, EngineConfig(num_blocks=64, block_size=4, max_model_len=128))
     assert not core.runner.paged_kernel
-
-
-def _greedy_or_skip(loaded: LoadedModel, *args: Any, **config: Any) -> dict:
-    """`_greedy_logprobs`, skipping the test where the engine refuses the configuration:
-    MLX's CUDA quantised matmul lacks the tiny float32 models' shapes for quantised KV."""
-    try:
-        return _greedy_logprobs(loaded, *args, **config)
-    except UnsupportedModelError as e:
-        pytest.skip(str(e))
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,7 @@ import random
 
 import mlx.core as mx
 import pytest
-from test_engine import _loaded
-from test_paged_attention import _greedy_logprobs, _greedy_or_skip
+from engine_runs import _greedy_logprobs, _greedy_or_skip, _loaded
 
 from pippin.runner import decode_graph
 

@@ -14,11 +14,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from engine_runs import _greedy_logprobs, _loaded
 from mlx.utils import tree_map
 from mlx_lm.models import llama, qwen3
 from mlx_lm.models.rope_utils import initialize_rope
-from test_engine import _loaded
-from test_paged_attention import _greedy_logprobs
 
 from pippin.engine.config import EngineConfig
 from pippin.engine.core import EngineCore
@@ -26,11 +25,6 @@ from pippin.kernels import device, fused_attention, paged_attention, patches
 from pippin.store.loaded import LoadedModel
 
 on_cuda = device.on_cuda()
-needs_cuda = pytest.mark.skipif(
-    not paged_attention.available(),
-    reason="the fused kernel needs MLX's CUDA backend (an NVIDIA GPU); elsewhere the "
-    "reference stands in for it and is tested below",
-)
 
 LLAMA3_SCALING = {
     "rope_type": "llama3",
@@ -226,7 +220,7 @@ class _Layout:
         self.write_slots = mx.array(t[np.arange(len(o)), o // bs] * bs + o % bs, dtype=mx.int32)
 
 
-@needs_cuda
+@pytest.mark.cuda
 @pytest.mark.parametrize("kind", ["llama", "llama3", "traditional", "qwen3"])
 @pytest.mark.parametrize("B,hq,hkv,d", [(1, 32, 8, 64), (7, 16, 8, 128), (20, 8, 8, 64)])
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32])

@@ -13,15 +13,13 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from test_engine import _loaded
+from engine_runs import _greedy_logprobs, _loaded
 from test_fused_attention import (
     LLAMA3_SCALING,
     _kernel_path,
     _runner,
     assert_same_greedy,
-    needs_cuda,
 )
-from test_paged_attention import _greedy_logprobs
 
 from pippin.kernels import fused_layer
 
@@ -96,7 +94,7 @@ def test_not_installed_on_quantised_weights(tiny_models, monkeypatch: pytest.Mon
     assert not _runner(loaded).fused_layer
 
 
-@needs_cuda
+@pytest.mark.cuda
 @pytest.mark.parametrize("B", [1, 3, 8])
 @pytest.mark.parametrize("K,N", [(64, 96), (256, 40), (1024, 512)])
 @pytest.mark.parametrize(

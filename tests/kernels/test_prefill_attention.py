@@ -11,8 +11,7 @@ import random
 import mlx.core as mx
 import numpy as np
 import pytest
-from test_engine import _loaded
-from test_paged_attention import _greedy_logprobs
+from engine_runs import _greedy_logprobs, _loaded
 
 from pippin.kernels import prefill_attention
 from pippin.kernels.config import KernelConfig
