@@ -162,14 +162,14 @@ def test_engine_process_death_ends_streams_with_an_error(
 
 def test_engine_process_is_the_default_on_cuda_only(monkeypatch: pytest.MonkeyPatch) -> None:
     from pippin.cli import build_parser, settings_from_args
-    from pippin.kernels import paged_attention
+    from pippin.kernels import device
 
     def settings(*flags: str) -> bool:
         args = build_parser().parse_args(["serve", "--offline", *flags])
         return settings_from_args(args).engine_process
 
     for cuda in (False, True):
-        monkeypatch.setattr(paged_attention, "on_cuda", lambda cuda=cuda: cuda)
+        monkeypatch.setattr(device, "on_cuda", lambda cuda=cuda: cuda)
         assert settings() is cuda
         assert settings("--engine-process") is True
         assert settings("--no-engine-process") is False
