@@ -1,8 +1,8 @@
 """Hooks the engine calls at its events; the base class does nothing.
 
 The engine knows nothing about Prometheus or logs: it calls these methods, one line per
-event, and `pippin.obs.metrics.Metrics` implements them. Methods marked "engine thread"
-run on the MLX thread and must be cheap and thread-safe.
+event, and `pippin.obs.observer.ServerObserver` implements them (metrics, log lines).
+Methods marked "engine thread" run on the MLX thread and must be cheap and thread-safe.
 """
 
 from __future__ import annotations

@@ -14,6 +14,6 @@ What the API layers call (OpenAI chat, completions, Responses, Anthropic message
   `SamplingParams.constraint`.
 
 Every problem is a `StructuredOutputError` naming the request field (`param`), which each
-API turns into its own 400 body. The engine side (`decoding`) keeps one matcher per
+API turns into its own 400 body. The engine side (`engine/grammar_masks`) keeps one matcher per
 sequence and computes the masks of a step while the model runs.
 """
