@@ -175,7 +175,7 @@ def test_stream_grammar_event_by_event(server: Server) -> None:
             raise AssertionError(f"unexpected event {name}")
     assert open_block is None
     # The budget closed the reasoning after 6 tokens; the answer followed.
-    assert kinds == ["thinking", "text"]
+    assert kinds == ["thinking", "text"], events
     delta = events[-2][1]
     assert delta["delta"]["stop_reason"] == "max_tokens"
     assert delta["usage"]["output_tokens"] == 24
@@ -185,7 +185,7 @@ def test_thinking_budget_and_signature(client: anthropic.Anthropic) -> None:
     m = create(
         client, max_tokens=30, temperature=0.0, thinking={"type": "enabled", "budget_tokens": 5}
     )
-    assert [b.type for b in m.content] == ["thinking", "text"]
+    assert [b.type for b in m.content] == ["thinking", "text"], m
     assert m.content[0].thinking and m.content[0].signature
     # Thinking blocks come back in the history of the next turn.
     again = create(
@@ -262,7 +262,7 @@ def test_openai_chat_reasoning_and_budget(server: Server) -> None:
     )
     msg = r.choices[0].message.model_dump()
     assert msg["reasoning_content"] and msg["reasoning"] == msg["reasoning_content"]
-    assert msg["content"] and r.choices[0].finish_reason == "length"
+    assert msg["content"] and r.choices[0].finish_reason == "length", (msg, r.choices[0])
     stream = client.chat.completions.create(
         model="tiny", messages=HELLO, max_tokens=20, temperature=0, extra_body=body, stream=True
     )

@@ -11,6 +11,8 @@ from pippin.api.limits import Limits, merge_defaults
 from pippin.api.openai.protocol import ChatCompletionRequest
 from pippin.api.openai.sampling import build_sampling_params, resolve_max_tokens
 from pippin.cli import build_parser, settings_from_args
+from pippin.engine.config import BATCHED_TOKENS_CUDA
+from pippin.kernels import device
 
 LIMITS = Limits(max_model_len=100, vocab_size=50, max_tokens_cap=None)
 
@@ -212,7 +214,10 @@ def test_cli_defaults() -> None:
     s = settings_from_args(build_parser().parse_args(["serve", "--model", "x", "--dtype", "auto"]))
     assert s.model == "x" and s.dtype is None
     e = s.engine
-    assert (e.max_num_seqs, e.max_num_batched_tokens, e.block_size) == (256, 2048, 16)
+    # A step reads 8192 prompt tokens on CUDA, 2048 elsewhere.
+    batched = BATCHED_TOKENS_CUDA if device.on_cuda() else 2048
+    assert (e.max_num_seqs, e.max_num_batched_tokens, e.block_size) == (256, batched, 16)
+    assert e.kernels.enabled
     assert e.enable_prefix_caching and e.max_tokens_cap is None and e.num_blocks is None
     assert e.buffer_cache_bytes is None
 

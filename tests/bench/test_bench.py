@@ -167,7 +167,7 @@ def test_percentile() -> None:
 
 # --- `--serve`: servers that pippin bench starts and stops -------------------------------
 
-FAKE = Path(__file__).resolve().parent / "fake_openai_server.py"
+FAKE = Path(__file__).resolve().parents[1] / "fake_openai_server.py"
 
 
 def fake_spec(name: str, ttft: float, itl: float) -> str:

@@ -23,6 +23,7 @@ from pippin.engine import core as core_module
 from pippin.engine.core import EngineCore, EngineError
 from pippin.engine.inproc_client import InprocClient
 from pippin.engine.types import SamplingParams
+from pippin.kernels import device
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3", "qwen3_next"])
@@ -418,7 +419,11 @@ def test_buffer_cache_stays_under_its_limit(tiny_models) -> None:
                 core.step()
                 peak = max(peak, mx.get_cache_memory())
             peaks[limit] = peak
-        assert peaks[64 * 1024] <= 64 * 1024 < peaks[None], peaks
+        # MLX's CUDA allocator puts a freed buffer in the cache whenever the cache is under
+        # its limit, so the cache may pass the limit by one buffer; the largest this tiny
+        # model's steps free is under 64 KiB (CPU and Metal trim to the limit itself).
+        bound = 64 * 1024 + (64 * 1024 if device.on_cuda() else 0)
+        assert peaks[64 * 1024] <= bound < peaks[None], peaks
         EngineCore(loaded, _config(num_blocks=None, cache_memory_bytes=4 * 1024 * 1024))
         assert mx.set_cache_limit(before) == 1 << 30  # the default's floor
     finally:

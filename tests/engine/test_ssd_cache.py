@@ -10,7 +10,16 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
-from engine_runs import OOM, _agrees, _config, _faulty_forward, _loaded, _prompts, _run
+from engine_runs import (
+    OOM,
+    _agrees,
+    _config,
+    _core_or_skip,
+    _faulty_forward,
+    _loaded,
+    _prompts,
+    _run,
+)
 from mlx_lm.models.cache import QuantizedKVCache
 
 from pippin.engine.core import EngineCore
@@ -339,7 +348,7 @@ def test_quantized_kv_matches_mlx_lm_and_saves_memory(tiny_models, bits: int) ->
     prompts = _prompts(vocab, 6, seed=31)
     n = 16
     full = EngineCore(loaded, _config(num_blocks=200))
-    quant = EngineCore(loaded, _config(num_blocks=200, kv_bits=bits, kv_group_size=32))
+    quant = _core_or_skip(loaded, _config(num_blocks=200, kv_bits=bits, kv_group_size=32))
     params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
     # Alone and batched (padding, masks and chunked prefill over quantised pools).
     for i, p in enumerate(prompts):
@@ -367,7 +376,7 @@ def test_quantized_kv_sizes_the_pool_by_its_bytes(tiny_models) -> None:
     loaded = _loaded(tiny_models("llama", head_dim=32))
     mib = 1024 * 1024
     full = EngineCore(loaded, _config(num_blocks=None, cache_memory_bytes=4 * mib))
-    quant = EngineCore(
+    quant = _core_or_skip(
         loaded, _config(num_blocks=None, cache_memory_bytes=4 * mib, kv_bits=8, kv_group_size=32)
     )
     assert quant.num_blocks > 3 * full.num_blocks

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import mlx
 
-SRC = Path(__file__).resolve().parent.parent / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def _ops_per_buffer(site: Path | None, user: str | None) -> tuple[str, dict[str, str]]:

@@ -445,6 +445,10 @@ def test_gguf_matches_mlx_lm(
     tmp_path: Path,
     tmp_cache: Path,
 ) -> None:
+    if mx.default_device() != mx.cpu:
+        # Off the CPU the loaded model computes in the checkpoint's dtype (float16 scales),
+        # the reference in float32.
+        tolerance = max(tolerance, 5e-3)
     config = {**_TINY, **_ARCH_CONFIGS[arch]}
     path = tmp_path / f"tiny-{arch}.gguf"
     reference = _write_gguf(path, arch, config, _random_model(config, seed=0), qtype, vocab)

@@ -72,6 +72,7 @@ def apply(
     `specs` and recurrent layers `state_sizes` (the model runner's probe)."""
     out = Patched()
     if not config.enabled:
+        undo(model)  # an earlier engine in this process may have changed it
         return out
     if config.fused_proj:
         fuse_projections(model)  # q/k/v and gate/up: one matmul each

@@ -462,20 +462,20 @@ def _add_end_of_turn_ids(config: dict[str, Any], tokenizer: Any) -> None:
 
 
 def _write_tokenizer(path: Path, folder: Path) -> Any:
-    try:
-        # transformers' own GGUF vocabulary conversion, fed from our reader: its file reader
-        # (and so AutoTokenizer's gguf_file route) needs torch, which pippin does not.
-        from transformers import PreTrainedTokenizerFast
+    # transformers' own GGUF vocabulary conversion, fed from our reader: its file reader
+    # (and so AutoTokenizer's gguf_file route) needs torch, which pippin does not.
+    from transformers import PreTrainedTokenizerFast
+
+    try:  # newer transformers
         from transformers.integrations.gguf.gguf_tokenizer_mapping import (
             GGUF_TOKENIZER_MAPPING,
             convert_gguf_tokenizer,
         )
-    except ImportError:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        tokenizer.save_pretrained(str(folder))
-        return tokenizer
+    except ImportError:  # older releases (5.17 on the GPU image) keep both in ggml.py
+        from transformers.integrations.ggml import (  # type: ignore[no-redef]
+            GGUF_TOKENIZER_MAPPING,
+            convert_gguf_tokenizer,
+        )
     meta, _ = read_header(path, ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"))
     groups = {
         group: {
