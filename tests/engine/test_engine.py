@@ -22,7 +22,7 @@ from engine_runs import (
 from pippin.engine import core as core_module
 from pippin.engine.core import EngineCore, EngineError
 from pippin.engine.inproc_client import InprocClient
-from pippin.engine.types import SamplingParams
+from pippin.engine.types import SamplingParams, ThinkingBudget
 from pippin.kernels import device
 
 
@@ -494,3 +494,22 @@ def test_request_output_then_merges_per_choice() -> None:
         (1, [5, 6], "xy", "stop", "y"),
     ]
     assert [lp.token_id for lp in m.outputs[1].logprobs or []] == [5, 6]
+
+
+@pytest.mark.parametrize("budget", [3, 0])
+def test_thinking_budget_ends_on_the_whole_marker_only(tiny_models, budget: int) -> None:
+    """A reasoning end marker of several tokens ends the section only when all of them
+    come in order: a model that writes the marker's last token on its own inside the
+    section (a random model on a GPU wrote '>' of '</think>') still gets its budget
+    enforced, the whole marker written, then the answer."""
+    loaded = _loaded(tiny_models("qwen3"))
+    a, b, c = 41, 42, 43  # the end marker as three tokens
+    core = EngineCore(loaded, _config())
+    tb = ThinkingBudget(budget, (a, b, c), start_id=None, open=True)
+    # The model would write the marker's last token every time.
+    params = SamplingParams(
+        max_tokens=budget + 5, temperature=0.0, logit_bias={c: 100.0}, thinking=tb
+    )
+    core.add_request("r", _prompts(loaded.model.args.vocab_size, 1, seed=8)[0], params)
+    ids = _run(core)["r"]["ids"][0]
+    assert ids == [c] * budget + [a, b, c] + [c, c], ids

@@ -52,7 +52,7 @@ class OutputProcessor:
     def _enter_thinking(seq: Sequence) -> None:
         tb = seq.params.thinking
         assert tb is not None
-        seq.think_state, seq.think_count = Think.INSIDE, 0
+        seq.think_state, seq.think_count, seq.think_tail = Think.INSIDE, 0, []
         if tb.budget <= 0:
             seq.forced = list(tb.end_ids)
 
@@ -67,7 +67,8 @@ class OutputProcessor:
             else:
                 seq.think_state = Think.AFTER  # the section only opens at the start
         elif seq.think_state is Think.INSIDE:
-            if token == tb.end_ids[-1]:
+            seq.think_tail = (seq.think_tail + [token])[-len(tb.end_ids) :]
+            if tuple(seq.think_tail) == tb.end_ids:
                 seq.think_state, seq.forced = Think.AFTER, []
                 return
             seq.think_count += 1

@@ -61,6 +61,9 @@ class Sequence:
     # spent in it, and tokens that the next steps must produce (its end marker, once spent).
     think_state: Think = field(default_factory=lambda: Think.BEFORE)
     think_count: int = 0
+    # The section's last tokens: it ends when they are its whole end marker (a marker of
+    # several tokens ends only when all of them came, in order).
+    think_tail: list[int] = field(default_factory=list)
     forced: list[int] = field(default_factory=list)
     # Structured output: this sequence's grammar matcher (pippin.engine.grammar_masks).
     grammar: Any = None
