@@ -38,7 +38,13 @@ from pippin.api.anthropic_protocol import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from pippin.api.chat_pipeline import ParsedStep, output_parsing, render_prompt, run_parsed
+from pippin.api.chat_pipeline import (
+    NewParser,
+    ParsedStep,
+    output_parsing,
+    render_prompt,
+    run_parsed,
+)
 from pippin.api.errors import OpenAIError, bad_request, server_error
 from pippin.api.openai_models import get_state, require_engine
 from pippin.api.protocol import cancel_on_disconnect, closing, parse_request
@@ -600,7 +606,7 @@ class MessageRun:
     state: ServerState
     prompt_ids: list[int]
     params: SamplingParams
-    new_parser: Any
+    new_parser: NewParser
     model: str
     single_call: bool
     context_management: dict[str, Any] | None = None
@@ -614,15 +620,16 @@ class MessageRun:
             "model": self.model,
         }
 
-    def _steps(self) -> AsyncIterator[ParsedStep]:
+    def _steps(self, whole: bool = False) -> AsyncIterator[ParsedStep]:
         engine = self.state.engine
         assert engine is not None
-        return run_parsed(engine, self.prompt_ids, self.params, self.message_id, self.new_parser())
+        parser = self.new_parser(whole)
+        return run_parsed(engine, self.prompt_ids, self.params, self.message_id, parser)
 
     async def collect(self) -> dict[str, Any]:
         builder = BlockBuilder(self.single_call)
         last: ParsedStep | None = None
-        async with closing(self._steps()) as steps:
+        async with closing(self._steps(whole=True)) as steps:
             async for step in steps:
                 builder.feed(step.parsed)
                 last = step
