@@ -556,7 +556,10 @@ class BlockBuilder:
             block["signature"] = _signature(block["thinking"])
             ev.append(self._delta({"type": "signature_delta", "signature": block["signature"]}))
         elif self.kind == "tool_use":
-            block["input"] = json.loads(self._args) if self._args else {}
+            try:
+                block["input"] = json.loads(self._args) if self._args else {}
+            except ValueError:
+                pass  # streamed, a call the output ended inside: its input was never whole
         ev.append({"type": "content_block_stop", "index": len(self.blocks) - 1})
         self.kind = None
         return ev
