@@ -59,6 +59,16 @@ def test_health_is_open_and_reports_not_ready(client: TestClient) -> None:
     assert resp.status_code == 503
 
 
+def test_head_of_the_root_is_its_get_without_a_body(client: TestClient) -> None:
+    # Claude Code sends `HEAD /` before anything else; it was a 405.
+    get = client.get("/", headers={"Authorization": ""})
+    head = client.head("/", headers={"Authorization": ""})
+    assert (get.status_code, head.status_code) == (200, 200)
+    assert get.content and head.content == b""
+    for name in ("content-type", "content-length", "etag"):
+        assert head.headers[name] == get.headers[name]
+
+
 @pytest.mark.parametrize("path", ["/v1/models", "/version", "/v1/engine/stats"])
 def test_api_key_guards_routes(client: TestClient, path: str) -> None:
     assert client.get(path).status_code == 200
