@@ -193,11 +193,13 @@ def _sampling(temperature: int) -> dict[str, Any]:
 
 
 def _check_city(name: str, args: dict[str, Any], prompt: str, greedy: bool) -> None:
-    # The grammar makes any answer a valid call; greedily, this one is the right one.
-    assert name == "get_weather"
-    assert isinstance(args["city"], str) and args["city"].strip()
-    if greedy and "Paris" in prompt:
-        assert "paris" in args["city"].lower()
+    # The grammar makes any answer a valid call (sampled, even an empty city);
+    # greedily, this one is the right one.
+    assert name == "get_weather" and isinstance(args["city"], str)
+    if greedy:
+        assert args["city"].strip()
+        if "Paris" in prompt:
+            assert "paris" in args["city"].lower()
 
 
 def _chat_stream(client: openai.OpenAI, **kw: Any) -> tuple[str, dict[int, list[str]], str]:
