@@ -93,6 +93,32 @@ def _matryoshka(text: str) -> tuple[int, ...]:
     return dims
 
 
+class _StoreOnce(argparse._StoreAction):
+    """A flag that sets one value: argparse would keep the last of several silently
+    (`--model A --model B` served only B), so a second one is an error."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        if option_string is not None:
+            given: dict[str, str] = getattr(namespace, "_given_flags", {})
+            first = given.get(self.dest)
+            if first is not None:
+                said = f"{first} given more than once: it takes one value"
+                if first != option_string:
+                    said = f"{first} and {option_string} set the same value: give one, once"
+                if self.dest in ("model_flag", "embedding_model", "rerank_model"):
+                    said += "; serving several models is not supported yet"
+                parser.error(said)
+            given[self.dest] = option_string
+            namespace._given_flags = given
+        super().__call__(parser, namespace, values, option_string)
+
+
 def _add_embed_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "embedding and reranking",
@@ -464,6 +490,8 @@ def build_parser() -> argparse.ArgumentParser:
         "prefix cache's GET /v1/cache/stats and DELETE /v1/cache), optionally with an "
         "embedding model (/v1/embeddings) and a reranker (/v1/rerank).",
     )
+    for name in (None, "store"):  # every flag that takes a value, given once
+        serve.register("action", name, _StoreOnce)
     _add_serve_args(serve)
     bench = sub.add_parser(
         "bench",

@@ -237,6 +237,32 @@ def test_cli_rejects_bad_values(argv: list[str]) -> None:
         build_parser().parse_args(argv)
 
 
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--model", "A", "--model", "B"], "--model given more than once"),
+        (["--port", "1", "--port", "2"], "--port given more than once"),
+        (["--served-model-name", "a", "b", "--served-model-name", "c"], "--served-model-name"),
+        (["--max-num-batched-tokens", "8", "--prefill-step-size", "9"], "set the same value"),
+        (["--embedding-model", "e", "--embedding-model", "f"], "--embedding-model"),
+    ],
+)
+def test_cli_refuses_a_repeated_single_value_flag(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # argparse would keep the last one: `--model A --model B` served only B.
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["serve", *argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert said in err
+    several = "serving several models is not supported yet" in err
+    assert several == (argv[0] in ("--model", "--embedding-model"))
+    # Flags that take no value, and a model named twice the same way, are fine.
+    args = build_parser().parse_args(["serve", "m", "--model", "m", "--offline", "--offline"])
+    assert settings_from_args(args).model == "m"
+
+
 def test_cli_help_documents_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--help"])

@@ -6,6 +6,7 @@ the result back as a `tool` message and answers with it; streamed and not.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -178,3 +179,267 @@ def test_anthropic_tool_loop(server: Server) -> None:
     assert "31" in "".join(b.text for b in answer.content if b.type == "text")
     # The second turn starts with the first one's prompt: its KV is reused.
     assert answer.usage.cache_read_input_tokens > 0
+
+
+# --- forced calls (issue 31): every forced form, on each API, streamed and not ---------
+
+PROMPTS = ["What's the weather in Paris?", "hello"]
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def _sampling(temperature: int) -> dict[str, Any]:
+    """Greedy, or sampled at temperature 1 with a seed (chat only has `seed`)."""
+    return {"temperature": 0} if temperature == 0 else {"temperature": 1, "seed": 7}
+
+
+def _check_city(name: str, args: dict[str, Any], prompt: str, greedy: bool) -> None:
+    # The grammar makes any answer a valid call (sampled, even an empty city);
+    # greedily, this one is the right one.
+    assert name == "get_weather" and isinstance(args["city"], str)
+    if greedy:
+        assert args["city"].strip()
+        if "Paris" in prompt:
+            assert "paris" in args["city"].lower()
+
+
+def _chat_stream(client: openai.OpenAI, **kw: Any) -> tuple[str, dict[int, list[str]], str]:
+    """(content, {index: [name, arguments]}, finish_reason) of a streamed chat answer."""
+    content, calls, finish = "", {}, ""
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        for ch in chunk.choices:
+            content += ch.delta.content or ""
+            for tc in ch.delta.tool_calls or []:
+                if tc.id is not None:
+                    calls[tc.index] = [tc.function.name, ""]
+                calls[tc.index][1] += tc.function.arguments or ""
+            finish = ch.finish_reason or finish
+    return content, calls, finish
+
+
+@pytest.mark.parametrize("temperature", [0, 1])
+@pytest.mark.parametrize("choice", ["required", NAMED], ids=["required", "named"])
+def test_forced_call_chat(client: openai.OpenAI, choice: Any, temperature: int) -> None:
+    """Forced calls were `<tool_call><|im_end|>`: `content: "<tool_call>"`, no call."""
+    kw: dict[str, Any] = {
+        "model": _model(client),
+        "tools": TOOLS,
+        "tool_choice": choice,
+        "parallel_tool_calls": False,
+        "max_tokens": 60,
+        **_sampling(temperature),
+    }
+    calls = []
+    for prompt in PROMPTS:
+        r = client.chat.completions.create(messages=[{"role": "user", "content": prompt}], **kw)
+        ch = r.choices[0]
+        assert ch.finish_reason == "tool_calls" and ch.message.content is None
+        (call,) = ch.message.tool_calls
+        args = json.loads(call.function.arguments)
+        _check_city(call.function.name, args, prompt, not temperature)
+        calls.append([call.function.name, call.function.arguments])
+    # Streamed: the same call (greedy, or the same seed).
+    messages = [{"role": "user", "content": PROMPTS[0]}]
+    assert _chat_stream(client, messages=messages, **kw) == ("", {0: calls[0]}, "tool_calls")
+
+
+ANTHROPIC_FORCED = [
+    {"type": "any", "disable_parallel_tool_use": True},
+    {"type": "tool", "name": "get_weather"},
+]
+
+
+@pytest.mark.parametrize("temperature", [0, 1])
+@pytest.mark.parametrize("choice", ANTHROPIC_FORCED, ids=["any", "tool"])
+def test_forced_call_anthropic(server: Server, choice: dict[str, Any], temperature: int) -> None:
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    # No seed in this API: sampled answers are only checked for what the grammar ensures.
+    sampling = {"temperature": temperature, "top_p": 0.9} if temperature else {"temperature": 0}
+    kw: dict[str, Any] = {
+        "model": "claude-local",
+        "max_tokens": 60,
+        "tools": ANTHROPIC_TOOLS,
+        "tool_choice": choice,
+        "extra_body": sampling,
+    }
+    inputs = []
+    for prompt in PROMPTS:
+        m = client.messages.create(messages=[{"role": "user", "content": prompt}], **kw)
+        assert m.stop_reason == "tool_use"
+        assert [b.type for b in m.content] == ["tool_use"]
+        _check_city(m.content[0].name, m.content[0].input, prompt, not temperature)
+        inputs.append(m.content[0].input)
+    with client.messages.stream(messages=[{"role": "user", "content": PROMPTS[0]}], **kw) as s:
+        streamed = s.get_final_message()
+    assert streamed.stop_reason == "tool_use"
+    assert [b.type for b in streamed.content] == ["tool_use"]
+    _check_city(streamed.content[0].name, streamed.content[0].input, PROMPTS[0], not temperature)
+    if not temperature:
+        assert streamed.content[0].input == inputs[0]
+
+
+@pytest.mark.parametrize("temperature", [0, 1])
+@pytest.mark.parametrize(
+    "choice", ["required", {"type": "function", "name": "get_weather"}], ids=["required", "named"]
+)
+def test_forced_call_responses(client: openai.OpenAI, choice: Any, temperature: int) -> None:
+    tools: Any = [{"type": "function", **TOOLS[0]["function"]}]
+    # No seed in this API either.
+    sampling = {"temperature": temperature, "top_p": 0.9} if temperature else {"temperature": 0}
+    kw: dict[str, Any] = {
+        "model": _model(client),
+        "tools": tools,
+        "tool_choice": choice,
+        "parallel_tool_calls": False,
+        "max_output_tokens": 60,
+        "store": False,
+        **sampling,
+    }
+    arguments = []
+    for prompt in PROMPTS:
+        r = client.responses.create(input=prompt, **kw)
+        assert r.status == "completed"
+        assert [o.type for o in r.output] == ["function_call"]
+        call = r.output[0]
+        _check_city(call.name, json.loads(call.arguments), prompt, not temperature)
+        arguments.append(call.arguments)
+    done = list(client.responses.create(input=PROMPTS[0], stream=True, **kw))[-1]
+    assert done.type == "response.completed"
+    assert [o.type for o in done.response.output] == ["function_call"]
+    streamed = done.response.output[0]
+    _check_city(streamed.name, json.loads(streamed.arguments), PROMPTS[0], not temperature)
+    if not temperature:
+        assert streamed.arguments == arguments[0]
+
+
+def test_forced_calls_in_one_batch(server: Server) -> None:
+    """Forced and free requests at once: each forced row's mask is for its own next token
+    whatever else runs in the step (masks are computed while the device runs it)."""
+
+    async def run() -> list[Any]:
+        client = server.async_client()
+        model = (await client.models.list()).data[0].id
+        jobs = []
+        for i, prompt in enumerate(PROMPTS * 3):
+            choice = ["required", NAMED, "auto"][i % 3]
+            jobs.append(
+                client.chat.completions.create(
+                    model=model,
+                    messages=[{"role": "user", "content": prompt}],
+                    tools=TOOLS,
+                    tool_choice=choice,
+                    parallel_tool_calls=False,
+                    max_tokens=60,
+                    temperature=1,
+                    seed=i,
+                )
+            )
+        return list(await asyncio.gather(*jobs))
+
+    for i, r in enumerate(asyncio.run(run())):
+        if i % 3 == 2:
+            continue  # "auto": whatever the model likes
+        ch = r.choices[0]
+        assert ch.finish_reason == "tool_calls", ch.message.content
+        (call,) = ch.message.tool_calls
+        _check_city(call.function.name, json.loads(call.function.arguments), "", False)
+
+
+# --- a call cut off by max_tokens (issue 31): no invented arguments -------------------
+
+# 16 tokens of a forced call end inside its arguments: `... "arguments": {"city": "`.
+CUT_TOKENS = 16
+CALL_HEAD = '<tool_call>\n{"name": "get_weather", "arguments": {'
+
+
+def test_cut_call_chat(client: openai.OpenAI) -> None:
+    kw: dict[str, Any] = {
+        "model": _model(client),
+        "messages": QUESTION,
+        "tools": TOOLS,
+        "tool_choice": NAMED,
+        "temperature": 0,
+        "max_tokens": CUT_TOKENS,
+    }
+    r = client.chat.completions.create(**kw)
+    ch = r.choices[0]
+    # As OpenAI: cut off, the content is what was generated; no call that did not end.
+    assert ch.finish_reason == "length" and not ch.message.tool_calls
+    assert ch.message.content.startswith(CALL_HEAD)
+    written = ch.message.content.split('"arguments": ', 1)[1]
+    # Streamed, the call's start and arguments were sent as they came: they stay, and
+    # nothing is invented to close them.
+    content, calls, finish = _chat_stream(client, **kw)
+    assert (content, finish) == ("", "length")
+    ((name, args),) = calls.values()
+    assert name == "get_weather" and written.startswith(args)
+    with pytest.raises(ValueError):
+        json.loads(args)
+
+    # Several calls (parallel): those that ended are calls, the one cut off is text.
+    kw |= {"tool_choice": "required", "max_tokens": 35}
+    r = client.chat.completions.create(**kw)
+    ch = r.choices[0]
+    assert ch.finish_reason == "length"
+    ended = [(c.function.name, c.function.arguments) for c in ch.message.tool_calls]
+    assert ended and all(json.loads(a) for _, a in ended)
+    assert "paris" in json.loads(ended[0][1])["city"].lower()
+    assert "<tool_call>" in ch.message.content
+    content, calls, finish = _chat_stream(client, **kw)
+    assert finish == "length" and len(calls) == len(ended) + 1
+    assert [calls[i] for i in range(len(ended))] == [list(c) for c in ended]
+    name, args = calls[len(ended)]
+    assert ch.message.content.split('"arguments": ')[-1].startswith(args)
+    with pytest.raises(ValueError):
+        json.loads(args)
+
+
+def test_cut_call_anthropic(server: Server) -> None:
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    kw: dict[str, Any] = {
+        "model": "claude-local",
+        "max_tokens": CUT_TOKENS,
+        "messages": QUESTION,
+        "tools": ANTHROPIC_TOOLS,
+        "tool_choice": {"type": "tool", "name": "get_weather"},
+        "extra_body": {"temperature": 0},
+    }
+    m = client.messages.create(**kw)
+    assert m.stop_reason == "max_tokens"
+    assert [b.type for b in m.content] == ["text"]
+    assert m.content[0].text.startswith(CALL_HEAD)
+    # Streamed: the tool_use block as far as it went, its input never completed.
+    with client.messages.stream(**kw) as s:
+        events = list(s)
+        streamed = s.get_final_message()
+    assert not [e for e in events if e.type == "error"]
+    assert streamed.stop_reason == "max_tokens"
+    assert [(b.type, b.name) for b in streamed.content] == [("tool_use", "get_weather")]
+    sent = "".join(e.delta.partial_json for e in events if e.type == "content_block_delta")
+    assert m.content[0].text.split('"arguments": ', 1)[1].startswith(sent)
+
+
+def test_cut_call_responses(client: openai.OpenAI) -> None:
+    kw: dict[str, Any] = {
+        "model": _model(client),
+        "input": QUESTION[0]["content"],
+        "tools": [{"type": "function", **TOOLS[0]["function"]}],
+        "tool_choice": {"type": "function", "name": "get_weather"},
+        "max_output_tokens": CUT_TOKENS,
+        "temperature": 0,
+        "store": False,
+    }
+    r = client.responses.create(**kw)
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert [o.type for o in r.output] == ["message"]
+    text = r.output[0].content[0].text
+    assert text.startswith(CALL_HEAD)
+    # Streamed: the function_call item as far as it went, marked incomplete.
+    done = list(client.responses.create(stream=True, **kw))[-1]
+    assert done.type == "response.incomplete"
+    (item,) = done.response.output
+    assert (item.type, item.name, item.status) == ("function_call", "get_weather", "incomplete")
+    assert text.split('"arguments": ', 1)[1].startswith(item.arguments)

@@ -60,6 +60,16 @@ def test_health_is_open_and_reports_not_ready(client: TestClient) -> None:
     assert resp.status_code == 503
 
 
+def test_head_of_the_root_is_its_get_without_a_body(client: TestClient) -> None:
+    # Claude Code sends `HEAD /` before anything else; it was a 405.
+    get = client.get("/", headers={"Authorization": ""})
+    head = client.head("/", headers={"Authorization": ""})
+    assert (get.status_code, head.status_code) == (200, 200)
+    assert get.content and head.content == b""
+    for name in ("content-type", "content-length", "etag"):
+        assert head.headers[name] == get.headers[name]
+
+
 @pytest.mark.parametrize("path", ["/v1/models", "/version", "/v1/engine/stats"])
 def test_api_key_guards_routes(client: TestClient, path: str) -> None:
     assert client.get(path).status_code == 200
@@ -365,3 +375,47 @@ def test_body_over_the_cap_when_chunked(client: TestClient) -> None:
 def test_bad_content_length_is_refused(client: TestClient) -> None:
     resp = client.post("/v1/completions", content=b"{}", headers={"Content-Length": "nope"})
     assert resp.status_code in (400, 413)
+
+
+# A `type` (or other tag) that is an object or a list: every union picks its member by
+# a value of the body, which must be checked to be a string before it is used as a key.
+# `"tools": [{"type": {}}]` on /v1/responses was a 500 (TypeError: unhashable dict).
+@pytest.mark.parametrize("bad", [{}, [], [{}], {"a": 1}])
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/responses", {"input": "hi", "tools": [{"type": "?"}]}, "tools[0].type"),
+        ("/v1/responses", {"input": [{"type": "?", "role": "user"}]}, "input[0].type"),
+        ("/v1/responses", {"input": "hi", "text": {"format": {"type": "?"}}}, "text.format.type"),
+        ("/v1/chat/completions", {**CHAT, "tools": [{"type": "?"}]}, "tools[0].type"),
+        ("/v1/chat/completions", {"messages": [{"role": "?"}]}, "messages[0].role"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": [{"type": "?"}]}]},
+            "messages[0].content[0].type",
+        ),
+        ("/v1/chat/completions", {**CHAT, "response_format": {"type": "?"}}, "response_format"),
+        ("/v1/messages", {"tools": [{"type": "?", "name": "f"}]}, "tools[0].type"),
+        (
+            "/v1/messages",
+            {"messages": [{"role": "user", "content": [{"type": "?"}]}]},
+            "messages[0].content[0].type",
+        ),
+        ("/v1/messages", {"tool_choice": {"type": "?"}}, "tool_choice"),
+        ("/v1/messages", {"thinking": {"type": "?"}}, "thinking"),
+    ],
+)
+def test_tags_that_are_not_strings_are_named(
+    client: TestClient, path: str, body: dict[str, Any], param: str, bad: Any
+) -> None:
+    body = json.loads(json.dumps(body).replace('"?"', json.dumps(bad)))
+    base = {"model": MODEL, **({"max_tokens": 5, **CHAT} if path == "/v1/messages" else {})}
+    resp = client.post(path, json={**base, **body})
+    assert resp.status_code == 400, resp.text
+    if path == "/v1/messages":
+        err = resp.json()["error"]
+        assert err["type"] == "invalid_request_error"
+        assert f"'{param}" in err["message"], err
+    else:
+        err = error_of(resp, 400)
+        assert err["param"].startswith(param), err

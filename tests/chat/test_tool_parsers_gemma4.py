@@ -128,22 +128,27 @@ def test_unknown_tool_is_text() -> None:
 
 
 @pytest.mark.parametrize(
-    ("cut", "args"),
+    ("cut", "sent"),
     [
-        (f"location:{Q}Lond", {"location": "Lond"}),
-        (f"location:{Q}London{Q}", {"location": "London"}),
-        ("location:", {"location": None}),
-        ("days:3", {"days": None}),  # a number cut short may be missing digits
-        ("days:3,", {"days": 3}),
-        ("loc", {}),
-        ("prefs:{floors:[1,2", {"prefs": {"floors": [1]}}),
-        (f"prefs:{{seating:{Q}win", {"prefs": {"seating": "win"}}),
+        (f"location:{Q}Lond", '{"location":"Lond'),
+        (f"location:{Q}London{Q}", '{"location":"London"'),
+        ("location:", '{"location":'),
+        ("days:3", '{"days":'),  # a number cut short may be missing digits: not sent
+        ("loc", "{"),
+        ("prefs:{floors:[1,2", '{"prefs":{"floors":['),
+        (f"prefs:{{seating:{Q}win", '{"prefs":{"seating":"win'),
+        (f"location:{Q}Paris{Q}<tool_ca", '{"location":"Paris"'),  # in the end marker
     ],
 )
-def test_truncated_arguments(cut: str, args: dict) -> None:
-    r = check("<|tool_call>call:get_current_weather{" + cut)
-    assert r.calls == [("get_current_weather", args)]
-    assert r.content == ""
+def test_truncated_arguments(cut: str, sent: str) -> None:
+    # A call the output ends inside is no call: streamed, what was sent of it stays
+    # (nothing closes it); answered whole, it is text.
+    text = "<|tool_call>call:get_current_weather{" + cut
+    r = check(text)
+    assert (r.calls, r.content, r.cut) == ([], "", ("get_current_weather", sent))
+    assert (r.whole.calls, r.whole.content) == ([], text)
+    r = check(WEATHER + "Then " + text)
+    assert r.whole.content == "Then " + text and len(r.whole.calls) == 1
 
 
 def test_arguments_stream_per_value() -> None:

@@ -106,18 +106,19 @@ TRANSCRIPTS: dict[str, tuple[str, str, str, list[tuple[str, Any]]]] = {
         REASONING,
         [],
     ),
+    # A call the output ends inside is no call (streamed: what was sent stays, see CUTS).
     "truncated_arguments": (
         THINK + "<|start|>assistant<|channel|>commentary to=functions.get_weather "
         '<|constrain|>json<|message|>{"location":"Tok',
         "",
         REASONING,
-        [("get_weather", {"location": "Tok"})],
+        [],
     ),
     "truncated_in_number": (
         '<|channel|>commentary to=functions.get_time json<|message|>{"offset": 9, "days": 1',
         "",
         "",
-        [("get_time", {"offset": 9, "days": None})],  # a cut number may be a prefix
+        [],
     ),
     "truncated_reasoning": (
         "<|channel|>analysis<|message|>Let me think about",
@@ -160,11 +161,21 @@ def parse(text: str, tools: list[dict[str, Any]] | None = TOOLS) -> Result:
     return result
 
 
+# Streamed: the call and the arguments sent (a number cut short may be a prefix: not
+# sent); answered whole, the content: the call's body as written.
+CUTS = {
+    "truncated_arguments": (("get_weather", '{"location":"Tok'), '{"location":"Tok'),
+    "truncated_in_number": (("get_time", '{"offset": 9, "days": '), '{"offset": 9, "days": 1'),
+}
+
+
 @pytest.mark.parametrize("name", list(TRANSCRIPTS))
 def test_text(name: str) -> None:
     text, content, reasoning, calls = TRANSCRIPTS[name]
     r = parse(text)
     assert (r.content, r.reasoning, r.calls) == (content, reasoning, calls)
+    cut, whole = CUTS.get(name, (None, content))
+    assert (r.cut, r.whole.content, r.whole.calls) == (cut, whole, calls)
 
 
 def test_arguments_stream_as_written() -> None:
@@ -294,8 +305,10 @@ def encoding(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return enc
 
 
-def run_tokens(enc: Any, ids: list[int], sizes: list[int], tools: Any = TOOLS) -> Result:
-    p = HarmonyParser(tools)
+def run_tokens(
+    enc: Any, ids: list[int], sizes: list[int], tools: Any = TOOLS, whole: bool = False
+) -> Result:
+    p = HarmonyParser(tools, whole=whole)
     total = ParsedDelta()
     i = 0
     for n in sizes:
@@ -304,11 +317,16 @@ def run_tokens(enc: Any, ids: list[int], sizes: list[int], tools: Any = TOOLS) -
         i += n
     total.merge(p.finish())
     calls = collect_calls(total.calls)
+    cut = None
+    if p.cut and not whole:
+        last = calls.pop()
+        cut = (last.name, last.arguments)
     return Result(
         total.content,
         total.reasoning,
         [(c.name, json.loads(c.arguments)) for c in calls],
         [c.arguments for c in calls],
+        cut,
     )
 
 
@@ -329,6 +347,10 @@ def test_tokens_agree_with_text(encoding: Any, name: str) -> None:
     ids = encoding.encode(text, allowed_special="all")
     r = check_tokens(encoding, ids)
     assert (r.content, r.reasoning, r.calls) == (content, reasoning, calls)
+    cut, whole = CUTS.get(name, (None, content))
+    assert r.cut == cut
+    w = run_tokens(encoding, ids, [1] * len(ids), whole=True)
+    assert (w.content, w.reasoning, w.calls, w.cut) == (whole, reasoning, calls, None)
     # Harmony output stays with the library; only what is not harmony is read as text.
     p = HarmonyParser(TOOLS)
     p.feed(text, ids)

@@ -39,6 +39,32 @@ def parse(cls: type, text: str, tools: list | None = TOOLS):  # type: ignore[no-
     return result
 
 
+# --- Hermes / Qwen: the same JSON objects, one per <tool_call> ------------------
+
+
+def test_hermes_truncated_call_is_not_a_call() -> None:
+    # Qwen2.5-Coder cut off by max_tokens (issue 31): once returned with arguments
+    # {"a": 42, "": null}. Streamed, what was sent of it stays and nothing closes it;
+    # answered whole, it is text.
+    text = 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"a": 42, "'
+    r = parse(HermesParser, text)
+    assert (r.calls, r.content, r.cut) == ([], "Sure.\n", ("get_weather", '{"a": 42, "'))
+    assert (r.whole.calls, r.whole.content) == ([], text)
+    # Without the tags, as this model often writes its calls.
+    text = '{"name": "get_weather", "arguments": {"city": "Par'
+    r = parse(HermesParser, text)
+    assert (r.calls, r.cut) == ([], ("get_weather", '{"city": "Par'))
+    assert (r.whole.calls, r.whole.content) == ([], text)
+    # A call that ended stays one; only the one cut off is text.
+    cut = '<tool_call>\n{"name": "get_time", "arguments": {"tz'
+    r = parse(HermesParser, f"<tool_call>\n{PARIS}\n</tool_call>\n{cut}")
+    assert (r.calls, r.content, r.cut) == (CALLS[:1], "\n", ("get_time", '{"tz'))
+    assert (r.whole.calls, r.whole.content) == (CALLS[:1], "\n" + cut)
+    # Cut off after the call object, in the closing tag: the call ended.
+    r = parse(HermesParser, f"<tool_call>\n{PARIS}\n</tool_")
+    assert (r.calls, r.cut, r.whole.calls) == (CALLS[:1], None, CALLS[:1])
+
+
 # --- Granite 3.x -------------------------------------------------------------
 
 GRANITE_33_TEMPLATE = (
@@ -101,8 +127,12 @@ def test_granite_unknown_tool_is_text() -> None:
 
 
 def test_granite_truncated_arguments() -> None:
-    r = parse(GraniteParser, '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Pa')
-    assert r.calls == [("get_weather", {"city": "Pa"})]
+    # A call the output ends inside is no call: streamed, what was sent of it stays;
+    # answered whole, it is text.
+    text = '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Pa'
+    r = parse(GraniteParser, text)
+    assert (r.calls, r.content, r.cut) == ([], "", ("get_weather", '{"city": "Pa'))
+    assert (r.whole.calls, r.whole.content) == ([], text)
 
 
 def test_granite_detection_3x_vs_4() -> None:
@@ -155,8 +185,11 @@ def test_phi4_mini_unknown_tool_is_text() -> None:
 
 
 def test_phi4_mini_truncated_arguments() -> None:
-    r = parse(Phi4MiniParser, f'functools[{PARIS}, {{"name": "get_time", "arguments": {{"tz": ')
-    assert r.calls == [CALLS[0], ("get_time", {"tz": None})]
+    cut = '{"name": "get_time", "arguments": {"tz": '
+    r = parse(Phi4MiniParser, f"functools[{PARIS}, {cut}")
+    assert (r.calls, r.cut) == ([CALLS[0]], ("get_time", '{"tz": '))
+    # The calls that ended stay calls; the one cut off is the text of its entry.
+    assert (r.whole.calls, r.whole.content) == ([CALLS[0]], cut)
 
 
 def test_phi4_mini_detection() -> None:
@@ -201,8 +234,10 @@ def test_nemotron_unknown_tool_is_text() -> None:
 
 
 def test_nemotron_truncated_arguments() -> None:
-    r = parse(NemotronParser, '<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris", ')
-    assert r.calls == [("get_weather", {"city": "Paris"})]
+    text = '<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris", '
+    r = parse(NemotronParser, text)
+    assert (r.calls, r.cut) == ([], ("get_weather", '{"city": "Paris"'))  # no comma yet
+    assert (r.whole.calls, r.whole.content) == ([], text)
 
 
 def test_nemotron_detection() -> None:
@@ -278,8 +313,10 @@ def test_xlam_unknown_tool_is_text() -> None:
 
 
 def test_xlam_truncated_arguments() -> None:
-    r = parse(XlamParser, '[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c')
-    assert r.calls == [("get_weather", {"city": "Paris", "unit": "c"})]
+    text = '[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c'
+    r = parse(XlamParser, text)
+    assert (r.calls, r.cut) == ([], ("get_weather", '{"city": "Paris", "unit": "c'))
+    assert (r.whole.calls, r.whole.content) == ([], text)
 
 
 def test_xlam_detection() -> None:

@@ -119,11 +119,17 @@ def test_unknown_tool_is_text() -> None:
 
 
 def test_truncated_arguments() -> None:
-    r = check(llama(), '{"name": "get_weather", "parameters": {"city": "Par')
-    assert r.calls == [("get_weather", {"city": "Par"})]
-    assert r.raw_args == ['{"city": "Par"}']
-    r = check(llama(), '{"name": "get_weather", "parameters": {"city": "Paris", "days": ')
-    assert r.calls == [("get_weather", {"city": "Paris", "days": None})]
+    # A call the output ends inside is no call: streamed, what was sent of it stays
+    # (nothing is invented to close it); answered whole, it is text.
+    text = '{"name": "get_weather", "parameters": {"city": "Par'
+    r = check(llama(), text)
+    assert (r.calls, r.content, r.cut) == ([], "", ("get_weather", '{"city": "Par'))
+    assert (r.whole.calls, r.whole.content) == ([], text)
+    cut = '{"name": "get_time", "parameters": {"tz": "Europe/Paris", "days": '
+    r = check(llama(), f"{PARIS}; {cut}")
+    assert r.cut == ("get_time", '{"tz": "Europe/Paris", "days": ')
+    assert r.whole.calls == r.calls == [("get_weather", {"city": "Paris", "unit": "celsius"})]
+    assert r.whole.content == "; " + cut
 
 
 def test_arguments_stream() -> None:

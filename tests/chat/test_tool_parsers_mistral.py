@@ -76,9 +76,12 @@ def test_list_form_unknown_tool_is_text() -> None:
     assert (r.calls, r.content) == ([], text)
 
 
-def test_list_form_truncated_call_is_closed() -> None:
-    r = parse('[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "San Fr')
-    assert r.calls == [("get_weather", {"city": "San Fr"})]
+def test_list_form_truncated_call_is_not_a_call() -> None:
+    # Streamed, what was sent of it stays; answered whole, it is text.
+    text = '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "San Fr'
+    r = parse(text)
+    assert (r.calls, r.content, r.cut) == ([], "", ("get_weather", '{"city": "San Fr'))
+    assert (r.whole.calls, r.whole.content) == ([], text)
 
 
 # --- the NAME[ARGS]{...} form ------------------------------------------------
@@ -148,11 +151,16 @@ def test_args_form_bad_arguments_close_the_call() -> None:
     assert (r.calls, r.content) == ([("get_weather", {"city": "Paris"})], "]]")
 
 
-def test_args_form_truncated_call_is_closed() -> None:
-    r = parse('[TOOL_CALLS]get_weather[ARGS]{"city": "San Francisco", "st')
-    assert r.calls == [("get_weather", {"city": "San Francisco", "st": None})]
-    r = parse("[TOOL_CALLS]add[CALL_ID]abc123def[ARGS]{")
-    assert r.calls == [("add", {})]
+def test_args_form_truncated_call_is_not_a_call() -> None:
+    text = '[TOOL_CALLS]get_weather[ARGS]{"city": "San Francisco", "st'
+    r = parse(text)
+    assert (r.calls, r.cut) == ([], ("get_weather", '{"city": "San Francisco", "st'))
+    assert (r.whole.calls, r.whole.content) == ([], text)
+    text = f"[TOOL_CALLS]add[ARGS]{ADD_ARGS}[TOOL_CALLS]add[CALL_ID]abc123def[ARGS]{{"
+    r = parse(text)
+    assert (r.calls, r.cut) == ([ADD], ("add", "{"))
+    assert r.whole.calls == [ADD]
+    assert r.whole.content == "[TOOL_CALLS]add[CALL_ID]abc123def[ARGS]{"
 
 
 def test_without_tools_any_name_is_called() -> None:

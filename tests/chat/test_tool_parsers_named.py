@@ -100,12 +100,19 @@ def test_deepseek_v3_unknown_tool_is_text() -> None:
     assert r.content == text
 
 
-def test_deepseek_v3_truncated_call_is_closed() -> None:
+def test_deepseek_v3_truncated_call_is_not_a_call() -> None:
+    # Streamed, what was sent of it stays (nothing closes it); answered whole, it is text.
     text = DS_BEGIN + "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
     r = parse(DeepSeekV3Parser, text + '{"city": "Par')
-    assert r.calls == [("get_weather", {"city": "Par"})]
+    assert (r.calls, r.content, r.cut) == ([], "", ("get_weather", '{"city": "Par'))
+    assert (r.whole.calls, r.whole.content) == ([], text + '{"city": "Par')
     r = parse(DeepSeekV3Parser, text + '{"city": "Paris", "unit')
-    assert r.calls == [("get_weather", {"city": "Paris", "unit": None})]
+    assert (r.calls, r.cut) == ([], ("get_weather", '{"city": "Paris", "unit'))
+    # The second call of a section: its own text.
+    second = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{"
+    r = parse(DeepSeekV3Parser, DS_BEGIN + ds3_call("get_weather", PARIS_ARGS) + second)
+    assert (r.whole.calls, r.whole.content) == ([PARIS], second)
+    # Cut off after the arguments, in the closing markers: the call ended.
     r = parse(DeepSeekV3Parser, DS_BEGIN + ds3_call("get_weather", PARIS_ARGS) + "\n<｜tool▁ca")
     assert r.calls == [PARIS]
     assert r.content == ""
@@ -146,10 +153,11 @@ def test_deepseek_v31_bad_arguments_close_the_call() -> None:
     assert r.content == "] oops"
 
 
-def test_deepseek_v31_truncated_call_is_closed() -> None:
+def test_deepseek_v31_truncated_call_is_not_a_call() -> None:
     text = DS_BEGIN + '<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": ["Par'
     r = parse(DeepSeekV31Parser, text)
-    assert r.calls == [("get_weather", {"city": ["Par"]})]
+    assert (r.calls, r.cut) == ([], ("get_weather", '{"city": ["Par'))
+    assert (r.whole.calls, r.whole.content) == ([], text)
 
 
 DS3_TEMPLATE = (
@@ -211,10 +219,11 @@ def test_kimi_k2_unknown_tool_is_text() -> None:
     assert (r.calls, r.content) == ([], text)
 
 
-def test_kimi_k2_truncated_call_is_closed() -> None:
+def test_kimi_k2_truncated_call_is_not_a_call() -> None:
     text = KIMI_BEGIN + "<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
     r = parse(KimiK2Parser, text + '{"city": "Paris", "unit": "cel')
-    assert r.calls == [("get_weather", {"city": "Paris", "unit": "cel"})]
+    assert (r.calls, r.cut) == ([], ("get_weather", '{"city": "Paris", "unit": "cel'))
+    assert (r.whole.calls, r.whole.content) == ([], text + '{"city": "Paris", "unit": "cel')
 
 
 KIMI_TEMPLATE = (
@@ -283,13 +292,15 @@ def test_functionary_unknown_tool_is_text() -> None:
         assert (r.calls, r.content) == ([], text)
 
 
-def test_functionary_truncated_call_is_closed() -> None:
+def test_functionary_truncated_call_is_not_a_call() -> None:
     r = parse(FunctionaryParser, 'all\nOne sec.>>>get_weather\n{"city": "Pa')
-    assert r.calls == [("get_weather", {"city": "Pa"})]
-    assert r.content == "One sec."
+    assert (r.calls, r.content, r.cut) == ([], "One sec.", ("get_weather", '{"city": "Pa'))
+    assert r.whole.content == 'One sec.>>>get_weather\n{"city": "Pa'
     # A number cut off may have been longer: it is not sent.
-    r = parse(FunctionaryParser, '<function=get_weather>{"unit": "c", "days": 12')
-    assert r.calls == [("get_weather", {"unit": "c", "days": None})]
+    text = '<function=get_weather>{"unit": "c", "days": 12'
+    r = parse(FunctionaryParser, text)
+    assert (r.calls, r.cut) == ([], ("get_weather", '{"unit": "c", "days": '))
+    assert (r.whole.calls, r.whole.content) == ([], text)
 
 
 FUNCTIONARY_V32_TEMPLATE = (

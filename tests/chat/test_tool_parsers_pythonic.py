@@ -137,6 +137,8 @@ def test_truncated_call() -> None:
     assert r.calls == [("get_weather", {"city": "Paris"})]
     assert r.content == ', get_time(tz="Europe/Lon'
     assert r.raw_args == ['{"city": "Paris"}']
+    # Nothing of it was sent, so streamed and answered whole agree.
+    assert r.cut is None and r.whole == r
 
 
 def test_nothing_is_held_back_from_plain_text() -> None:

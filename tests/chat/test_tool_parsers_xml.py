@@ -174,19 +174,28 @@ def test_qwen3_coder_garbage_after_a_parameter_closes_the_call() -> None:
 
 
 @pytest.mark.parametrize(
-    ("cut", "args"),
+    ("cut", "sent"),
     [
-        ("<parameter=city>\nPar", {"city": "Par"}),  # a string is kept as far as it went
-        ("<parameter=city>\nParis\n</parameter>\n<parameter=days>\n1", {"city": "Paris"}),
-        ("<parameter=city>\nParis\n</parameter>\n<parame", {"city": "Paris"}),
-        ("<parameter=city>\nParis\n</parameter>\n</function>\n</tool", {"city": "Paris"}),
-        ("", {}),
+        ("<parameter=city>\nPar", '{"city": "Par'),  # a string is sent as it comes
+        ("<parameter=city>\nParis\n</parameter>\n<parameter=days>\n1", '{"city": "Paris"'),
+        ("<parameter=city>\nParis\n</parameter>\n<parame", '{"city": "Paris"'),
+        ("<parameter=city>\nParis\n</param", '{"city": "Paris'),  # not the marker's start
+        ("", ""),
     ],
 )
-def test_qwen3_coder_truncated_call_is_closed(cut: str, args: dict[str, Any]) -> None:
+def test_qwen3_coder_truncated_call_is_not_a_call(cut: str, sent: str) -> None:
+    # Before `</function>`: streamed, what was sent of it stays (nothing closes it);
+    # answered whole, it is text.
+    text = "Sure.\n<tool_call>\n<function=get_weather>\n" + cut
+    r = parse(Qwen3CoderParser, text)
+    assert (r.calls, r.content, r.cut) == ([], "Sure.\n", ("get_weather", sent))
+    assert (r.whole.calls, r.whole.content) == ([], text)
+
+
+def test_qwen3_coder_truncated_after_the_function_is_a_call() -> None:
+    cut = "<parameter=city>\nParis\n</parameter>\n</function>\n</tool"
     r = parse(Qwen3CoderParser, "Sure.\n<tool_call>\n<function=get_weather>\n" + cut)
-    assert r.calls == [("get_weather", args)]
-    assert r.content == "Sure.\n"
+    assert (r.calls, r.content) == ([("get_weather", {"city": "Paris"})], "Sure.\n")
 
 
 def test_qwen3_coder_truncated_before_the_name_is_text() -> None:
@@ -277,11 +286,15 @@ def test_glm_unknown_tool_is_text() -> None:
     assert r.content == text
 
 
-def test_glm_truncated_call_is_closed() -> None:
-    r = parse(Glm45Parser, "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Par")
-    assert r.calls == [("get_weather", {"city": "Par"})]
+def test_glm_truncated_call_is_not_a_call() -> None:
+    text = "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Par"
+    r = parse(Glm45Parser, text)
+    assert (r.calls, r.cut) == ([], ("get_weather", '{"city": "Par'))
+    assert (r.whole.calls, r.whole.content) == ([], text)
     text = "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_k"
-    assert parse(Glm45Parser, text).calls == [("get_weather", {"city": "Paris"})]
+    r = parse(Glm45Parser, text)
+    assert (r.calls, r.cut) == ([], ("get_weather", '{"city": "Paris"'))
+    assert (r.whole.calls, r.whole.content) == ([], text)
 
 
 GLM_TEMPLATE = (
@@ -364,10 +377,16 @@ def test_minimax_unknown_second_call_is_text_after_the_first() -> None:
     assert r.content == "\n" + invoke("launch_rockets", count="3") + "</minimax:tool_call>"
 
 
-def test_minimax_truncated_call_is_closed() -> None:
+def test_minimax_truncated_call_is_not_a_call() -> None:
     text = '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris</pa'
     r = parse(MiniMaxM2Parser, text)
-    assert r.calls == [("get_weather", {"city": "Paris</pa"})]
+    assert (r.calls, r.cut) == ([], ("get_weather", '{"city": "Paris'))
+    assert (r.whole.calls, r.whole.content) == ([], text)
+    # The second call of a block: its own text.
+    second = '<invoke name="write_file">\n<parameter name="mode">64'
+    r = parse(MiniMaxM2Parser, "<minimax:tool_call>\n" + invoke("get_time") + second)
+    assert (r.calls, r.cut) == ([("get_time", {})], ("write_file", ""))
+    assert (r.whole.calls, r.whole.content) == (r.calls, second)
 
 
 MINIMAX_TEMPLATE = (
@@ -440,7 +459,9 @@ def test_deepseek_v32_malformed_unknown_truncated() -> None:
     r = parse(DeepSeekV32Parser, unknown)
     assert (r.calls, r.content) == ([], unknown)
     cut = dsml(DSML_PARIS)[:-60]
-    assert parse(DeepSeekV32Parser, cut).calls == [("get_weather", {"city": "Paris", "days": 3})]
+    r = parse(DeepSeekV32Parser, cut)
+    assert (r.calls, r.cut) == ([], ("get_weather", '{"city": "Paris", "days": 3'))
+    assert (r.whole.calls, r.whole.content) == ([], cut)
 
 
 DSML_TEMPLATE = (

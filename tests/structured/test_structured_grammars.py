@@ -9,6 +9,7 @@ and validate (with `jsonschema`) however the walk goes.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -264,6 +265,25 @@ def test_forced_tool_errors() -> None:
 def test_special_markers_are_tokens(compiler: GrammarCompiler) -> None:
     assert compiler.marker("<|im_end|>") == f"<[{EOS}]>"
     assert compiler.marker("<tool_call>") == '"<tool_call>"'
+
+
+def test_added_markers_that_are_not_special_are_tokens(compiler: GrammarCompiler) -> None:
+    """Qwen2.5's `<tool_call>` is an added token its tokenizer does not mark special;
+    llguidance reads it as a special token all the same, so a text literal for it
+    rejected the very token the mask allowed, and a forced call ended right after it
+    (`<tool_call><|im_end|>`, issue 31)."""
+    hf = copy.deepcopy(compiler.hf)
+    hf.add_tokens(["<tool_call>", "</tool_call>"])  # special=False, as Qwen2.5's
+    start, end = hf.convert_tokens_to_ids(["<tool_call>", "</tool_call>"])
+    qwen = GrammarCompiler(hf, len(hf), [EOS])
+    assert qwen.marker("<tool_call>") == f"<[{start}]>"
+    assert qwen.tokenizer().is_special_token(start)
+    spec = forced_tool_grammar(get_tool_parser("hermes"), TOOLS, "ping", vocab=qwen)
+    m = qwen.build(spec).deep_copy()
+    assert m.consume_token(start), m.get_error()
+    ids = hf.encode('\n{"name": "ping", "arguments": {}}\n', add_special_tokens=False)
+    assert m.consume_tokens(ids), m.get_error()
+    assert m.consume_token(end) and m.is_accepting()
 
 
 # --- the engine side ----------------------------------------------------------------

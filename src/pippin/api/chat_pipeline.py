@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pippin.api.common import closing
 from pippin.api.errors import (
@@ -90,6 +90,12 @@ def verbosity_kwargs(verbosity: str | None, template_source: str, param: str) ->
     return {}
 
 
+class NewParser(Protocol):
+    def __call__(self, whole: bool = False) -> OutputParser:
+        """A parser for one output; `whole` when it is answered whole, not streamed."""
+        ...
+
+
 async def output_parsing(
     state: ServerState,
     tokenizer: Any,
@@ -101,7 +107,7 @@ async def output_parsing(
     spec: GrammarSpec | None = None,
     budget_param: str = "thinking_token_budget",
     new_id: Callable[[], str] = random_call_id,
-) -> tuple[Callable[[], OutputParser], SamplingParams]:
+) -> tuple[NewParser, SamplingParams]:
     """Output parsers for a chat request, and the sampling settings they need: the
     special tokens they read, a thinking budget, and the grammar of `spec` (compiled
     to start after the model's reasoning)."""
@@ -117,7 +123,7 @@ async def output_parsing(
     params = replace(params, keep_special_ids=choice.keep_token_ids, thinking=thinking)
     if spec is not None:
         params = replace(params, constraint=await compile_spec(state, spec, tail))
-    return (lambda: choice.make(tools, tail, new_id)), params
+    return (lambda whole=False: choice.make(tools, tail, new_id, whole)), params
 
 
 def engine_failure(out: RequestOutput, c: CompletionOutput | None = None) -> OpenAIError | None:

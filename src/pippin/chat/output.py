@@ -90,14 +90,16 @@ class ParserChoice:
         tools: Sequence[dict[str, Any]] | None,
         prompt_text: str,
         new_id: Callable[[], str] = random_call_id,
+        whole: bool = False,
     ) -> OutputParser:
-        """A parser for one output; tool calls are parsed only when the request has tools."""
+        """A parser for one output; tool calls are parsed only when the request has tools.
+        `whole`: the output is answered whole, not streamed (see `ToolParser.drop_call`)."""
         reasoning = None
         if self.reasoning is not None:
             reasoning = self.reasoning(self.reasoning.open_in_prompt(prompt_text))
         tool = None
         if self.tool is not None and (tools or self.tool.handles_reasoning):
-            tool = self.tool(tools, new_id)
+            tool = self.tool(tools, new_id, whole=whole)
         return OutputParser(reasoning, tool)
 
 

@@ -50,8 +50,8 @@ class GrammarCompiler:
         self.n_vocab = max(vocab_size, max(self.vocab.values(), default=0) + 1)
         self.eos_ids = sorted(eos_ids)
         self.timeout = timeout
-        decoder = getattr(self.hf, "added_tokens_decoder", {}) or {}
-        self.special = {i for i, t in decoder.items() if getattr(t, "special", False)}
+        # Added tokens, special or not: the tokenizer splits them out of any text first.
+        self.added = set(getattr(self.hf, "added_tokens_decoder", {}) or {})
         self._lltok: llguidance.LLTokenizer | None = None
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, LLMatcher] = OrderedDict()
@@ -60,8 +60,12 @@ class GrammarCompiler:
 
     def marker(self, text: str) -> str:
         tid = self.vocab.get(text)
-        if tid is not None and tid in self.special:
-            return f"<[{tid}]>"  # a special token is only ever that token
+        if tid is not None and tid in self.added:
+            # The token by id: llguidance reads some added tokens that the tokenizer does
+            # not mark special (Qwen2.5's <tool_call>) as special tokens, whose bytes never
+            # match a text literal, so a literal would reject the very token the model
+            # writes. Encoding the text gives that one token anyway.
+            return f"<[{tid}]>"
         return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
     def has_token(self, text: str) -> bool:

@@ -25,7 +25,7 @@ class Vocab(Protocol):
     """What a format needs to know of the vocabulary."""
 
     def marker(self, text: str) -> str:
-        """Lark for a fixed piece: its special token when it is one, else the text."""
+        """Lark for a fixed piece: its token when it is an added token, else the text."""
         ...
 
     def has_token(self, text: str) -> bool:

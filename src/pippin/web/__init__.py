@@ -26,7 +26,8 @@ def _file(name: str) -> FileResponse:
     return FileResponse(path, media_type=_MEDIA[path.suffix], headers={"Cache-Control": "no-cache"})
 
 
-@router.get("/")
+# HEAD as GET without the body: Claude Code sends `HEAD /` to check the server is up.
+@router.api_route("/", methods=["GET", "HEAD"])
 async def index() -> FileResponse:
     return _file("index.html")
 

@@ -38,7 +38,13 @@ from pippin.api.anthropic.protocol import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from pippin.api.chat_pipeline import ParsedStep, output_parsing, render_prompt, run_parsed
+from pippin.api.chat_pipeline import (
+    NewParser,
+    ParsedStep,
+    output_parsing,
+    render_prompt,
+    run_parsed,
+)
 from pippin.api.common import (
     SSE_HEADERS,
     cancel_on_disconnect,
@@ -555,7 +561,10 @@ class BlockBuilder:
             block["signature"] = _signature(block["thinking"])
             ev.append(self._delta({"type": "signature_delta", "signature": block["signature"]}))
         elif self.kind == "tool_use":
-            block["input"] = json.loads(self._args) if self._args else {}
+            try:
+                block["input"] = json.loads(self._args) if self._args else {}
+            except ValueError:
+                pass  # streamed, a call the output ended inside: its input was never whole
         ev.append({"type": "content_block_stop", "index": len(self.blocks) - 1})
         self.kind = None
         return ev
@@ -605,7 +614,7 @@ class MessageRun:
     state: ServerState
     prompt_ids: list[int]
     params: SamplingParams
-    new_parser: Any
+    new_parser: NewParser
     model: str
     single_call: bool
     context_management: dict[str, Any] | None = None
@@ -619,15 +628,16 @@ class MessageRun:
             "model": self.model,
         }
 
-    def _steps(self) -> AsyncIterator[ParsedStep]:
+    def _steps(self, whole: bool = False) -> AsyncIterator[ParsedStep]:
         engine = self.state.engine
         assert engine is not None
-        return run_parsed(engine, self.prompt_ids, self.params, self.message_id, self.new_parser())
+        parser = self.new_parser(whole)
+        return run_parsed(engine, self.prompt_ids, self.params, self.message_id, parser)
 
     async def collect(self) -> dict[str, Any]:
         builder = BlockBuilder(self.single_call)
         last: ParsedStep | None = None
-        async with closing(self._steps()) as steps:
+        async with closing(self._steps(whole=True)) as steps:
             async for step in steps:
                 builder.feed(step.parsed)
                 last = step

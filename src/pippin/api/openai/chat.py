@@ -7,7 +7,7 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from pippin.api.chat_pipeline import (
+    NewParser,
     effort_kwargs,
     engine_failure,
     output_parsing,
@@ -322,7 +323,7 @@ class ChatRun:
     fingerprint: str
     render: TokenRenderer
     # One output parser per choice: reasoning, content and tool calls.
-    new_parser: Callable[[], OutputParser]
+    new_parser: NewParser
     include_usage: bool = False
     obfuscate: bool = False
     service_tier: str | None = None
@@ -342,7 +343,7 @@ class ChatRun:
         return head
 
     async def collect(self) -> dict[str, Any]:
-        choices = [_Choice(self.new_parser()) for _ in range(self.params.n)]
+        choices = [_Choice(self.new_parser(whole=True)) for _ in range(self.params.n)]
         prompt_tokens, cached = len(self.prompt_ids), 0
         gen = self.engine.generate(self.prompt_ids, self.params, self.request_id)
         async with closing(gen) as outputs:

@@ -15,7 +15,7 @@ import copy
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import TypeAdapter
 
 from pippin.api.chat_pipeline import (
+    NewParser,
     effort_kwargs,
     output_parsing,
     render_prompt,
@@ -56,7 +57,6 @@ from pippin.api.openai.responses_protocol import (
 from pippin.api.openai.sampling import build_sampling_params, resolve_max_tokens
 from pippin.api.openai.structured_output import ForcedTool, forced_tool
 from pippin.api.state import check_model, get_state, require_engine
-from pippin.chat.output import OutputParser
 from pippin.chat.tool_parsers.base import CallDelta, ParsedDelta, random_call_id
 from pippin.engine.client import EngineClient, EngineError
 from pippin.engine.types import SamplingParams
@@ -571,7 +571,7 @@ class ResponseRun:
     engine: EngineClient
     prompt_ids: list[int]
     params: SamplingParams
-    new_parser: Callable[[], OutputParser]
+    new_parser: NewParser
     # The response object's fields that echo the request.
     echo: dict[str, Any]
     # The conversation before this response's output (stored with it when asked to).
@@ -601,14 +601,15 @@ class ResponseRun:
             **extra,
         }
 
-    async def events(self) -> AsyncIterator[dict[str, Any]]:
+    async def events(self, whole: bool = False) -> AsyncIterator[dict[str, Any]]:
         """The stream's events, without sequence numbers; the last holds the response.
+        `whole`: only the last is answered (a call cut off comes back as text).
 
         Engine failures raise (as OpenAIError)."""
         yield {"type": "response.created", "response": self.body("in_progress")}
         yield {"type": "response.in_progress", "response": self.body("in_progress")}
         out = self.output = _Output(self.parallel_tool_calls)
-        parser = self.new_parser()
+        parser = self.new_parser(whole)
         thinking, reasoning_tokens, finish = parser.in_reasoning, 0, None
         async for step in run_parsed(self.engine, self.prompt_ids, self.params, self.id, parser):
             if thinking:  # a token generated inside the reasoning section
@@ -638,7 +639,7 @@ class ResponseRun:
 
     async def collect(self) -> dict[str, Any]:
         last: dict[str, Any] = {}
-        async for event in self.events():
+        async for event in self.events(whole=True):
             last = event
         return last["response"]
 

@@ -247,9 +247,11 @@ BUILTIN_TOOL_TYPES = (
 
 def _tool_tag(v: Any) -> str | None:
     kind = v.get("type") if isinstance(v, dict) else getattr(v, "type", None)
+    if not isinstance(kind, str):  # a dict or list is no key (and no tool type)
+        return None
     if kind in BUILTIN_TOOL_TYPES:
         return "@builtin"
-    return {"function": "@function", "namespace": "@namespace"}.get(kind)  # type: ignore[arg-type]
+    return {"function": "@function", "namespace": "@namespace"}.get(kind)
 
 
 ResponsesTool = Annotated[

@@ -11,6 +11,12 @@ Malformed calls come back as text: a call is only opened once its name is known
 (and is one of the request's tools, when the request lists any); if the arguments
 go wrong after that, the call is closed with the arguments valid so far and the
 rest of the output is text.
+
+A call the output ends inside (cut off by `max_tokens`, a stop string or the end of
+the turn before its arguments are complete) is not a call, and nothing is invented to
+close it (`drop_call`). Answered whole (`whole=True`), a call's deltas are held until
+it ends, so such a call comes back as its text; streamed, what was already sent of it
+stays and nothing more is sent.
 """
 
 from __future__ import annotations
@@ -147,19 +153,27 @@ class ToolParser:
         self,
         tools: Sequence[dict[str, Any]] | None = None,
         new_id: Callable[[], str] = random_call_id,
+        *,
+        whole: bool = False,
     ) -> None:
         self.functions = tool_functions(tools)
         self.new_id = new_id
+        # The output is answered whole, not streamed: a call is reported once it ends.
+        self.whole = whole
         self.buf = ""
         self.n_calls = 0
         self.open_call: int | None = None
+        self.cut = False  # the output ended inside a call (see `drop_call`)
+        self._held: list[CallDelta] = []  # whole: the open call's deltas
+        self._in: list[str] = []  # whole: the text taken in, for `taken_since`
+        self.n_in = 0  # characters taken in
         self._out = ParsedDelta()
         self.finished = False
 
     # --- the interface -------------------------------------------------------
 
     def feed(self, text: str, token_ids: Sequence[int] = ()) -> ParsedDelta:
-        self.buf += text
+        self.take_in(text)
         self._run(final=False)
         return self._take()
 
@@ -191,20 +205,55 @@ class ToolParser:
     def text(self, s: str) -> None:
         self._out.content += s
 
+    def take_in(self, text: str) -> None:
+        """Append output text to `buf`."""
+        self.buf += text
+        self.n_in += len(text)
+        if self.whole:
+            self._in.append(text)
+
+    @property
+    def at(self) -> int:
+        """Where `buf` starts in the text taken in (parsers only consume from its front)."""
+        return self.n_in - len(self.buf)
+
+    def taken_since(self, start: int) -> str:
+        """The text taken in from `start` on; only kept when answering whole."""
+        return "".join(self._in)[start:] if self.whole else ""
+
     def start_call(self, name: str, call_id: str | None = None) -> int:
         assert self.open_call is None
         index = self.n_calls
         self.n_calls += 1
         self.open_call = index
-        self._out.calls.append(CallDelta(index, call_id or self.new_id(), name))
+        delta = CallDelta(index, call_id or self.new_id(), name)
+        (self._held if self.whole else self._out.calls).append(delta)
         return index
 
     def args(self, fragment: str) -> None:
         assert self.open_call is not None
-        self._out.add_args(self.open_call, fragment)
+        if self.whole:
+            self._held[-1].arguments += fragment
+        else:
+            self._out.add_args(self.open_call, fragment)
 
     def end_call(self) -> None:
         self.open_call = None
+        self._out.calls.extend(self._held)
+        self._held = []
+
+    def drop_call(self, text: str) -> None:
+        """The output ended inside the open call (its arguments incomplete): it is not a
+        call. Answered whole, `text` (what the model wrote of the call) is content;
+        streamed, what was sent of it stays and nothing more is sent."""
+        assert self.open_call is not None
+        self.open_call = None
+        self.n_calls -= 1
+        self.cut = True
+        self.buf = ""
+        if self.whole:
+            self._held = []
+            self.text(text)
 
     def whole_call(self, name: str, arguments: Any, call_id: str | None = None) -> None:
         """A call known all at once (formats that are parsed when they end)."""

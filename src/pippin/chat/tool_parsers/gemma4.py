@@ -232,12 +232,14 @@ class Gemma4Parser(ToolParser):
         super().__init__(*a, **kw)
         self.mode = _TEXT
         self.rewriter: ArgsRewriter | None = None
+        self.call_at = 0  # where the current call's text starts (`taken_since`)
 
     def _run(self, final: bool) -> None:
         while True:
             if self.mode == _TEXT:
                 if self.scan_text((CALL_START,), final) is None:
                     return
+                self.call_at = self.at - len(CALL_START)
                 self.mode = _HEAD_STATE
             if self.mode == _HEAD_STATE:
                 m = _HEAD.match(self.buf)
@@ -257,9 +259,15 @@ class Gemma4Parser(ToolParser):
                 self.mode = _ARGS
             if self.mode == _ARGS:
                 assert self.rewriter is not None
+                if final:
+                    # The output ended inside the arguments (all that is left is what
+                    # may start a marker): no call, and nothing more is sent of it.
+                    self.drop_call(self.taken_since(self.call_at))
+                    self.mode = _TEXT
+                    return
                 used, status = self.rewriter.step(self.buf, final)
                 self.buf = self.buf[used:]
-                if status == MORE and not final:
+                if status == MORE:
                     return
                 self.rewriter.close()
                 self.end_call()

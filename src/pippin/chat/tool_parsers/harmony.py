@@ -121,7 +121,7 @@ class HarmonyParser(ToolParser):
             for t in token_ids:  # `text` is the same output, already in the ids
                 self._token(t)
         elif self.mode == "text":
-            self.buf += text
+            self.take_in(text)
             self._run(final=False)
         return self._take()
 
@@ -130,12 +130,17 @@ class HarmonyParser(ToolParser):
             self._decode_from(self.header_ids)  # a header cut short is read as text
         if self.undecoded:
             assert self.enc is not None
-            self.buf += self.enc.decode(self.undecoded)
+            self.take_in(self.enc.decode(self.undecoded))
             self.undecoded = []
         if self.mode == "text" or self.decoding:
             self._run(final=True)
         if self.state == _BODY:
-            self._end_message()
+            if self.kind == _CALL and self.call_state == _ARGS:
+                # The output ended inside the arguments: the body is all there is of it.
+                self.drop_call(self.args_text)
+                self.kind, self.call_state = _CONTENT, _TEXT
+            else:
+                self._end_message()
         self.finished = True
         return self._take()
 
@@ -203,7 +208,7 @@ class HarmonyParser(ToolParser):
                 return
             text = enc.decode(self.undecoded)
         self.undecoded = []
-        self.buf += text
+        self.take_in(text)
         self._run(final=False)
 
     # --- text ----------------------------------------------------------------

@@ -26,6 +26,9 @@ _HEAD = re.compile(
 _HEAD_MAX = 400  # the head is short; past this, wait for the whole object
 
 MORE, DONE, ERROR = "more", "done", "error"
+# The output ended inside a call's arguments: the call is still open, for the parser's
+# `drop_call` with `cut_text`.
+CUT = "cut"
 
 
 def call_from_object(obj: Any) -> tuple[str, Any] | None:
@@ -117,6 +120,8 @@ class JsonCallReader:
                 return i, DONE  # a missing ']' is forgiven; the rest is not ours
             n = self._feed_object(text[i:])
             i += n
+            if final and not self.outer.failed and self._args_open():
+                return i, CUT
             if self.outer.failed or (final and not self.outer.done):
                 return i, self._fail()
             if not self.outer.done:
@@ -172,6 +177,15 @@ class JsonCallReader:
             self.args_buf = self.args_buf[k:]
             self.args_sent = jp.safe
             self.args_any = True
+
+    def _args_open(self) -> bool:
+        """Whether a call is open and its arguments are not complete yet."""
+        return self.args_jp is not None and not self.args_jp.done
+
+    def cut_text(self, marker: str) -> str:
+        """The text of the call the output ended inside: the section's from its marker
+        if it is the first call there, else the call object's own."""
+        return marker + self.raw if self.calls == 0 else str(self.obj).lstrip()
 
     def _close_object(self) -> bool:
         """The object ended: finish its call. False if it was not a call after all."""

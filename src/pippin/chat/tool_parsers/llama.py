@@ -12,7 +12,7 @@ appears.
 from __future__ import annotations
 
 from pippin.chat.tool_parsers.base import ToolParser
-from pippin.chat.tool_parsers.json_calls import DONE, ERROR, MORE, JsonCallReader
+from pippin.chat.tool_parsers.json_calls import CUT, DONE, ERROR, MORE, JsonCallReader
 from pippin.chat.tool_parsers.pythonic import PyCallReader, parse_call, skip_space
 
 PYTHON_TAG = "<|python_tag|>"
@@ -86,6 +86,10 @@ class Llama3JsonParser(ToolParser):
                 used, status = self.reader.step(self.buf, final)
                 self.buf = self.buf[used:]
                 if status == MORE:
+                    return
+                if status == CUT:
+                    marker = self.marker if self.section_calls == 0 else ""
+                    self.drop_call(marker + self.sep + self.reader.raw)
                     return
                 if status == ERROR:
                     blank = not (self.reader.raw + self.buf).strip()

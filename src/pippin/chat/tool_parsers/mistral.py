@@ -9,7 +9,7 @@ Devstral, Magistral): `[TOOL_CALLS]NAME[ARGS]{...}` once per call, some versions
 from __future__ import annotations
 
 from pippin.chat.tool_parsers.base import skip_ws
-from pippin.chat.tool_parsers.json_calls import ERROR, MORE, JsonCallReader
+from pippin.chat.tool_parsers.json_calls import CUT, ERROR, MORE, JsonCallReader
 from pippin.chat.tool_parsers.named_json import (
     HEAD,
     NO,
@@ -47,7 +47,9 @@ class MistralParser(NamedJsonParser):
             self.buf = self.buf[used:]
             if status == MORE:
                 return False
-            if status == ERROR:
+            if status == CUT:
+                self.drop_call(self.reader.cut_text(self.raw))
+            elif status == ERROR:
                 if self.reader.calls == 0:
                     self.text(self.raw)
                 self.text(self.reader.raw)

@@ -109,6 +109,7 @@ class NamedJsonParser(ToolParser):
         self.state = TEXT
         self.marker = ""
         self.raw = ""  # consumed text to give back if the call turns out malformed
+        self.call_raw = ""  # the open call's text before its arguments
         self.jp = JsonPrefix()
         self.args_text = ""
         self.args_sent = 0
@@ -186,6 +187,7 @@ class NamedJsonParser(ToolParser):
         if status == SKIP:
             self.buf = self.buf[n:]
         elif status == OK and self.known(name):
+            self.call_raw = self.raw + self.buf[:n]
             self.buf = self.buf[n:]
             self.start_call(name, call_id)
             self.jp = JsonPrefix()
@@ -213,12 +215,13 @@ class NamedJsonParser(ToolParser):
             return True
         if not self.jp.failed and not final:
             return False
-        # Gone wrong, or cut off: close the arguments valid so far.
+        self.state = TEXT
+        if not self.jp.failed:  # cut off
+            self.drop_call(self.call_raw + self.args_text)
+            return True
+        # Gone wrong: close the arguments valid so far; the rest is text.
         self.args(self.jp.closers())
         self.end_call()
-        self.state = TEXT
-        if not self.jp.failed:
-            self.buf = ""
         return True
 
 

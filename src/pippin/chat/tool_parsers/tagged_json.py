@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from pippin.chat.tool_parsers.base import ToolParser, partial_marker
-from pippin.chat.tool_parsers.json_calls import DONE, ERROR, MORE, JsonCallReader
+from pippin.chat.tool_parsers.json_calls import CUT, DONE, ERROR, MORE, JsonCallReader
 
 _TEXT, _BODY, _END = 0, 1, 2
 
@@ -55,6 +55,9 @@ class TaggedJsonParser(ToolParser):
                 used, status = self.reader.step(self.buf, final)
                 self.buf = self.buf[used:]
                 if status == MORE:
+                    return
+                if status == CUT:
+                    self.drop_call(self.reader.cut_text(self.marker))
                     return
                 if status == ERROR:
                     if self.reader.calls == 0:

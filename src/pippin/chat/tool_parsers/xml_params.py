@@ -108,6 +108,7 @@ class XmlParamsParser(ToolParser):
         super().__init__(*a, **kw)
         self.state = _TEXT
         self.raw = ""  # consumed text to give back if the call turns out malformed
+        self.call_at = 0  # where the current call's text starts (`taken_since`)
         self.props: dict[str, Any] = {}
         self.args_open = False  # the arguments' `{` was sent
         self.key = ""
@@ -139,6 +140,7 @@ class XmlParamsParser(ToolParser):
             if m is None:
                 return False
             self.raw = m
+            self.call_at = self.at - len(m)
             self.state = _CALL
             return True
         if self.state == _CALL:
@@ -184,10 +186,11 @@ class XmlParamsParser(ToolParser):
             return True
         if status == MORE and not final:
             return False
-        self._close_call()
         if status == MORE:
-            self.buf = ""  # cut off inside a parameter's head
-        self.state = _TEXT  # otherwise malformed: the rest is text
+            self._cut()
+        else:
+            self._close_call()
+            self.state = _TEXT  # malformed: the rest is text
         return True
 
     def _is_string(self, key: str) -> bool:
@@ -213,7 +216,7 @@ class XmlParamsParser(ToolParser):
         if not self.value_begun:
             if not self.buf:
                 if final:
-                    self._send_string_end()
+                    self._cut()
                 return False
             if self.buf[0] == "\n":
                 self.buf = self.buf[1:]
@@ -224,27 +227,20 @@ class XmlParamsParser(ToolParser):
             self.buf = self.buf[hit[0] + len(hit[1]) :]
             self.state = _PARAMS
             return True
-        keep = 0 if final else partial_marker(self.buf, self.value_ends)
-        cut = len(self.buf) - keep
+        if final:  # what is left may be the start of the end marker: not sent
+            self._cut()
+            return False
+        cut = len(self.buf) - partial_marker(self.buf, self.value_ends)
         self.args(_escape(self.buf[:cut]))
         self.buf = self.buf[cut:]
-        if final:  # cut off inside the value: it ends here
-            self._send_string_end()
         return False
-
-    def _send_string_end(self) -> None:
-        self.args('"')
-        self._close_call()
-        self.state = _TEXT
 
     def _read_value(self, final: bool) -> bool:
         """A value of another type: converted and sent when it ends."""
         i = self.buf.find(self.value_end, self.scan_from)
         if i < 0:
-            if final:  # cut off inside the value: the parameter is dropped
-                self.buf = ""
-                self._close_call()
-                self.state = _TEXT
+            if final:
+                self._cut()
                 return False
             self.scan_from = max(0, len(self.buf) - len(self.value_end) + 1)
             return False
@@ -261,6 +257,11 @@ class XmlParamsParser(ToolParser):
         self.args("}" if self.args_open else "{}")
         self.end_call()
 
+    def _cut(self) -> None:
+        """The output ended before the call's end marker: it is not a call."""
+        self.drop_call(self.taken_since(self.call_at))
+        self.state = _TEXT
+
     def _read_after(self, final: bool) -> bool:
         """After a call: the block's closing marker, or (with `invoke`) another call."""
         if not self.block_end:
@@ -272,6 +273,7 @@ class XmlParamsParser(ToolParser):
             self.buf = self.buf[skip_ws(self.buf) + len(lit) :]
             self.state = _TEXT
         elif status == OK:
+            self.call_at = self.at + skip_ws(self.buf)  # the next call of the block
             self.state = _CALL
         elif status == MORE and not final:
             return False
