@@ -367,3 +367,22 @@ def test_context_management_clears_old_tool_results(client: anthropic.Anthropic)
         extra_body={"context_management": {"edits": [edit]}},
     )
     assert same.input_tokens == full.input_tokens
+
+
+def test_assistant_prefill_is_continued(client: anthropic.Anthropic, model_dir: Path) -> None:
+    """A conversation ending in an assistant turn of text is continued from it: the prompt
+    ends inside that turn (no end of turn, no new assistant header), as the template renders
+    it with `continue_final_message`."""
+    from transformers import AutoTokenizer
+
+    prefill = [*HELLO, {"role": "assistant", "content": "The answer is"}]
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    want = tok.apply_chat_template(prefill, continue_final_message=True, tokenize=True)
+    ids = want["input_ids"] if hasattr(want, "keys") else want
+    count = client.messages.count_tokens(model="tiny", messages=prefill)
+    assert count.input_tokens == len(ids)
+    m = create(client, messages=prefill, temperature=0.0)
+    assert m.usage.input_tokens + m.usage.cache_read_input_tokens == len(ids)
+    # Anthropic refuses a prefill that ends in whitespace.
+    with pytest.raises(anthropic.BadRequestError, match="trailing whitespace"):
+        create(client, messages=[*HELLO, {"role": "assistant", "content": "The answer is "}])

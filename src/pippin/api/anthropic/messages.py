@@ -28,6 +28,7 @@ from pippin.api.anthropic.protocol import (
     CountTokensRequest,
     DocumentBlock,
     ImageBlock,
+    InputMessage,
     MessagesRequest,
     RedactedThinkingBlock,
     ServerTool,
@@ -353,6 +354,24 @@ class Prompt:
         return {"applied_edits": self.applied_edits}
 
 
+def _prefill(messages: list[InputMessage]) -> bool:
+    """Whether the conversation ends with an assistant turn of text that the answer goes on
+    from (Anthropic's prefill): then the prompt ends inside that turn, not after it."""
+    last = messages[-1] if messages else None
+    if last is None or last.role != "assistant":
+        return False
+    blocks = [last.content] if isinstance(last.content, str) else last.content
+    texts = [b if isinstance(b, str) else getattr(b, "text", None) for b in blocks]
+    if not texts or any(t is None for t in texts):
+        return False  # a tool call or thinking block: the turn is complete
+    if texts[-1] != texts[-1].rstrip():
+        raise bad_request(
+            "messages: final assistant content cannot end with trailing whitespace",
+            param=f"messages[{len(messages) - 1}].content",
+        )
+    return True
+
+
 async def _prompt(
     state: ServerState, tokenizer: Any, req: MessagesRequest | CountTokensRequest
 ) -> Prompt:
@@ -360,9 +379,20 @@ async def _prompt(
     tools = template_tools(req)
     kwargs = template_kwargs(state, req)
 
+    prefill = _prefill(req.messages)
+
     async def render(history: list[Any]) -> list[int]:
         messages = template_messages(req.system, history)
-        return await render_prompt(state, tokenizer, messages, tools, kwargs, tools_param="tools")
+        return await render_prompt(
+            state,
+            tokenizer,
+            messages,
+            tools,
+            kwargs,
+            add_generation_prompt=not prefill,
+            continue_final_message=prefill,
+            tools_param="tools",
+        )
 
     history = req.messages
     ids = await render(history)
