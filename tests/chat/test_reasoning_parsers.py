@@ -265,3 +265,24 @@ def test_output_parser_state() -> None:
     out.feed("</think>\n\n" + QWEN3_OUTPUT.split("</think>\n\n")[1])
     out.finish()
     assert not out.in_reasoning and out.called
+
+
+def test_one_call_keeps_the_first_call_only() -> None:
+    """`parallel_tool_calls: false` under `auto`: the model may still write two calls; only
+    the first is returned, streamed or whole, split anywhere."""
+    choice = ParserChoice.for_model(_Tokenizer(), "qwen3", QWEN3_TEMPLATE)
+    two = (
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+    )
+    both = _feed(choice.make(TOOLS, ""), [two])[2]
+    assert [args["city"] for _, args in both] == ["Paris", "Rome"]
+    for whole in (False, True):
+        first = _feed(choice.make(TOOLS, "", whole=whole, one_call=True), [two])
+        assert first[2] == [("get_weather", {"city": "Paris"})]
+        rng = random.Random(7)
+        for _ in range(20):
+            cuts = sorted(rng.sample(range(1, len(two)), k=rng.randint(1, 20)))
+            pieces = [two[a:b] for a, b in zip([0, *cuts], [*cuts, len(two)])]
+            out = _feed(choice.make(TOOLS, "", whole=whole, one_call=True), pieces)
+            assert out == first

@@ -107,6 +107,7 @@ async def output_parsing(
     spec: GrammarSpec | None = None,
     budget_param: str = "thinking_token_budget",
     new_id: Callable[[], str] = random_call_id,
+    one_call: bool = False,
 ) -> tuple[NewParser, SamplingParams]:
     """Output parsers for a chat request, and the sampling settings they need: the
     special tokens they read, a thinking budget, and the grammar of `spec` (compiled
@@ -123,7 +124,7 @@ async def output_parsing(
     params = replace(params, keep_special_ids=choice.keep_token_ids, thinking=thinking)
     if spec is not None:
         params = replace(params, constraint=await compile_spec(state, spec, tail))
-    return (lambda whole=False: choice.make(tools, tail, new_id, whole)), params
+    return (lambda whole=False: choice.make(tools, tail, new_id, whole, one_call)), params
 
 
 def engine_failure(out: RequestOutput, c: CompletionOutput | None = None) -> OpenAIError | None:

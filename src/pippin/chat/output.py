@@ -91,22 +91,29 @@ class ParserChoice:
         prompt_text: str,
         new_id: Callable[[], str] = random_call_id,
         whole: bool = False,
+        one_call: bool = False,
     ) -> OutputParser:
         """A parser for one output; tool calls are parsed only when the request has tools.
-        `whole`: the output is answered whole, not streamed (see `ToolParser.drop_call`)."""
+        `whole`: the output is answered whole, not streamed (see `ToolParser.drop_call`).
+        `one_call`: only the first call the model writes is returned (OpenAI's
+        `parallel_tool_calls: false`)."""
         reasoning = None
         if self.reasoning is not None:
             reasoning = self.reasoning(self.reasoning.open_in_prompt(prompt_text))
         tool = None
         if self.tool is not None and (tools or self.tool.handles_reasoning):
             tool = self.tool(tools, new_id, whole=whole)
-        return OutputParser(reasoning, tool)
+        return OutputParser(reasoning, tool, one_call)
 
 
 class OutputParser:
-    def __init__(self, reasoning: ReasoningParser | None, tool: ToolParser | None) -> None:
+    def __init__(
+        self, reasoning: ReasoningParser | None, tool: ToolParser | None, one_call: bool = False
+    ) -> None:
         self.reasoning = reasoning
         self.tool = tool
+        self.one_call = one_call
+        self._first_call: int | None = None  # the index of the first call, with one_call
 
     @property
     def called(self) -> bool:
@@ -132,10 +139,19 @@ class OutputParser:
             if answer:
                 out.merge(self._tools(answer, ()))
         if self.tool is not None:
-            out.merge(self.tool.finish())
+            out.merge(self._only_first(self.tool.finish()))
         return out
 
     def _tools(self, text: str, token_ids: Sequence[int]) -> ParsedDelta:
         if self.tool is None:
             return ParsedDelta(content=text)
-        return self.tool.feed(text, token_ids)
+        return self._only_first(self.tool.feed(text, token_ids))
+
+    def _only_first(self, out: ParsedDelta) -> ParsedDelta:
+        """With `one_call`, the deltas of calls after the first are dropped (their tokens
+        still count in the usage, as OpenAI's do)."""
+        if self.one_call and out.calls:
+            if self._first_call is None:
+                self._first_call = out.calls[0].index
+            out.calls = [c for c in out.calls if c.index == self._first_call]
+        return out

@@ -521,6 +521,7 @@ async def create_chat_completion(request: Request) -> Any:
         tools,
         req.thinking_token_budget,
         spec=chat_spec(req, state, state.grammars, tools),
+        one_call=req.parallel_tool_calls is False,
     )
     try:
         engine.check(prompt_ids, params)
