@@ -519,3 +519,25 @@ def test_zz_still_serving_after_all_that(client: openai.OpenAI, server: Server) 
     assert "pytest-of" not in log and "tiny_models0" not in log  # no file paths either
     assert "Traceback" not in log, log[-3000:]
     json.dumps(r.model_dump())
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_stream_obfuscation_on_every_chunk(client: openai.OpenAI, kind: str) -> None:
+    """`stream_options.include_obfuscation`: each delta chunk carries random padding (the
+    last chunk, of usage only, is not a delta); off unless asked for."""
+    make = chat if kind == "chat" else completion
+    for asked in (True, False):
+        chunks = list(
+            make(
+                client,
+                max_tokens=6,
+                stream=True,
+                stream_options={"include_usage": True, "include_obfuscation": asked},
+            )
+        )
+        pads = [c.to_dict().get("obfuscation") for c in chunks if c.choices]
+        assert len(chunks) > 2
+        if asked:
+            assert all(isinstance(p, str) and p for p in pads), pads
+        else:
+            assert not any(pads), pads

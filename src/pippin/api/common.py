@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -73,6 +74,12 @@ def sse(payload: dict[str, Any] | str) -> str:
     """One server-sent event line as the OpenAI chat and completions streams carry it."""
     data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
     return f"data: {data}\n\n"
+
+
+def obfuscation() -> str:
+    """Random padding of random length that hides the size of a stream's deltas on the wire
+    (OpenAI's `stream_options.include_obfuscation`)."""
+    return secrets.token_urlsafe(secrets.randbelow(12) + 1)
 
 
 def typed_sse(event: dict[str, Any]) -> str:

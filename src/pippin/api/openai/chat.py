@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -22,7 +21,14 @@ from pippin.api.chat_pipeline import (
     render_prompt,
     verbosity_kwargs,
 )
-from pippin.api.common import SSE_HEADERS, cancel_on_disconnect, closing, parse_request, sse
+from pippin.api.common import (
+    SSE_HEADERS,
+    cancel_on_disconnect,
+    closing,
+    obfuscation,
+    parse_request,
+    sse,
+)
 from pippin.api.errors import (
     bad_request,
     unsupported_param,
@@ -387,8 +393,7 @@ class ChatRun:
         if self.include_usage:
             body["usage"] = None  # as OpenAI: null on every chunk but the last
         if self.obfuscate:
-            # Random padding that hides the length of each delta on the wire.
-            body["obfuscation"] = secrets.token_urlsafe(secrets.randbelow(12) + 1)
+            body["obfuscation"] = obfuscation()
         return sse(body)
 
     def stream(self) -> AsyncIterator[str]:

@@ -18,7 +18,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from pippin.api.chat_pipeline import engine_failure
-from pippin.api.common import SSE_HEADERS, cancel_on_disconnect, closing, parse_request, sse
+from pippin.api.common import (
+    SSE_HEADERS,
+    cancel_on_disconnect,
+    closing,
+    obfuscation,
+    parse_request,
+    sse,
+)
 from pippin.api.errors import bad_request, unsupported_param
 from pippin.api.limits import Limits, context_exceeded
 from pippin.api.logprobs import TokenRenderer, clamp_logprob
@@ -145,6 +152,7 @@ class CompletionRun:
     render: TokenRenderer
     echo: bool = False
     include_usage: bool = False
+    obfuscate: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -259,6 +267,8 @@ class CompletionRun:
         body["choices"] = choices
         if self.include_usage:
             body["usage"] = None
+        if self.obfuscate:
+            body["obfuscation"] = obfuscation()
         return sse(body)
 
     def stream(self) -> AsyncIterator[str]:
@@ -381,6 +391,7 @@ async def create_completion(request: Request) -> Any:
         render=state.token_renderer,
         echo=bool(req.echo),
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
+        obfuscate=bool(req.stream_options and req.stream_options.include_obfuscation),
     )
     if req.stream:
         return StreamingResponse(run.stream(), media_type="text/event-stream", headers=SSE_HEADERS)

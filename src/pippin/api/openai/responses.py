@@ -31,7 +31,13 @@ from pippin.api.chat_pipeline import (
     run_parsed,
     verbosity_kwargs,
 )
-from pippin.api.common import SSE_HEADERS, cancel_on_disconnect, parse_request, typed_sse
+from pippin.api.common import (
+    SSE_HEADERS,
+    cancel_on_disconnect,
+    obfuscation,
+    parse_request,
+    typed_sse,
+)
 from pippin.api.errors import (
     OpenAIError,
     bad_request,
@@ -653,8 +659,7 @@ class ResponseRun:
             event["sequence_number"] = seq
             seq += 1
             if self.obfuscate and event["type"].endswith(".delta"):
-                # Random padding that hides the length of each delta on the wire.
-                event["obfuscation"] = secrets.token_urlsafe(secrets.randbelow(12) + 1)
+                event["obfuscation"] = obfuscation()
             return typed_sse(event)
 
         try:
