@@ -386,3 +386,28 @@ def test_assistant_prefill_is_continued(client: anthropic.Anthropic, model_dir: 
     # Anthropic refuses a prefill that ends in whitespace.
     with pytest.raises(anthropic.BadRequestError, match="trailing whitespace"):
         create(client, messages=[*HELLO, {"role": "assistant", "content": "The answer is "}])
+
+
+def test_thinking_display_omitted(client: anthropic.Anthropic, server: Server) -> None:
+    """`thinking.display: "omitted"`: the thinking block comes, signed, with its text empty
+    (no thinking deltas when streamed); the answer is the same."""
+    thinking = {"type": "enabled", "budget_tokens": 5}
+    shown = create(client, max_tokens=30, temperature=0.0, thinking=thinking)
+    omitted = create(
+        client, max_tokens=30, temperature=0.0, thinking={**thinking, "display": "omitted"}
+    )
+    assert [b.type for b in omitted.content] == [b.type for b in shown.content]
+    assert omitted.content[0].thinking == "" and shown.content[0].thinking
+    assert omitted.content[0].signature == shown.content[0].signature
+    assert omitted.content[1:] == shown.content[1:]
+    body = {
+        "model": "tiny",
+        "max_tokens": 30,
+        "temperature": 0.0,
+        "stream": True,
+        "thinking": {**thinking, "display": "omitted"},
+        "messages": HELLO,
+    }
+    events = _events(server, body)
+    deltas = [d["delta"]["type"] for n, d in events if n == "content_block_delta"]
+    assert "thinking_delta" not in deltas and "signature_delta" in deltas

@@ -543,19 +543,25 @@ class BlockBuilder:
     """Turns parsed deltas into content blocks and the stream events that build them."""
 
     single_call: bool = False  # disable_parallel_tool_use
+    # thinking.display "omitted": thinking blocks come with their signature, their text empty.
+    omit_thinking: bool = False
     blocks: list[dict[str, Any]] = field(default_factory=list)
     kind: str | None = None  # type of the open block
     _space: str = ""  # whitespace-only text, sent only if more text follows
     _skip_call: bool = False
     _args: str = ""
+    _thought: str = ""  # the open thinking block's text, signed even when omitted
 
     def feed(self, d: ParsedDelta) -> list[dict[str, Any]]:
         ev: list[dict[str, Any]] = []
         if d.reasoning:
             if self.kind != "thinking":
                 ev += self._open({"type": "thinking", "thinking": ""})
-            self.blocks[-1]["thinking"] += d.reasoning
-            ev.append(self._delta({"type": "thinking_delta", "thinking": d.reasoning}))
+                self._thought = ""
+            self._thought += d.reasoning
+            if not self.omit_thinking:
+                self.blocks[-1]["thinking"] += d.reasoning
+                ev.append(self._delta({"type": "thinking_delta", "thinking": d.reasoning}))
         if d.content:
             text = self._space + d.content
             if not text.strip() and self.kind != "text":
@@ -588,7 +594,7 @@ class BlockBuilder:
         ev: list[dict[str, Any]] = []
         block = self.blocks[-1]
         if self.kind == "thinking":
-            block["signature"] = _signature(block["thinking"])
+            block["signature"] = _signature(self._thought)
             ev.append(self._delta({"type": "signature_delta", "signature": block["signature"]}))
         elif self.kind == "tool_use":
             try:
@@ -648,6 +654,7 @@ class MessageRun:
     model: str
     single_call: bool
     context_management: dict[str, Any] | None = None
+    omit_thinking: bool = False
     message_id: str = field(default_factory=lambda: "msg_" + uuid.uuid4().hex[:24])
 
     def _head(self) -> dict[str, Any]:
@@ -665,7 +672,7 @@ class MessageRun:
         return run_parsed(engine, self.prompt_ids, self.params, self.message_id, parser)
 
     async def collect(self) -> dict[str, Any]:
-        builder = BlockBuilder(self.single_call)
+        builder = BlockBuilder(self.single_call, self.omit_thinking)
         last: ParsedStep | None = None
         async with closing(self._steps(whole=True)) as steps:
             async for step in steps:
@@ -687,7 +694,7 @@ class MessageRun:
         return body
 
     async def stream(self) -> AsyncIterator[str]:
-        builder = BlockBuilder(self.single_call)
+        builder = BlockBuilder(self.single_call, self.omit_thinking)
         queue: asyncio.Queue[ParsedStep | BaseException | None] = asyncio.Queue()
 
         async def pump() -> None:
@@ -808,8 +815,16 @@ async def create_message(request: Request) -> Any:
     except EngineError as exc:
         raise bad_request(str(exc), param="messages") from None
     single = bool(req.tool_choice and req.tool_choice.disable_parallel_tool_use)
+    omit = getattr(req.thinking, "display", None) == "omitted"
     run = MessageRun(
-        state, prompt_ids, params, new_parser, req.model, single, prompt.context_management()
+        state,
+        prompt_ids,
+        params,
+        new_parser,
+        req.model,
+        single,
+        prompt.context_management(),
+        omit_thinking=omit,
     )
     if req.stream:
         return StreamingResponse(run.stream(), media_type="text/event-stream", headers=SSE_HEADERS)
