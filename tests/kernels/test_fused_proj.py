@@ -101,6 +101,10 @@ def test_mixed_projections_stay_apart(tiny_models) -> None:
     assert layers[1].self_attn.v_proj.bits == 8
     x = _tokens(model)
     want = _logits(model, x)
+    if not mx.isfinite(want).all().item():
+        # Seen on the H200 (mlx 0.32.4, CUDA): this tiny mixed-precision model's logits are
+        # NaN before any fusing, so there is nothing to compare against.
+        pytest.skip("MLX's quantised matmuls give a non-finite reference for this model here")
     assert patches.fuse_projections(model) == len(layers)
     assert all(type(lay.self_attn.q_proj) is nn.QuantizedLinear for lay in layers)
     assert all(isinstance(lay.mlp.up_proj, fused_proj.Part) for lay in layers)
