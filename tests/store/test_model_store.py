@@ -18,6 +18,7 @@ from typing import Any
 
 import gguf
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from gguf.quants import dequantize, quantize
@@ -35,6 +36,7 @@ from transformers import PreTrainedTokenizerFast
 
 from pippin.kernels import patches
 from pippin.store import gguf_loader
+from pippin.store import loader as loader_module
 from pippin.store.loaded import LoadedModel
 from pippin.store.loader import ModelLoadError, default_model_path, load_model
 
@@ -80,7 +82,7 @@ def smollm2(session_cache: Path) -> Iterator[LoadedModel]:
     yield lm
 
 
-# --- the default model (SmolLM2 Q4_1 GGUF: stays MLX-quantised) -------------------------
+# --- the default model (SmolLM2 Q4_1 GGUF: MLX-quantised, unpacked on the CPU) -----------
 
 
 @needs_smollm2
@@ -90,7 +92,11 @@ def test_default_model_answers_paris(smollm2: LoadedModel) -> None:
     assert smollm2.max_position_embeddings == 8192
     assert smollm2.eos_token_ids == {2, 0}  # <|im_end|> (GGUF eos), <|endoftext|>
     q_proj = smollm2.model.model.layers[0].self_attn.q_proj
-    assert (q_proj.bits, q_proj.group_size) == (4, 32)  # Q4_1 kept quantised
+    if mx.default_device() == mx.cpu:
+        # Unpacked to float32 on the CPU (MLX's CPU quantised matmul is ~20x slower).
+        assert type(q_proj) is nn.Linear and q_proj.weight.dtype == mx.float32
+    else:
+        assert (q_proj.bits, q_proj.group_size) == (4, 32)  # Q4_1 kept quantised
     assert "Paris" in _greedy_text(smollm2, FRANCE, max_tokens=12, until="Paris")
 
 
@@ -498,3 +504,25 @@ def test_qwen_k_quants(qwen_gguf: Path) -> None:
         {"role": "user", "content": "What is 2+2?"},
     ]
     assert "4" in _greedy_text(lm, messages, max_tokens=10, until="4")
+
+
+def test_quantised_weights_unpacked_on_cpu_when_they_fit(
+    vocab: dict[str, Any], tmp_path: Path, tmp_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the CPU a quantised model is unpacked to float32 (the same outputs, BLAS speed)
+    when it fits its share of memory, and kept packed when it does not."""
+    if mx.default_device() != mx.cpu:
+        pytest.skip("unpacking is for the CPU only")
+    config = {**_TINY, **_ARCH_CONFIGS["qwen3"]}
+    path = tmp_path / "tiny-qwen3.gguf"
+    reference = _write_gguf(path, "qwen3", config, _random_model(config, seed=0), "Q4_0", vocab)
+    tokens = mx.array([[1, 30, 200, 17, 300, 5, 9, 400, 12, 77]])
+    expected = reference(tokens)
+    kinds = lambda m: {type(x).__name__ for _, x in m.named_modules()}  # noqa: E731
+    unpacked = load_model(str(path)).model
+    assert "QuantizedLinear" not in kinds(unpacked) and "Linear" in kinds(unpacked)
+    scale = float(mx.abs(expected).max())
+    assert float(mx.abs(expected - unpacked(tokens)).max()) < 1e-5 * scale
+    monkeypatch.setattr(loader_module, "CPU_UNPACK_SHARE", 0.0)
+    packed = load_model(str(path)).model
+    assert "QuantizedLinear" in kinds(packed)
