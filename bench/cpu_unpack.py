@@ -1,0 +1,51 @@
+"""The default model on the CPU, its quantised weights packed (MLX's quantised matmul) or
+unpacked to float32 (BLAS): one prompt's prefill and a short decode through EngineCore.
+
+    .venv/bin/pippin ... # (the CLI re-execs with OpenBLAS; run this the same way:)
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 \\
+        .venv/bin/python bench/cpu_unpack.py --prompt 1024 --gen 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from pippin.engine.config import EngineConfig
+from pippin.engine.core import EngineCore
+from pippin.engine.types import SamplingParams
+from pippin.store import loader
+
+
+def run(share: float, prompt: int, gen: int) -> tuple[float, float]:
+    loader.CPU_UNPACK_SHARE = share
+    loaded = loader.load_model(None)
+    core = EngineCore(loaded, EngineConfig(max_num_batched_tokens=prompt))
+    ids = [(i * 7919) % 40000 + 100 for i in range(prompt)]
+    params = SamplingParams(max_tokens=gen, temperature=0.0, ignore_eos=True)
+    core.add_request("warm", ids[:32], SamplingParams(max_tokens=2, temperature=0.0))
+    while core.has_work():
+        core.step()
+    core.add_request("r", ids, params)
+    t0 = time.perf_counter()
+    first = None
+    while core.has_work():
+        outs = core.step()
+        if first is None and any(o.outputs and o.outputs[0].token_ids for o in outs):
+            first = time.perf_counter() - t0
+    total = time.perf_counter() - t0
+    return first or total, total
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--prompt", type=int, default=1024)
+    ap.add_argument("--gen", type=int, default=16)
+    args = ap.parse_args()
+    for name, share in (("packed", 0.0), ("unpacked", loader.CPU_UNPACK_SHARE)):
+        ttft, total = run(share, args.prompt, args.gen)
+        print(f"{name:9s} first token {ttft:6.2f} s, {args.gen} tokens done in {total:6.2f} s")
+
+
+if __name__ == "__main__":
+    main()
