@@ -312,6 +312,9 @@ def test_forced_tool_use_and_output_format(client: anthropic.Anthropic) -> None:
     m = create(client, max_tokens=200, output_config={"format": fmt})
     assert m.stop_reason == "end_turn"
     jsonschema.validate(json.loads(m.content[0].text), CITY_SCHEMA)
+    # A key the format does not define is refused by name.
+    with pytest.raises(anthropic.BadRequestError, match="output_config.format.strict"):
+        create(client, max_tokens=20, output_config={"format": {**fmt, "strict": True}})
 
 
 def test_context_management_clears_old_tool_results(client: anthropic.Anthropic) -> None:

@@ -333,6 +333,10 @@ def test_reasoning_streamed_and_sent_back(thinking: openai.OpenAI) -> None:
         ({"tools": [{"type": "local_shell"}]}, "tools[0].type"),
         ({"tools": [{"type": "frobnicator"}]}, "tools[0].type"),
         ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name"),
+        (
+            {"text": {"format": {"type": "json_schema", "name": "x", "schema": {}, "x": 1}}},
+            "text.format.x",
+        ),
         ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "custom", "name": "x"}}, "tool_choice"),
         ({"text": {"verbosity": "low"}}, "text.verbosity"),
         ({"reasoning": {"effort": "high"}}, "reasoning.effort"),

@@ -296,6 +296,16 @@ def test_forced_function_call_deprecated_form(client: openai.OpenAI) -> None:
         ({"guided_regex": "a", "guided_choice": ["b"]}, "guided_regex"),
         ({"response_format": {"type": "json_object"}, "guided_regex": "a"}, "guided_regex"),
         ({"structured_outputs": {"whitespace": 1}}, "structured_outputs.whitespace"),
+        # Keys a format does not define are refused by name, not ignored.
+        ({"response_format": {"type": "json_object", "schema": {}}}, "response_format.schema"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "sch": {}}}},
+            "response_format.json_schema.sch",
+        ),
+        (
+            {"response_format": {**fmt({"type": "object"}), "strict": True}},
+            "response_format.strict",
+        ),
         (
             {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "x"}}},
             "tool_choice",

@@ -93,8 +93,10 @@ def response_format_grammar(
         return None
     kind = fmt.get("type")
     if kind == "text":
+        _known_keys(fmt, {"type"}, param)
         return None
     if kind == "json_object":
+        _known_keys(fmt, {"type"}, param)
         return json_object_grammar(param)
     if kind != "json_schema":
         raise StructuredOutputError(f"{param}.type", f"Unknown {param} type {kind!r}.")
@@ -102,6 +104,11 @@ def response_format_grammar(
     where = f"{param}.json_schema" if "json_schema" in fmt else param
     if not isinstance(inner, Mapping):
         raise StructuredOutputError(where, f"'{where}' must be an object.")
+    if inner is fmt:
+        _known_keys(fmt, {"type", *_SCHEMA_KEYS}, param)
+    else:
+        _known_keys(fmt, {"type", "json_schema"}, param)
+        _known_keys(inner, set(_SCHEMA_KEYS), where)
     name = inner.get("name")
     if not isinstance(name, str) or not name:
         raise StructuredOutputError(f"{where}.name", f"'{where}.name' is required.")
@@ -113,6 +120,18 @@ def response_format_grammar(
     return json_schema_grammar(
         schema, f"{where}.schema", f"the JSON schema {name!r}", bool(inner.get("strict"))
     )
+
+
+# A json_schema format's keys (nested under `json_schema` in chat, at the top in Responses).
+_SCHEMA_KEYS = ("name", "description", "schema", "strict")
+
+
+def _known_keys(obj: Mapping[str, Any], known: set[str], where: str) -> None:
+    """Refuse a key the format does not define, naming it (nothing is silently ignored)."""
+    unknown = sorted(set(obj) - known)
+    if unknown:
+        key = f"{where}.{unknown[0]}"
+        raise StructuredOutputError(key, f"Unknown parameter: '{key}'.")
 
 
 _GUIDED = ("json", "regex", "choice", "grammar", "json_object")

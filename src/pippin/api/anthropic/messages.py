@@ -300,6 +300,12 @@ def structured_spec(
             raise StructuredOutputError(
                 "output_config.format", "output_config.format must be a json_schema with a schema."
             )
+        extra = sorted(set(fmt) - {"type", "schema"})
+        if extra:
+            raise StructuredOutputError(
+                f"output_config.format.{extra[0]}",
+                f"output_config.format.{extra[0]}: Extra inputs are not permitted",
+            )
         # Anthropic's structured outputs are strict: the schema is the contract.
         openai_fmt = {"type": "json_schema", "name": "output", "schema": fmt["schema"]}
         return response_format_grammar(openai_fmt | {"strict": True}, "output_config.format")
