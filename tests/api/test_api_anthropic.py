@@ -414,3 +414,29 @@ def test_thinking_display_omitted(client: anthropic.Anthropic, server: Server) -
     events = _events(server, body)
     deltas = [d["delta"]["type"] for n, d in events if n == "content_block_delta"]
     assert "thinking_delta" not in deltas and "signature_delta" in deltas
+
+
+def test_strict_tools_reach_the_forced_call_grammar() -> None:
+    """A tool's `strict: true` goes to the forced-call grammar as chat's does (closed
+    objects); tools without it stay open."""
+    from pippin.api.anthropic.messages import template_tools
+    from pippin.api.anthropic.protocol import MessagesRequest
+    from pippin.structured.tool_calls import params_schema
+
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    req = MessagesRequest.model_validate(
+        {
+            "model": "tiny",
+            "max_tokens": 5,
+            "messages": HELLO,
+            "tools": [
+                {"name": "a", "input_schema": schema, "strict": True},
+                {"name": "b", "input_schema": schema},
+            ],
+        }
+    )
+    tools = template_tools(req)
+    assert tools is not None
+    closed, open_ = (params_schema(t["function"]) for t in tools)
+    assert closed.get("additionalProperties") is False
+    assert "additionalProperties" not in open_

@@ -265,6 +265,8 @@ def template_tools(req: MessagesRequest | CountTokensRequest) -> list[dict[str, 
         fn: dict[str, Any] = {"name": t.name, "parameters": t.input_schema}
         if t.description:
             fn["description"] = t.description
+        if t.strict:
+            fn["strict"] = True  # a forced call's grammar then closes the schema's objects
         tools.append({"type": "function", "function": fn})
     choice = req.tool_choice
     if choice is not None:
