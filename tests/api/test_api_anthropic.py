@@ -440,3 +440,20 @@ def test_strict_tools_reach_the_forced_call_grammar() -> None:
     closed, open_ = (params_schema(t["function"]) for t in tools)
     assert closed.get("additionalProperties") is False
     assert "additionalProperties" not in open_
+
+
+def test_stop_sequence_wins_over_a_started_tool_call() -> None:
+    """A stop sequence that ends the turn, even inside a tool call, is the stop reason."""
+    from pippin.api.anthropic.messages import stop_fields
+    from pippin.api.chat_pipeline import ParsedStep
+    from pippin.chat.tool_parsers.base import ParsedDelta
+    from pippin.engine.types import CompletionOutput
+
+    def step(finish: str, stop: str | int | None) -> ParsedStep:
+        out = CompletionOutput(0, [], "", None, finish)
+        return ParsedStep(ParsedDelta(), out, 5, 0, 3, finish, stop)
+
+    assert stop_fields(step("tool_calls", "END"), True) == ("stop_sequence", "END")
+    assert stop_fields(step("tool_calls", None), True) == ("tool_use", None)
+    assert stop_fields(step("stop", 2), False) == ("end_turn", None)  # an end-of-turn token
+    assert stop_fields(step("length", None), True) == ("max_tokens", None)

@@ -636,10 +636,12 @@ def stop_fields(step: ParsedStep | None, called: bool) -> tuple[str, str | None]
     reason = step.finish_reason
     if reason == "length":
         return "max_tokens", None
+    if isinstance(step.stop_reason, str):
+        # A stop sequence ended the turn, also one that cut a tool call short (that call
+        # is no call: see the tool-call parsers).
+        return "stop_sequence", step.stop_reason
     if called or reason == "tool_calls":
         return "tool_use", None
-    if isinstance(step.stop_reason, str):
-        return "stop_sequence", step.stop_reason
     return "end_turn", None
 
 
