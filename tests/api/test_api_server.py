@@ -292,6 +292,8 @@ def test_api_key(server: Server) -> None:
     assert httpx.get(f"{server.url}/v1/models", headers={"x-api-key": KEY}).status_code == 200
     assert httpx.get(f"{server.url}/version").status_code == 401
     assert httpx.get(f"{server.url}/health").status_code == 200
+    head = httpx.head(f"{server.url}/health")
+    assert head.status_code == 200 and head.content == b""
 
 
 def test_unknown_model(client: openai.OpenAI) -> None:

@@ -58,6 +58,9 @@ def test_valid_requests_reach_the_engine_check(client: TestClient) -> None:
 def test_health_is_open_and_reports_not_ready(client: TestClient) -> None:
     resp = client.get("/health", headers={"Authorization": ""})
     assert resp.status_code == 503
+    # HEAD too (load balancers probe with it): the same status, no body.
+    head = client.head("/health", headers={"Authorization": ""})
+    assert head.status_code == 503 and head.content == b""
 
 
 def test_head_of_the_root_is_its_get_without_a_body(client: TestClient) -> None:

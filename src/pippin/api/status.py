@@ -11,7 +11,8 @@ from pippin.api.state import get_state
 router = APIRouter()
 
 
-@router.get("/health")
+# HEAD too: load balancers and uptime checks often probe with it.
+@router.api_route("/health", methods=["GET", "HEAD"])
 async def health(request: Request) -> JSONResponse:
     state = get_state(request)
     engine = state.engine
