@@ -96,7 +96,7 @@ class ParserChoice:
         """A parser for one output; tool calls are parsed only when the request has tools.
         `whole`: the output is answered whole, not streamed (see `ToolParser.drop_call`).
         `one_call`: only the first call the model writes is returned (OpenAI's
-        `parallel_tool_calls: false`)."""
+        `parallel_tool_calls: false`, Anthropic's `disable_parallel_tool_use`)."""
         reasoning = None
         if self.reasoning is not None:
             reasoning = self.reasoning(self.reasoning.open_in_prompt(prompt_text))

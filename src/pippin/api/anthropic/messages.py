@@ -550,13 +550,11 @@ def _tool_id() -> str:
 class BlockBuilder:
     """Turns parsed deltas into content blocks and the stream events that build them."""
 
-    single_call: bool = False  # disable_parallel_tool_use
     # thinking.display "omitted": thinking blocks come with their signature, their text empty.
     omit_thinking: bool = False
     blocks: list[dict[str, Any]] = field(default_factory=list)
     kind: str | None = None  # type of the open block
     _space: str = ""  # whitespace-only text, sent only if more text follows
-    _skip_call: bool = False
     _args: str = ""
     _thought: str = ""  # the open thinking block's text, signed even when omitted
 
@@ -582,15 +580,10 @@ class BlockBuilder:
                 ev.append(self._delta({"type": "text_delta", "text": text}))
         for c in d.calls:
             if c.name is not None:
-                self._skip_call = self.single_call and any(
-                    b["type"] == "tool_use" for b in self.blocks
-                )
-                if self._skip_call:
-                    continue
                 self._space = ""
                 ev += self._open({"type": "tool_use", "id": c.id, "name": c.name, "input": {}})
                 self._args = ""
-            if self._skip_call or not c.arguments:
+            if not c.arguments:
                 continue
             self._args += c.arguments
             ev.append(self._delta({"type": "input_json_delta", "partial_json": c.arguments}))
@@ -662,7 +655,6 @@ class MessageRun:
     params: SamplingParams
     new_parser: NewParser
     model: str
-    single_call: bool
     context_management: dict[str, Any] | None = None
     omit_thinking: bool = False
     message_id: str = field(default_factory=lambda: "msg_" + uuid.uuid4().hex[:24])
@@ -682,7 +674,7 @@ class MessageRun:
         return run_parsed(engine, self.prompt_ids, self.params, self.message_id, parser)
 
     async def collect(self) -> dict[str, Any]:
-        builder = BlockBuilder(self.single_call, self.omit_thinking)
+        builder = BlockBuilder(self.omit_thinking)
         last: ParsedStep | None = None
         async with closing(self._steps(whole=True)) as steps:
             async for step in steps:
@@ -704,7 +696,7 @@ class MessageRun:
         return body
 
     async def stream(self) -> AsyncIterator[str]:
-        builder = BlockBuilder(self.single_call, self.omit_thinking)
+        builder = BlockBuilder(self.omit_thinking)
         queue: asyncio.Queue[ParsedStep | BaseException | None] = asyncio.Queue()
 
         async def pump() -> None:
@@ -819,12 +811,13 @@ async def create_message(request: Request) -> Any:
         spec=structured_spec(state, req, tools),
         budget_param="thinking.budget_tokens",
         new_id=_tool_id,
+        # disable_parallel_tool_use: only the first call the model writes is answered.
+        one_call=bool(req.tool_choice and req.tool_choice.disable_parallel_tool_use),
     )
     try:
         engine.check(prompt_ids, params)
     except EngineError as exc:
         raise bad_request(str(exc), param="messages") from None
-    single = bool(req.tool_choice and req.tool_choice.disable_parallel_tool_use)
     omit = getattr(req.thinking, "display", None) == "omitted"
     run = MessageRun(
         state,
@@ -832,7 +825,6 @@ async def create_message(request: Request) -> Any:
         params,
         new_parser,
         req.model,
-        single,
         prompt.context_management(),
         omit_thinking=omit,
     )

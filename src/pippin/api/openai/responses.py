@@ -410,13 +410,11 @@ class _Output:
     the blank line between a model's thinking and its tool call makes no empty message.
     """
 
-    def __init__(self, parallel_tool_calls: bool) -> None:
+    def __init__(self) -> None:
         self.items: list[dict[str, Any]] = []
         self.open: _Open | None = None
         self.held: tuple[str, str] | None = None  # (kind, whitespace)
         self.calls: dict[int, dict[str, Any]] = {}  # parser call index -> item
-        self.skipped: set[int] = set()
-        self.parallel = parallel_tool_calls
 
     def feed(self, parsed: ParsedDelta) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
@@ -531,15 +529,10 @@ class _Output:
 
     def _call(self, c: CallDelta) -> list[dict[str, Any]]:
         if c.name is None:  # more of a call's arguments
-            if c.index in self.skipped:
-                return []
             o = self.open
             if o is not None and o.item is self.calls.get(c.index):
                 return [self._delta(c.arguments)]
             self.calls[c.index]["arguments"] += c.arguments  # never seen: calls come in order
-            return []
-        if not self.parallel and self.calls:
-            self.skipped.add(c.index)  # parallel_tool_calls: false keeps the first call
             return []
         self.held = None
         item = {
@@ -583,7 +576,6 @@ class ResponseRun:
     # The conversation before this response's output (stored with it when asked to).
     conversation: list[Any]
     store: ResponseStore | None
-    parallel_tool_calls: bool = True
     obfuscate: bool = False
     id: str = field(default_factory=lambda: _new_id("resp"))
     created_at: int = field(default_factory=lambda: int(time.time()))
@@ -614,7 +606,7 @@ class ResponseRun:
         Engine failures raise (as OpenAIError)."""
         yield {"type": "response.created", "response": self.body("in_progress")}
         yield {"type": "response.in_progress", "response": self.body("in_progress")}
-        out = self.output = _Output(self.parallel_tool_calls)
+        out = self.output = _Output()
         parser = self.new_parser(whole)
         thinking, reasoning_tokens, finish = parser.in_reasoning, 0, None
         async for step in run_parsed(self.engine, self.prompt_ids, self.params, self.id, parser):
@@ -786,7 +778,13 @@ async def create_response(request: Request) -> Any:
         top_logprobs=0,
     )
     new_parser, params = await output_parsing(
-        state, loaded.tokenizer, prompt_ids, params, tools, spec=structured_spec(req, state, tools)
+        state,
+        loaded.tokenizer,
+        prompt_ids,
+        params,
+        tools,
+        spec=structured_spec(req, state, tools),
+        one_call=req.parallel_tool_calls is False,
     )
     try:
         engine.check(prompt_ids, params)
@@ -800,7 +798,6 @@ async def create_response(request: Request) -> Any:
         echo=_echo(req, state),
         conversation=[item for item, _ in conversation],
         store=store if req.store is not False else None,
-        parallel_tool_calls=req.parallel_tool_calls is not False,
         obfuscate=bool(req.stream_options and req.stream_options.include_obfuscation),
     )
     if req.stream:
