@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -206,14 +207,16 @@ def _feed(out: OutputParser, pieces: list[str]) -> tuple[str, str, list[tuple[st
     return total.reasoning, total.content, calls
 
 
-def check_output(choice: ParserChoice, tools: list | None, prompt: str, text: str):  # type: ignore[no-untyped-def]
-    whole = _feed(choice.make(tools, prompt), [text])
-    assert _feed(choice.make(tools, prompt), list(text)) == whole
+def check_output(choice: ParserChoice, tools: list | None, prompt: str, text: str, **make: Any):  # type: ignore[no-untyped-def]
+    """The parsed output of `text`, the same however it is split; `make`: more arguments
+    of `ParserChoice.make`."""
+    whole = _feed(choice.make(tools, prompt, **make), [text])
+    assert _feed(choice.make(tools, prompt, **make), list(text)) == whole
     rng = random.Random(2024)
     for _ in range(30):
         cuts = sorted(rng.sample(range(1, len(text)), k=rng.randint(1, 30)))
         pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
-        assert _feed(choice.make(tools, prompt), pieces) == whole
+        assert _feed(choice.make(tools, prompt, **make), pieces) == whole
     return whole
 
 
@@ -275,14 +278,8 @@ def test_one_call_keeps_the_first_call_only() -> None:
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
     )
-    both = _feed(choice.make(TOOLS, ""), [two])[2]
+    both = check_output(choice, TOOLS, "", two)[2]
     assert [args["city"] for _, args in both] == ["Paris", "Rome"]
     for whole in (False, True):
-        first = _feed(choice.make(TOOLS, "", whole=whole, one_call=True), [two])
+        first = check_output(choice, TOOLS, "", two, whole=whole, one_call=True)
         assert first[2] == [("get_weather", {"city": "Paris"})]
-        rng = random.Random(7)
-        for _ in range(20):
-            cuts = sorted(rng.sample(range(1, len(two)), k=rng.randint(1, 20)))
-            pieces = [two[a:b] for a, b in zip([0, *cuts], [*cuts, len(two)])]
-            out = _feed(choice.make(TOOLS, "", whole=whole, one_call=True), pieces)
-            assert out == first
