@@ -454,8 +454,10 @@ def _add_end_of_turn_ids(config: dict[str, Any], tokenizer: Any) -> None:
     """
     eos = config.get("eos_token_id")
     ids = [eos] if isinstance(eos, int) else list(eos or [])
-    added = tokenizer.get_added_vocab()
-    ids += [added[t] for t in _END_OF_TURN if t in added]
+    # The whole vocabulary: releases before 5.24 add a BPE vocabulary's control tokens as
+    # plain tokens, and these markers are never ordinary text.
+    vocab = tokenizer.get_vocab()
+    ids += [vocab[t] for t in _END_OF_TURN if t in vocab]
     ids = list(dict.fromkeys(ids))
     if ids:
         config["eos_token_id"] = ids[0] if len(ids) == 1 else ids
@@ -494,8 +496,16 @@ def _write_tokenizer(path: Path, folder: Path) -> Any:
     for name, key in (("bos", "bos"), ("eos", "eos"), ("unk", "unknown"), ("pad", "padding")):
         token_id = meta.get(f"tokenizer.ggml.{key}_token_id")
         tok_config[f"{name}_token"] = tok_dict["tokens"][token_id] if token_id is not None else None
-    backend, extra = convert_gguf_tokenizer(meta["general.architecture"], tok_dict)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, **tok_config, **extra)
+    arch = meta["general.architecture"]
+    try:
+        backend, extra = convert_gguf_tokenizer(arch, tok_dict)
+    except (KeyError, TypeError):
+        # Releases before 5.24 pick the converter by architecture alone, keyed by model_type
+        # ("gemma3_text"), whose sentencepiece converter fails on a BPE vocabulary.
+        bpe = tok_dict.get("tokenizer_type") == "gpt2"
+        backend, extra = convert_gguf_tokenizer("gpt2" if bpe else f"{arch}_text", tok_dict)
+    # Older releases also return special tokens; the header's win, as in newer releases.
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, **{**extra, **tok_config})
     tokenizer.save_pretrained(str(folder))
     return tokenizer
 
