@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -70,9 +71,27 @@ async def parse_request(cls: type[RequestT], raw: bytes) -> RequestT:
     return _parse(cls, raw)
 
 
+# json.dumps escapes the C0 controls (\r, \x0b, \x0c, \x1c-\x1e) but writes these raw with
+# ensure_ascii=False: U+0085, U+2028 and U+2029 are line breaks to clients that split lines
+# as `str.splitlines` does (httpx's aiter_lines) and would cut the event there; a lone
+# surrogate (from a "\\ud800" escape the model wrote in tool arguments) cannot be encoded to
+# UTF-8 at all. Outside strings JSON holds only ASCII, so escaping them anywhere in the text
+# changes nothing but the framing.
+_UNSAFE = re.compile("[\x85\u2028\u2029\ud800-\udfff]")
+
+
+def _escape(m: re.Match[str]) -> str:
+    return f"\\u{ord(m.group()):04x}"
+
+
+def sse_json(payload: dict[str, Any]) -> str:
+    """`payload` as JSON on one line for every line splitter (SSE's, `str.splitlines`)."""
+    return _UNSAFE.sub(_escape, json.dumps(payload, ensure_ascii=False))
+
+
 def sse(payload: dict[str, Any] | str) -> str:
     """One server-sent event line as the OpenAI chat and completions streams carry it."""
-    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    data = payload if isinstance(payload, str) else sse_json(payload)
     return f"data: {data}\n\n"
 
 
@@ -85,7 +104,7 @@ def obfuscation() -> str:
 def typed_sse(event: dict[str, Any]) -> str:
     """One event named by its ``type`` (``event:`` line), as the Anthropic Messages and
     OpenAI Responses streams carry them."""
-    return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
+    return f"event: {event['type']}\ndata: {sse_json(event)}\n\n"
 
 
 T = TypeVar("T")
