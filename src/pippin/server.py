@@ -28,6 +28,7 @@ from pippin.api.openai import completions as openai_completions
 from pippin.api.openai import embeddings as openai_embeddings
 from pippin.api.openai import models as openai_models
 from pippin.api.openai import responses as openai_responses
+from pippin.api.openapi import install_openapi, openai_route
 from pippin.api.state import MIB, ServerSettings, ServerState
 from pippin.engine.client import EngineClient
 from pippin.engine.inproc_client import InprocClient
@@ -228,6 +229,7 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
     app = FastAPI(title="pippin", version=__version__, lifespan=lifespan)
     app.state.pippin = state
     install_error_handlers(app)
+    install_openapi(app)
     routers = (
         openai_models.router,
         status.router,
@@ -245,7 +247,7 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
     if state.metrics is not None:
         metrics = state.metrics
 
-        @app.get("/metrics", include_in_schema=False)
+        @app.get("/metrics", response_class=Response, **openai_route(media=("text/plain",)))
         async def prometheus_metrics(_: Request) -> Response:
             return Response(metrics.exposition(), media_type=CONTENT_TYPE)
 

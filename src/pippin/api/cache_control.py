@@ -7,19 +7,20 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from pippin.api.errors import bad_request
+from pippin.api.openapi import openai_route
 from pippin.api.state import get_state, require_engine
 from pippin.engine.cache_tiers import TIERS
 
 router = APIRouter()
 
 
-@router.get("/v1/cache/stats")
+@router.get("/v1/cache/stats", **openai_route())
 async def cache_stats(request: Request) -> dict[str, Any]:
     engine, _ = require_engine(get_state(request))
     return await engine.cache_stats()
 
 
-@router.delete("/v1/cache")
+@router.delete("/v1/cache", **openai_route())
 async def clear_cache(request: Request, tier: str | None = None) -> dict[str, Any]:
     if tier is not None and tier not in TIERS:
         raise bad_request(

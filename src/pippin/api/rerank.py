@@ -19,6 +19,7 @@ from pippin.api.common import cancel_on_disconnect, parse_request
 from pippin.api.errors import bad_request, unsupported_param, unsupported_value
 from pippin.api.limits import context_exceeded
 from pippin.api.openai.protocol import RerankRequest
+from pippin.api.openapi import openai_route
 from pippin.api.state import get_state, require_extra_model
 from pippin.embed.inputs import InputTooLong, Item
 from pippin.embed.models import Reranker
@@ -58,9 +59,9 @@ def _pairs(model: Reranker, req: RerankRequest, texts: list[str]) -> list[Item]:
         raise context_exceeded(e.limit, e.length, f"documents[{e.index}]") from None
 
 
-@router.post("/v1/rerank", response_model=None)
-@router.post("/v2/rerank", response_model=None)
-@router.post("/rerank", response_model=None)
+@router.post("/v1/rerank", response_model=None, **openai_route(RerankRequest))
+@router.post("/v2/rerank", response_model=None, **openai_route(RerankRequest))
+@router.post("/rerank", response_model=None, **openai_route(RerankRequest))
 async def create_rerank(request: Request) -> JSONResponse:
     req = await parse_request(RerankRequest, await request.body())
     state = get_state(request)

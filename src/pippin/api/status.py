@@ -6,13 +6,18 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from pippin import __version__
+from pippin.api.openapi import openai_route
 from pippin.api.state import get_state
 
 router = APIRouter()
 
 
 # HEAD too: load balancers and uptime checks often probe with it.
-@router.api_route("/health", methods=["GET", "HEAD"])
+@router.api_route(
+    "/health",
+    methods=["GET", "HEAD"],
+    responses={503: {"description": "Not ready: the model is still loading."}},
+)
 async def health(request: Request) -> JSONResponse:
     state = get_state(request)
     engine = state.engine
@@ -27,7 +32,7 @@ async def version() -> dict[str, str]:
     return {"version": __version__}
 
 
-@router.get("/v1/engine/stats")
+@router.get("/v1/engine/stats", **openai_route())
 async def engine_stats(request: Request) -> dict[str, int]:
     # A debugging aid (and what the load tests check KV blocks with) until /metrics.
     engine = get_state(request).engine

@@ -12,13 +12,18 @@ from pathlib import Path
 from fastapi import APIRouter
 from fastapi.responses import FileResponse
 
+from pippin.api.errors import OpenAIError
+from pippin.api.openapi import openai_route
+
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 _MEDIA = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
 _FILES = {p.name: p for p in STATIC_DIR.iterdir() if p.suffix in _MEDIA}
 # Open without the API key: they are the same for everyone and hold no data.
 STATIC_PATHS = frozenset({"/"} | {f"/ui/{name}" for name in _FILES})
 
-router = APIRouter(include_in_schema=False)
+router = APIRouter()
+# The page and its files: HTML, JavaScript, CSS (FileResponse names no type of its own).
+_PAGE = openai_route(media=tuple(_MEDIA.values()))
 
 
 def _file(name: str) -> FileResponse:
@@ -27,15 +32,13 @@ def _file(name: str) -> FileResponse:
 
 
 # HEAD as GET without the body: Claude Code sends `HEAD /` to check the server is up.
-@router.api_route("/", methods=["GET", "HEAD"])
+@router.api_route("/", methods=["GET", "HEAD"], response_class=FileResponse, **_PAGE)
 async def index() -> FileResponse:
     return _file("index.html")
 
 
-@router.get("/ui/{name}")
+@router.get("/ui/{name}", response_class=FileResponse, **_PAGE)
 async def asset(name: str) -> FileResponse:
     if name not in _FILES:
-        from pippin.api.errors import OpenAIError
-
         raise OpenAIError(404, f"No such file: {name}", code="not_found")
     return _file(name)

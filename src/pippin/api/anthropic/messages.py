@@ -54,6 +54,7 @@ from pippin.api.common import (
     typed_sse,
 )
 from pippin.api.errors import OpenAIError, bad_request, server_error
+from pippin.api.openapi import anthropic_route
 from pippin.api.state import get_state, require_engine
 from pippin.chat.tool_parsers.base import ParsedDelta
 from pippin.engine.client import EngineError
@@ -780,7 +781,7 @@ async def _get(queue: asyncio.Queue[Any], timeout: float) -> Any:
 # --- routes ------------------------------------------------------------------
 
 
-@router.post("/v1/messages", response_model=None)
+@router.post("/v1/messages", response_model=None, **anthropic_route(MessagesRequest, stream=True))
 async def create_message(request: Request) -> Any:
     req = await parse_request(MessagesRequest, await request.body())
     state = get_state(request)
@@ -833,7 +834,9 @@ async def create_message(request: Request) -> Any:
     return JSONResponse(await cancel_on_disconnect(request.receive, run.collect()))
 
 
-@router.post("/v1/messages/count_tokens", response_model=None)
+@router.post(
+    "/v1/messages/count_tokens", response_model=None, **anthropic_route(CountTokensRequest)
+)
 async def count_tokens(request: Request) -> Any:
     req = await parse_request(CountTokensRequest, await request.body())
     state = get_state(request)

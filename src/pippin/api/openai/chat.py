@@ -50,6 +50,7 @@ from pippin.api.openai.protocol import (
 )
 from pippin.api.openai.sampling import build_sampling_params, resolve_max_tokens
 from pippin.api.openai.structured_output import chat_spec, forced_tool
+from pippin.api.openapi import openai_route
 from pippin.api.state import check_model, get_state, require_engine
 from pippin.chat.output import OutputParser
 from pippin.chat.tool_parsers.base import ParsedDelta, collect_calls
@@ -466,7 +467,9 @@ class ChatRun:
                     yield self._chunk(finals)
 
 
-@router.post("/v1/chat/completions", response_model=None)
+@router.post(
+    "/v1/chat/completions", response_model=None, **openai_route(ChatCompletionRequest, stream=True)
+)
 async def create_chat_completion(request: Request) -> Any:
     req = await parse_request(ChatCompletionRequest, await request.body())
     state = get_state(request)

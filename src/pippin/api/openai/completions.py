@@ -33,6 +33,7 @@ from pippin.api.openai.chat import usage_dict
 from pippin.api.openai.protocol import CompletionRequest, framed_stream
 from pippin.api.openai.sampling import build_sampling_params, resolve_max_tokens
 from pippin.api.openai.structured_output import completion_constraint
+from pippin.api.openapi import openai_route
 from pippin.api.state import check_model, get_state, require_engine
 from pippin.engine.client import EngineClient, EngineError
 from pippin.engine.types import RequestOutput, SamplingParams, TokenLogprob
@@ -332,7 +333,7 @@ class CompletionRun:
                     yield self._chunk(batch)
 
 
-@router.post("/v1/completions", response_model=None)
+@router.post("/v1/completions", response_model=None, **openai_route(CompletionRequest, stream=True))
 async def create_completion(request: Request) -> Any:
     req = await parse_request(CompletionRequest, await request.body())
     state = get_state(request)

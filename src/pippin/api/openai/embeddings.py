@@ -22,6 +22,7 @@ from pippin.api.common import cancel_on_disconnect, parse_request
 from pippin.api.errors import bad_request, unsupported_value
 from pippin.api.limits import context_exceeded
 from pippin.api.openai.protocol import EmbeddingRequest
+from pippin.api.openapi import openai_route
 from pippin.api.state import get_state, require_extra_model
 from pippin.embed.inputs import InputTooLong, Item
 from pippin.embed.models import Embedder
@@ -116,7 +117,7 @@ def _body(vectors: np.ndarray, model: Embedder, req: EmbeddingRequest, prompt_to
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-@router.post("/v1/embeddings", response_model=None)
+@router.post("/v1/embeddings", response_model=None, **openai_route(EmbeddingRequest))
 async def create_embeddings(request: Request) -> Response:
     req = await parse_request(EmbeddingRequest, await request.body())
     state = get_state(request)

@@ -6,6 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from pippin.api.openapi import openai_route
 from pippin.api.state import ServerState, check_model, get_state
 
 router = APIRouter()
@@ -30,13 +31,13 @@ def _model_card(state: ServerState, name: str) -> dict[str, Any]:
     return card
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", **openai_route())
 async def list_models(request: Request) -> dict[str, Any]:
     state = get_state(request)
     return {"object": "list", "data": [_model_card(state, n) for n in _all_names(state)]}
 
 
-@router.get("/v1/models/{model_id:path}")
+@router.get("/v1/models/{model_id:path}", **openai_route())
 async def retrieve_model(model_id: str, request: Request) -> dict[str, Any]:
     state = get_state(request)
     check_model(state, model_id, _all_names(state))

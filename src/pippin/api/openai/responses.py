@@ -62,6 +62,7 @@ from pippin.api.openai.responses_protocol import (
 )
 from pippin.api.openai.sampling import build_sampling_params, resolve_max_tokens
 from pippin.api.openai.structured_output import ForcedTool, forced_tool
+from pippin.api.openapi import openai_route
 from pippin.api.state import check_model, get_state, require_engine
 from pippin.chat.tool_parsers.base import CallDelta, ParsedDelta, random_call_id
 from pippin.engine.client import EngineClient, EngineError
@@ -749,7 +750,7 @@ def _max_tokens(req: ResponsesRequest, prompt_len: int, state: Any) -> int:
         raise
 
 
-@router.post("/v1/responses", response_model=None)
+@router.post("/v1/responses", response_model=None, **openai_route(ResponsesRequest, stream=True))
 async def create_response(request: Request) -> Any:
     req = await parse_request(ResponsesRequest, await request.body())
     state = get_state(request)
@@ -805,7 +806,7 @@ async def create_response(request: Request) -> Any:
     return JSONResponse(await cancel_on_disconnect(request.receive, run.collect()))
 
 
-@router.get("/v1/responses/{response_id}")
+@router.get("/v1/responses/{response_id}", **openai_route())
 async def retrieve_response(
     response_id: str, request: Request, stream: bool | None = None
 ) -> dict[str, Any]:
@@ -817,7 +818,7 @@ async def retrieve_response(
     return stored.body
 
 
-@router.delete("/v1/responses/{response_id}")
+@router.delete("/v1/responses/{response_id}", **openai_route())
 async def delete_response(response_id: str, request: Request) -> dict[str, Any]:
     if not get_store(request).delete(response_id):
         raise _not_found(response_id)
