@@ -71,6 +71,19 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _name_list(text: str) -> list[str]:
+    """A JSON list of strings, as vLLM takes them ('["https://a.example"]'), or a,b,c."""
+    if not text.lstrip().startswith("["):
+        return [t.strip() for t in text.split(",") if t.strip()]
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise argparse.ArgumentTypeError("must be a JSON list of strings")
+    return value
+
+
 def _json_object(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
@@ -250,6 +263,36 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         help="text: one readable line per event; json: one JSON object per line. Either way "
         "each API request gets one line with its id, endpoint, status, token counts and "
         "timings (default: %(default)s)",
+    )
+    s.add_argument(
+        "--log-prompts",
+        action="store_true",
+        help="log the first 16 KiB of each request's and response's body (prompts and "
+        "outputs) in its request line; never logged otherwise, at any level",
+    )
+    s.add_argument(
+        "--allowed-origins",
+        type=_name_list,
+        default=[],
+        help="origins whose browser pages may call the API (CORS), as a JSON list or "
+        "comma-separated, '*' for any; CORS is off by default",
+    )
+    s.add_argument(
+        "--allowed-methods",
+        type=_name_list,
+        default=["*"],
+        help="HTTP methods allowed cross-origin (default: any)",
+    )
+    s.add_argument(
+        "--allowed-headers",
+        type=_name_list,
+        default=["*"],
+        help="request headers allowed cross-origin (default: any)",
+    )
+    s.add_argument(
+        "--allow-credentials",
+        action="store_true",
+        help="let cross-origin requests carry cookies and HTTP authentication",
     )
     s.add_argument(
         "--no-metrics",
@@ -508,6 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:
+    from pippin.api.http_limits import CorsSettings
     from pippin.api.state import MIB, ServerSettings
 
     if args.model and args.model_flag and args.model != args.model_flag:
@@ -583,6 +627,13 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             max_batch_size=args.embedding_batch_size,
         ),
         warm_prompts=args.warm_prompts,
+        cors=CorsSettings(
+            tuple(args.allowed_origins),
+            tuple(args.allowed_methods),
+            tuple(args.allowed_headers),
+            args.allow_credentials,
+        ),
+        log_prompts=args.log_prompts,
     )
 
 

@@ -16,6 +16,7 @@ from functools import partial
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
+from fastapi.middleware.cors import CORSMiddleware
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -23,6 +24,7 @@ from pippin import __version__
 from pippin.api import cache_control, rerank, status
 from pippin.api.anthropic import messages as anthropic_messages
 from pippin.api.errors import OpenAIError, install_error_handlers
+from pippin.api.http_limits import HeadLimitsMiddleware
 from pippin.api.openai import chat as openai_chat
 from pippin.api.openai import completions as openai_completions
 from pippin.api.openai import embeddings as openai_embeddings
@@ -257,7 +259,22 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
     app.add_middleware(
         ApiKeyMiddleware, api_key=settings.api_key, open_paths=frozenset({"/health"}) | STATIC_PATHS
     )
+    cors = settings.cors
+    if cors.allowed_origins:  # outside the key check: preflights carry no key
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(cors.allowed_origins),
+            allow_methods=list(cors.allowed_methods),
+            allow_headers=list(cors.allowed_headers),
+            allow_credentials=cors.allow_credentials,
+        )
+    app.add_middleware(HeadLimitsMiddleware, limits=settings.head_limits)
     # Outermost: counts and logs every request, the refused ones too.
     routes = [route for router in routers for route in router.routes]
-    app.add_middleware(ObservabilityMiddleware, metrics=state.metrics, routes=routes)
+    app.add_middleware(
+        ObservabilityMiddleware,
+        metrics=state.metrics,
+        routes=routes,
+        log_bodies=settings.log_prompts,
+    )
     return app

@@ -16,6 +16,7 @@ from fastapi import Request
 
 from pippin import __version__
 from pippin.api.errors import OpenAIError, server_error
+from pippin.api.http_limits import CorsSettings, HeadLimits
 from pippin.api.limits import Limits, merge_defaults
 from pippin.api.logprobs import TokenRenderer
 from pippin.chat.output import ParserChoice
@@ -63,6 +64,11 @@ class ServerSettings:
     embed: EmbedSettings = field(default_factory=EmbedSettings)
     # --warm-prompts: a JSON file of prompts prefilled before the server turns ready.
     warm_prompts: str | None = None
+    # --allowed-origins etc.: browsers on other origins may call the API (off by default).
+    cors: CorsSettings = field(default_factory=CorsSettings)
+    # --log-prompts: request and response bodies in the request log (never otherwise).
+    log_prompts: bool = False
+    head_limits: HeadLimits = field(default_factory=HeadLimits)
 
 
 @dataclass

@@ -33,6 +33,18 @@ class RequestRecord:
     status: int | None = None
     error: str | None = None  # the error body's code (or type)
     timing: RequestTiming | None = None
+    # --log-prompts only: the first bytes of the request and response bodies.
+    request_body: bytearray | None = None
+    response_body: bytearray | None = None
+
+
+# What --log-prompts keeps of each body: enough to read a prompt, bounded per request.
+BODY_LOG_BYTES = 16 * 1024
+
+
+def _keep(buf: bytearray | None, chunk: bytes) -> None:
+    if buf is not None and len(buf) < BODY_LOG_BYTES:
+        buf += chunk[: BODY_LOG_BYTES - len(buf)]
 
 
 _current: ContextVar[RequestRecord | None] = ContextVar("pippin_request", default=None)
@@ -65,6 +77,10 @@ def request_fields(record: RequestRecord, endpoint: str) -> dict[str, Any]:
     }
     if record.error is not None:
         fields["error"] = record.error
+    for name in ("request_body", "response_body"):
+        buf = getattr(record, name)
+        if buf:
+            fields[name] = buf.decode("utf-8", "replace")
     if t is not None:
         fields.update(
             prompt_tokens=t.prompt_tokens,
@@ -93,30 +109,47 @@ class ObservabilityMiddleware:
     """Counts requests by route and status, counts errors by kind, logs each request.
 
     API requests (/v1/...) are logged at INFO; the rest (health checks, scrapes, the web
-    page's files) at DEBUG, so polling does not flood the log.
+    page's files) at DEBUG, so polling does not flood the log. Prompts and outputs are
+    never logged, unless `log_bodies` (--log-prompts): then the line holds the first
+    `BODY_LOG_BYTES` of the request and response bodies.
     """
 
     def __init__(
-        self, app: ASGIApp, metrics: Metrics | None, routes: Sequence[BaseRoute] = ()
+        self,
+        app: ASGIApp,
+        metrics: Metrics | None,
+        routes: Sequence[BaseRoute] = (),
+        log_bodies: bool = False,
     ) -> None:
         self.app = app
         self.metrics = metrics
         self.routes = routes  # to name the route of requests refused before routing
+        self.log_bodies = log_bodies
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         record = RequestRecord(scope["method"], scope["path"], time.perf_counter())
+        if self.log_bodies:
+            record.request_body, record.response_body = bytearray(), bytearray()
         token = _current.set(record)
+
+        async def receive_body() -> Message:
+            message = await receive()
+            if message["type"] == "http.request":
+                _keep(record.request_body, message.get("body", b""))
+            return message
 
         async def send_status(message: Message) -> None:
             if message["type"] == "http.response.start":
                 record.status = message["status"]
+            elif message["type"] == "http.response.body":
+                _keep(record.response_body, message.get("body", b""))
             await send(message)
 
         try:
-            await self.app(scope, receive, send_status)
+            await self.app(scope, receive_body if self.log_bodies else receive, send_status)
         except BaseException:
             if record.status is None:
                 record.status = 500
