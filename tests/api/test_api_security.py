@@ -158,6 +158,24 @@ def test_deep_json_is_a_clear_400(server: Server) -> None:
     anthropic_error(r, 400)
 
 
+def test_stop_sequences_are_capped(server: Server) -> None:
+    """Each is searched for after every token on the engine's shared thread."""
+    stops = [f"s{i}" for i in range(65)]
+    h = server.headers()
+    r = httpx.post(server.url + "/v1/chat/completions", json=chat_body("x", stop=stops), headers=h)
+    assert "at most 64" in openai_error(r, 400)["message"]
+    assert r.json()["error"]["param"] == "stop"
+    r = httpx.post(
+        server.url + "/v1/completions",
+        json={"model": "tiny", "prompt": "x", "stop": stops[:64], "max_tokens": 2},
+        headers=h,
+    )
+    assert r.status_code == 200
+    body = {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}
+    r = httpx.post(server.url + "/v1/messages", json={**body, "stop_sequences": stops}, headers=h)
+    assert "at most 64" in anthropic_error(r, 400)["message"]
+
+
 # --- prompts and outputs in the log ------------------------------------------------------
 
 

@@ -9,9 +9,9 @@ import re
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Discriminator, ValidationError
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, ValidationError
 
 from pippin.api.errors import OpenAIError, from_validation_error
 
@@ -21,6 +21,12 @@ _PARSE_INLINE_MAX = 256 * 1024
 
 # Event streams must reach the client as they are written: no caches, no proxy buffering.
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+# Every stop sequence is searched for after every token on the engine's thread, which all
+# requests share: a request with thousands of them would slow everyone's decoding.
+MAX_STOP_SEQUENCES = 64
+StopSequences = Annotated[list[str], Field(max_length=MAX_STOP_SEQUENCES)]
 
 
 class Strict(BaseModel):

@@ -136,7 +136,15 @@ def from_validation_error(exc: ValidationError | RequestValidationError) -> Open
         return bad_request("Invalid request body.")
     # A union reports one error per member; the deepest location is the most
     # specific one (e.g. 'messages[0].content[1].type' rather than '...content').
-    first = max(errors, key=lambda e: len(loc_to_param(tuple(e.get("loc", ()))) or ""))
+    # Among those, a broken constraint says more than another member's type mismatch
+    # (`stop` is a string or a list: a too-long list is not "not a string").
+    first = max(
+        errors,
+        key=lambda e: (
+            len(loc_to_param(tuple(e.get("loc", ()))) or ""),
+            not e.get("type", "").endswith("_type"),
+        ),
+    )
     kind = first.get("type", "")
     param = loc_to_param(tuple(first.get("loc", ())))
     if kind == "json_invalid":

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
-from pippin.api.common import by_tag
+from pippin.api.common import StopSequences, by_tag
 
 
 class _Strict(BaseModel):
@@ -244,7 +244,7 @@ class MessagesRequest(_Strict):
     max_tokens: int = Field(ge=1)
     system: str | list[TextBlock] | None = None
     metadata: Metadata | None = None
-    stop_sequences: list[str] | None = None
+    stop_sequences: StopSequences | None = None
     stream: bool | None = None
     temperature: float | None = Field(None, ge=0.0, le=1.0)
     top_p: float | None = Field(None, ge=0.0, le=1.0)

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, Tag
 
-from pippin.api.common import Loose, Strict, by_tag, closing, sse
+from pippin.api.common import Loose, StopSequences, Strict, by_tag, closing, sse
 from pippin.api.errors import OpenAIError, server_error
 from pippin.engine.client import EngineError
 from pippin.obs.http import note_error
@@ -196,7 +196,7 @@ class SamplingFields(Strict):
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
     seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
-    stop: str | list[str] | None = None
+    stop: str | StopSequences | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = None
