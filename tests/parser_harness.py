@@ -54,6 +54,17 @@ def run(make: Callable[[], ToolParser], pieces: list[str], whole: bool = False) 
     )
 
 
+def run_reasoning(make: Callable[[], Any], pieces: list[str]) -> tuple[str, str]:
+    """(reasoning, content) of a reasoning parser fed `pieces`."""
+    p = make()
+    reasoning = content = ""
+    for piece in pieces:
+        r, c = p.feed(piece)
+        reasoning, content = reasoning + r, content + c
+    r, c = p.finish()
+    return reasoning + r, content + c
+
+
 def random_pieces(text: str, rng: random.Random) -> list[str]:
     cuts = sorted(rng.sample(range(1, len(text)), k=min(len(text) - 1, rng.randint(1, 40))))
     return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]

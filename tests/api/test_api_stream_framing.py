@@ -95,9 +95,9 @@ def test_normal_stream_with_usage() -> None:
     assert all(e["usage"] is None for e in ev[:-2])
 
 
-def test_completion_stream_error_event() -> None:
-    run = CompletionRun(
-        ScriptedEngine(out("x"), out("", "error", error="kaput")),  # type: ignore[arg-type]
+def completion_run(engine: Any) -> CompletionRun:
+    return CompletionRun(
+        engine,
         [Prompt([1, 2], "p")],
         [SamplingParams(max_tokens=4)],
         "cmpl-x",
@@ -105,6 +105,10 @@ def test_completion_stream_error_event() -> None:
         "fp",
         lambda t: ("t", [116]),  # type: ignore[arg-type]
     )
+
+
+def test_completion_stream_error_event() -> None:
+    run = completion_run(ScriptedEngine(out("x"), out("", "error", error="kaput")))
     ev = events(run.stream())
     assert ev[0]["choices"][0]["text"] == "x"
     assert "kaput" in ev[-2]["error"]["message"] and ev[-1] == "[DONE]"

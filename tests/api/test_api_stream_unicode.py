@@ -24,11 +24,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from server_utils import Server, run_server
-from test_api_stream_framing import ScriptedEngine, chat_run, out
+from test_api_stream_framing import ScriptedEngine, chat_run, completion_run, out
 
 from pippin.api.common import sse, typed_sse
-from pippin.api.openai.completions import CompletionRun, Prompt
-from pippin.engine.types import SamplingParams
 
 CATEGORIES = sorted({unicodedata.category(chr(c)) for c in range(sys.maxunicode + 1)})
 SPLITLINES_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
@@ -162,16 +160,7 @@ def test_chat_stream_of_any_text(category: str, data: st.DataObject) -> None:
 def test_completion_stream_of_any_text(category: str, data: st.DataObject) -> None:
     texts = data.draw(st.lists(any_text(category), min_size=1, max_size=4))
     script = [out(t) for t in texts[:-1]] + [out(texts[-1], "stop")]
-    run = CompletionRun(
-        ScriptedEngine(*script),  # type: ignore[arg-type]
-        [Prompt([1, 2], "p")],
-        [SamplingParams(max_tokens=8)],
-        "cmpl-x",
-        "m",
-        "fp",
-        lambda t: ("t", [116]),  # type: ignore[arg-type]
-    )
-    body = streamed(run.stream())
+    body = streamed(completion_run(ScriptedEngine(*script)).stream())
     got = "".join(deltas(body, lambda e: e["choices"][0]["text"]))
     assert got == "".join(as_json_reads(t) for t in texts)
 

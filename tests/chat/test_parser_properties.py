@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from parser_harness import run
+from parser_harness import run, run_reasoning
 
-from pippin.chat.reasoning import REASONING_PARSERS, ReasoningParser
+from pippin.chat.reasoning import REASONING_PARSERS
 from pippin.chat.tool_parsers import registry
 from pippin.chat.tool_parsers.base import ToolParser
 
@@ -107,16 +107,6 @@ def test_tool_parser_any_split_of_any_output(name: str, data: Any) -> None:
     assert run(make, data.draw(splits(text)), whole=True) == whole
 
 
-def _reason(make: Callable[[], ReasoningParser], pieces: list[str]) -> tuple[str, str]:
-    p = make()
-    reasoning = content = ""
-    for piece in pieces:
-        r, c = p.feed(piece)
-        reasoning, content = reasoning + r, content + c
-    r, c = p.finish()
-    return reasoning + r, content + c
-
-
 @pytest.mark.parametrize("name", sorted(REASONING_PARSERS))
 @pytest.mark.parametrize("open_in_prompt", [False, True])
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
@@ -127,8 +117,8 @@ def test_reasoning_parser_any_split_of_any_output(
     cls = REASONING_PARSERS[name]
     make = lambda: cls(open_in_prompt)  # noqa: E731
     text = data.draw(OUTPUTS)
-    whole = _reason(make, [text])
-    assert _reason(make, data.draw(splits(text))) == whole
-    assert _reason(make, list(text)) == whole
+    whole = run_reasoning(make, [text])
+    assert run_reasoning(make, data.draw(splits(text))) == whole
+    assert run_reasoning(make, list(text)) == whole
     # Nothing is lost or made up: the text is the reasoning and the content, less the tags.
     assert len(whole[0]) + len(whole[1]) <= len(text)

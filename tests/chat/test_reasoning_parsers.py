@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable
 from typing import Any
 
 import pytest
+from parser_harness import run_reasoning
 
 from pippin.chat.output import OutputParser, ParserChoice
 from pippin.chat.reasoning import (
@@ -41,28 +41,18 @@ ALL_PARSERS = [
 ]
 
 
-def _run(make: Callable[[], ReasoningParser], pieces: list[str]) -> tuple[str, str]:
-    p = make()
-    reasoning = content = ""
-    for piece in pieces:
-        r, c = p.feed(piece)
-        reasoning, content = reasoning + r, content + c
-    r, c = p.finish()
-    return reasoning + r, content + c
-
-
 def check(
     cls: type[ReasoningParser], text: str, open_in_prompt: bool = False, leaks: bool = True
 ) -> tuple[str, str]:
     """(reasoning, content); whole, char by char and random splits agree."""
     make = lambda: cls(open_in_prompt)  # noqa: E731
-    whole = _run(make, [text])
-    assert _run(make, list(text)) == whole
+    whole = run_reasoning(make, [text])
+    assert run_reasoning(make, list(text)) == whole
     rng = random.Random(4321)
     for _ in range(30):
         cuts = sorted(rng.sample(range(1, len(text)), k=min(len(text) - 1, rng.randint(1, 25))))
         pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
-        assert _run(make, pieces) == whole
+        assert run_reasoning(make, pieces) == whole
     if leaks:
         for part in whole:
             assert cls.start not in part and cls.end not in part
