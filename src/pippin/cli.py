@@ -194,6 +194,45 @@ def _add_embed_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_admission_args(p: argparse.ArgumentParser) -> None:
+    a = p.add_argument_group("admission, limits and stopping (docs/reliability.md)")
+    a.add_argument(
+        "--max-queue",
+        type=_positive_int,
+        help="most generation requests held waiting for the engine; beyond it new ones get "
+        "429 (Anthropic: 529 overloaded_error) with Retry-After (default: no limit)",
+    )
+    a.add_argument(
+        "--api-keys",
+        metavar="FILE",
+        help="a JSON or YAML list of API keys, each {key, name, requests_per_minute, "
+        "concurrent_requests, tokens_per_minute} (limits optional), accepted beside "
+        "--api-key; over a limit: 429 with Retry-After. Each key has its own prefix cache",
+    )
+    a.add_argument(
+        "--request-timeout",
+        type=_positive_float,
+        metavar="SECONDS",
+        help="end a request still queued or generating this long after it arrived, with the "
+        "API's error (in a stream: an error event); its KV blocks are freed (default: none)",
+    )
+    a.add_argument(
+        "--drain-timeout",
+        type=_non_negative_float,
+        default=30.0,
+        metavar="SECONDS",
+        help="on SIGTERM, how long requests in flight may take to finish while new ones get "
+        "503; then they end with an error (default: %(default)s)",
+    )
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
+    return value
+
+
 def _add_serve_args(p: argparse.ArgumentParser) -> None:
     m = p.add_argument_group("model")
     m.add_argument(
@@ -547,6 +586,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_bench_args(bench)
     _add_embed_args(serve)
+    _add_admission_args(serve)
     return parser
 
 
@@ -584,6 +624,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         if args.stream_interval_ms is None
         else args.stream_interval_ms / 1000,
         kernels=replace(KernelConfig.from_env(), enabled=args.kernels),
+        request_timeout_s=args.request_timeout,
     )
     from pippin.chat.reasoning import REASONING_PARSERS
     from pippin.chat.tool_parsers import registry
@@ -634,21 +675,35 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             args.allow_credentials,
         ),
         log_prompts=args.log_prompts,
+        max_queue=args.max_queue,
+        api_keys=_api_keys(args.api_keys),
+        drain_timeout_s=args.drain_timeout,
     )
+
+
+def _api_keys(path: str | None) -> list[Any]:
+    from pippin.api.admission import KeyFileError, load_keys
+
+    if path is None:
+        return []
+    try:
+        return load_keys(path)
+    except KeyFileError as e:
+        raise SystemExit(f"pippin serve: --api-keys: {e}") from None
 
 
 def serve(args: argparse.Namespace) -> int:
     if args.offline:
         os.environ["HF_HUB_OFFLINE"] = "1"  # read by huggingface_hub when it is imported
-    import uvicorn
-
+    from pippin.api import drain
     from pippin.obs.logs import setup_logging
     from pippin.server import create_app
 
     level = "debug" if args.log_level == "trace" else args.log_level
     setup_logging(level, args.log_format)
     settings = settings_from_args(args)
-    if settings.api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+    open_to_all = settings.api_key is None and not settings.api_keys
+    if open_to_all and args.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning(
             "listening on %s without --api-key: anyone who can reach it can use it", args.host
         )
@@ -669,17 +724,22 @@ def serve(args: argparse.Namespace) -> int:
         print(f"pippin serve: cannot load {what}: {e}", file=sys.stderr)
         return 3
     app = create_app(settings)
-    uvicorn.run(
+    if settings.api_keys:
+        from pippin.api.admission import describe
+
+        log.info("API keys from --api-keys: %s", describe(settings.api_keys))
+    started = drain.serve(
         app,
+        app.state.pippin,
         host=args.host,
         port=args.port,
         log_level=args.log_level,
         log_config=None,  # uvicorn's loggers go through ours (and its --log-format)
         access_log=False,  # replaced by pippin's own line per request (pippin.request)
-        # Streams can run for minutes; a stop signal should not wait for all of them.
+        # Requests were drained already (--drain-timeout); what is left is idle connections.
         timeout_graceful_shutdown=10,
     )
-    return 0
+    return 0 if started else 3
 
 
 def main(argv: list[str] | None = None) -> int:

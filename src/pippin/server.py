@@ -10,7 +10,7 @@ import asyncio
 import hmac
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pippin import __version__
 from pippin.api import cache_control, rerank, status
+from pippin.api.admission import Admission, AdmissionMiddleware, key_check
 from pippin.api.anthropic import messages as anthropic_messages
 from pippin.api.errors import OpenAIError, install_error_handlers
 from pippin.api.http_limits import HeadLimitsMiddleware
@@ -53,13 +54,21 @@ log = logging.getLogger("pippin.server")
 class ApiKeyMiddleware:
     """Every route but the open ones needs the key (Bearer or x-api-key)."""
 
-    def __init__(self, app: ASGIApp, api_key: str | None, open_paths: frozenset[str]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        api_key: str | None,
+        open_paths: frozenset[str],
+        other_keys: Callable[[str, Scope], bool] | None = None,
+    ) -> None:
         self.app = app
         self.key = api_key.encode() if api_key else None
         self.open_paths = open_paths
+        self.other_keys = other_keys  # --api-keys: the file's keys, with their limits
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self.key is None or scope["path"] in self.open_paths:
+        no_key = self.key is None and self.other_keys is None
+        if scope["type"] != "http" or no_key or scope["path"] in self.open_paths:
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
@@ -75,7 +84,10 @@ class ApiKeyMiddleware:
                 code="invalid_api_key",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-        elif not hmac.compare_digest(supplied.encode(), self.key):
+        elif not (
+            (self.key is not None and hmac.compare_digest(supplied.encode(), self.key))
+            or (self.other_keys is not None and self.other_keys(supplied, scope))
+        ):
             # The key itself is never echoed or logged.
             err = OpenAIError(
                 401,
@@ -204,7 +216,11 @@ async def start_extra_models(state: ServerState) -> None:
 def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
     """The ASGI app. With ``load_model=False`` no model is loaded (routes answer 503),
     which is how request validation is tested without an engine."""
-    state = ServerState(settings, model_names=list(settings.served_model_names))
+    state = ServerState(
+        settings,
+        model_names=list(settings.served_model_names),
+        admission=Admission(max_queue=settings.max_queue, keys=settings.api_keys),
+    )
     if settings.metrics:
         state.metrics = Metrics(state.engine_stats)
         state.observer = ServerObserver(state.metrics)
@@ -254,10 +270,14 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
             return Response(metrics.exposition(), media_type=CONTENT_TYPE)
 
     # Added last = runs first: unauthenticated requests are refused before any body is read.
+    app.add_middleware(AdmissionMiddleware, admission=state.admission)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_body_bytes)
     # The web page's files hold no data: the page asks for the key when the API needs it.
     app.add_middleware(
-        ApiKeyMiddleware, api_key=settings.api_key, open_paths=frozenset({"/health"}) | STATIC_PATHS
+        ApiKeyMiddleware,
+        api_key=settings.api_key,
+        open_paths=frozenset({"/health"}) | STATIC_PATHS,
+        other_keys=key_check(state.admission) if settings.api_keys else None,
     )
     cors = settings.cors
     if cors.allowed_origins:  # outside the key check: preflights carry no key

@@ -129,6 +129,10 @@ async def output_parsing(
 
 def engine_failure(out: RequestOutput, c: CompletionOutput | None = None) -> OpenAIError | None:
     """The error a failed or server-aborted output stands for, if any."""
+    if out.error_kind == "timeout":  # --request-timeout
+        return server_error(f"The request timed out: {out.error}.", "request_timeout", 504)
+    if out.error_kind == "slow_reader":
+        return server_error(f"The stream was ended: {out.error}.", "stream_not_read", 500)
     if out.error is not None or (c is not None and c.finish_reason == "error"):
         return server_error(
             f"The engine failed this request: {out.error or 'unknown error'}", "engine_error"

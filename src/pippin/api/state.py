@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Request
 
 from pippin import __version__
+from pippin.api.admission import Admission, ApiKey
 from pippin.api.errors import OpenAIError, server_error
 from pippin.api.http_limits import CorsSettings, HeadLimits
 from pippin.api.limits import Limits, merge_defaults
@@ -69,6 +70,11 @@ class ServerSettings:
     # --log-prompts: request and response bodies in the request log (never otherwise).
     log_prompts: bool = False
     head_limits: HeadLimits = field(default_factory=HeadLimits)
+    # Admission (pippin.api.admission): --max-queue, --api-keys, and --drain-timeout
+    # (how long SIGTERM waits for requests in flight).
+    max_queue: int | None = None
+    api_keys: list[ApiKey] = field(default_factory=list)
+    drain_timeout_s: float = 30.0
 
 
 @dataclass
@@ -90,6 +96,7 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
     metrics: Metrics | None = None
     observer: ServerObserver = field(default_factory=lambda: ServerObserver(None))
+    admission: Admission = field(default_factory=Admission)
 
     def engine_stats(self) -> dict[str, int]:
         return self.engine.stats() if self.engine is not None else {}

@@ -22,6 +22,8 @@ async def health(request: Request) -> JSONResponse:
     state = get_state(request)
     engine = state.engine
     embed_ok = state.embed is None or state.embed.ready
+    if state.admission.draining:  # SIGTERM: a load balancer should move on
+        return JSONResponse({"status": "draining"}, status_code=503)
     if engine is not None and engine.ready and embed_ok:
         return JSONResponse({"status": "ok"})
     return JSONResponse({"status": "unavailable"}, status_code=503)

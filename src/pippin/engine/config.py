@@ -44,6 +44,9 @@ class EngineConfig:
     # with the engine thread: under a large batch, sending each token alone would slow
     # every step. A request's first tokens and its end are never held back.
     stream_interval_s: float | None = None
+    # --request-timeout: a request still running (queued or generating) this long after
+    # it was submitted is ended with an error and its blocks freed (None: no limit).
+    request_timeout_s: float | None = None
     # The kernels and pippin's changes to mlx-lm's model code (`pippin.kernels.patches`);
     # its switches are read from the environment once, here.
     kernels: KernelConfig = field(default_factory=KernelConfig.from_env)

@@ -27,7 +27,7 @@ class InprocClient:
         self, loaded: LoadedModel, config: EngineConfig, observer: EngineObserver | None = None
     ) -> None:
         self.observer = observer or EngineObserver()
-        self.streams = OutputStreams(self.observer)
+        self.streams = OutputStreams(self.observer, config.request_timeout_s)
         self.engine = EngineLoop(loaded, config, self.observer, self._deliver)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

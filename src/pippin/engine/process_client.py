@@ -79,7 +79,7 @@ class ProcessClient:
         self.load_kwargs = load_kwargs
         self.config = config
         self.observer = observer or EngineObserver()
-        self.streams = OutputStreams(self.observer)
+        self.streams = OutputStreams(self.observer, config.request_timeout_s)
         self.hooks = (on_start, on_loaded)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._proc: Any = None

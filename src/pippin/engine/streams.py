@@ -2,21 +2,48 @@
 
 Both clients compose it: the engine's outputs arrive (from a thread or a pipe reader)
 through `dispatch`, scheduled on the loop with `call_soon_threadsafe`.
+
+Two limits end a request from here, with an error output, and abort it in the engine
+(its KV blocks are freed at the next step):
+
+- ``request_timeout_s``: the request has run (queued or generating) longer than this.
+- ``max_buffered``: its reader has left this many deliveries unread (a client that
+  stopped reading its stream: the HTTP send waits, so outputs pile up here). Without
+  the cap one stalled client would pin memory that grows with every step.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 
 from pippin.engine.observer import EngineObserver
 from pippin.engine.types import EngineError, RequestOutput, SamplingParams
 
+# Deliveries a stream may leave unread before it is ended (about as many tokens: one
+# delivery is a step's tokens, merged when the reader is only slow).
+MAX_BUFFERED = 1024
+
 
 class OutputStreams:
-    def __init__(self, observer: EngineObserver) -> None:
+    def __init__(
+        self,
+        observer: EngineObserver,
+        request_timeout_s: float | None = None,
+        max_buffered: int = MAX_BUFFERED,
+    ) -> None:
         self.observer = observer
+        self.request_timeout_s = request_timeout_s
+        self.max_buffered = max_buffered
         self._queues: dict[str, asyncio.Queue[RequestOutput]] = {}
+        self._abort: dict[str, Callable[[str], None]] = {}
+        # Requests submitted that have had no output yet: queued, or in their prefill.
+        self.unstarted: set[str] = set()
+
+    @property
+    def open(self) -> int:
+        return len(self._queues)
 
     async def generate(
         self,
@@ -34,11 +61,17 @@ class OutputStreams:
         watch = self.observer.request(request_id, len(prompt_token_ids))
         q: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self._queues[request_id] = q
+        self._abort[request_id] = abort
+        self.unstarted.add(request_id)
         submit(request_id, list(prompt_token_ids), params)
+        deadline = (
+            None if self.request_timeout_s is None else time.monotonic() + self.request_timeout_s
+        )
         finished = False
         try:
             while True:
-                out = await q.get()
+                out = await self._next(q, request_id, deadline, len(prompt_token_ids))
+                self.unstarted.discard(request_id)
                 # A reader that fell behind (a busy event loop under load) gets what
                 # queued up as one delta: one chunk to frame and send, not one per step.
                 while not out.finished and not q.empty():
@@ -50,16 +83,39 @@ class OutputStreams:
                     break
         finally:
             self._queues.pop(request_id, None)
+            self._abort.pop(request_id, None)
+            self.unstarted.discard(request_id)
             watch.end(finished)
             if not finished:
                 abort(request_id)
+
+    async def _next(
+        self, q: asyncio.Queue[RequestOutput], rid: str, deadline: float | None, prompt: int
+    ) -> RequestOutput:
+        if deadline is None:
+            return await q.get()
+        try:
+            return await asyncio.wait_for(q.get(), max(deadline - time.monotonic(), 0))
+        except TimeoutError:
+            self._abort[rid](rid)
+            self._queues.pop(rid, None)  # nothing more is read: later outputs are dropped
+            msg = f"the request ran longer than the server's limit ({self.request_timeout_s:g}s)"
+            return RequestOutput(rid, [], prompt, 0, True, error=msg, error_kind="timeout")
 
     def dispatch(self, outs: list[RequestOutput]) -> None:
         """Hand outputs to their requests' streams (event loop)."""
         for out in outs:
             q = self._queues.get(out.request_id)
-            if q is not None:
-                q.put_nowait(out)
+            if q is None:
+                continue
+            if q.qsize() >= self.max_buffered and not out.finished:
+                # Its client stopped reading: end it here rather than hold more.
+                rid = out.request_id
+                self._abort[rid](rid)
+                del self._queues[rid]
+                msg = f"the client left more than {self.max_buffered} outputs unread"
+                out = RequestOutput(rid, [], out.prompt_tokens, 0, True, msg, "slow_reader")
+            q.put_nowait(out)
 
     def fail_open(self, message: str) -> None:
         """Streams still open end with an error instead of waiting forever."""

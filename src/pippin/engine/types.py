@@ -84,6 +84,9 @@ class RequestOutput:
     cached_tokens: int
     finished: bool  # every sequence of the request has finished
     error: str | None = None  # set when the engine failed this request
+    # Why, when the front ended it rather than the engine: "timeout" (--request-timeout)
+    # or "slow_reader" (its client left too much output unread).
+    error_kind: str | None = None
 
     def then(self, later: RequestOutput) -> RequestOutput:
         """This delta followed by `later`, as one delta (for a reader that fell behind)."""
@@ -111,4 +114,5 @@ class RequestOutput:
             later.cached_tokens,
             later.finished,
             later.error or self.error,
+            later.error_kind or self.error_kind,
         )

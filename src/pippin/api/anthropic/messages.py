@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from pippin.api.admission import salted
 from pippin.api.anthropic.protocol import (
     ClearThinking,
     ClearToolUses,
@@ -532,6 +533,7 @@ def sampling_params(state: ServerState, req: MessagesRequest, prompt_len: int) -
         presence_penalty=float(d["presence_penalty"]),
         frequency_penalty=float(d["frequency_penalty"]),
         stop=[s for s in req.stop_sequences or [] if s],
+        cache_salt=salted(None),  # the API key's own prefix cache (--api-keys)
     )
 
 

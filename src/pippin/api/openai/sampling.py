@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pippin.api.admission import salted
 from pippin.api.errors import bad_request
 from pippin.api.limits import Limits, context_exceeded
 from pippin.api.openai.protocol import SamplingFields
@@ -139,5 +140,5 @@ def build_sampling_params(
         min_tokens=min_tokens,
         n=req.n or 1,
         skip_special_tokens=True if req.skip_special_tokens is None else req.skip_special_tokens,
-        cache_salt=req.cache_salt,
+        cache_salt=salted(req.cache_salt),
     )
