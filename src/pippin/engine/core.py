@@ -444,4 +444,7 @@ class EngineCore:
             "steps": self.steps,
             "failed_steps_out_of_memory": self.failed_steps["out_of_memory"],
             "failed_steps_other": self.failed_steps["other"],
+            # MLX's allocator (for the soak's memory slope, bench/soak.py).
+            "mlx_active_bytes": mx.get_active_memory(),
+            "mlx_cache_bytes": mx.get_cache_memory(),
         }

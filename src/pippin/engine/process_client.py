@@ -41,6 +41,9 @@ from pippin.store.loaded import LoadedModel
 
 log = logging.getLogger(__name__)
 
+MAX_RESTARTS = 5
+RESTART_BACKOFF_S = 1.0
+
 # Run in the child before it loads the model, and once it has (both picklable).
 OnStart = Callable[[], None]
 OnLoaded = Callable[[LoadedModel], None]
@@ -89,6 +92,12 @@ class ProcessClient:
         self._stats: dict[str, int] = {}
         self._calls: dict[int, asyncio.Future[Any]] = {}
         self._call_ids = 0
+        self._stopped = False
+        # Restarts after the engine process died: each waits twice as long as the one
+        # before (RESTART_BACKOFF_S, 2x, 4x, ...); after MAX_RESTARTS in a row that failed
+        # to start, it stays down (/health 503). One that starts resets the count.
+        self.restarts = 0
+        self._restart: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -114,6 +123,9 @@ class ProcessClient:
         threading.Thread(target=self._read, name="pippin-engine-reader", daemon=True).start()
 
     async def stop(self) -> None:
+        self._stopped = True
+        if self._restart is not None:
+            self._restart.cancel()
         ready, self._ready = self._ready, False
         if self._proc is not None:
             if ready:
@@ -212,10 +224,31 @@ class ProcessClient:
             fut.set_exception(EngineError(value))
 
     def _lost(self) -> None:
-        if self._ready:
-            log.error("the engine process exited (code %s)", self._proc.exitcode)
-            self._ready = False
+        was_ready, self._ready = self._ready, False
+        # Every open stream ends now, before anything else (no client waits on a restart).
         self._fail_open("the engine process exited")
+        if was_ready:
+            self._proc.join(0.1)  # it is gone (the pipe closed): only reaps it
+            log.error("the engine process exited (code %s)", self._proc.exitcode)
+            if not self._stopped:
+                self._restart = asyncio.ensure_future(self._restart_engine())
+
+    async def _restart_engine(self) -> None:
+        failures = 0
+        while not self._stopped and failures < MAX_RESTARTS:
+            await asyncio.sleep(RESTART_BACKOFF_S * 2**failures)
+            log.info("restarting the engine process (attempt %d)", failures + 1)
+            try:
+                await self.start()
+            except EngineError as e:
+                failures += 1
+                log.error("the engine process did not restart: %s", e)
+                continue
+            self.restarts += 1
+            log.info("the engine process is back (%d restart(s) so far)", self.restarts)
+            return
+        if failures:
+            log.error("the engine process stays down after %d failed restarts", failures)
 
     def _fail_open(self, message: str) -> None:
         self.streams.fail_open(message)

@@ -15,11 +15,14 @@ Two limits end a request from here, with an error output, and abort it in the en
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 
 from pippin.engine.observer import EngineObserver
 from pippin.engine.types import EngineError, RequestOutput, SamplingParams
+
+log = logging.getLogger(__name__)
 
 # Deliveries a stream may leave unread before it is ended (about as many tokens: one
 # delivery is a step's tokens, merged when the reader is only slow).
@@ -100,6 +103,7 @@ class OutputStreams:
             self._abort[rid](rid)
             self._queues.pop(rid, None)  # nothing more is read: later outputs are dropped
             msg = f"the request ran longer than the server's limit ({self.request_timeout_s:g}s)"
+            log.info("request %s ended: %s", rid, msg)
             return RequestOutput(rid, [], prompt, 0, True, error=msg, error_kind="timeout")
 
     def dispatch(self, outs: list[RequestOutput]) -> None:
@@ -114,6 +118,7 @@ class OutputStreams:
                 self._abort[rid](rid)
                 del self._queues[rid]
                 msg = f"the client left more than {self.max_buffered} outputs unread"
+                log.warning("request %s ended: %s", rid, msg)
                 out = RequestOutput(rid, [], out.prompt_tokens, 0, True, msg, "slow_reader")
             q.put_nowait(out)
 

@@ -1,0 +1,381 @@
+"""Under load and faults: what clients see and what the engine keeps (docs/reliability.md).
+
+Real `pippin serve` processes on a tiny random model, over real HTTP: a storm of streams
+killed mid-way, a client that stops reading, slowloris connections, --request-timeout,
+--max-queue, --api-keys with their limits and prefix caches, and SIGTERM's drain. "No KV
+leaked" is read from /v1/engine/stats: every block back on the free list once idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+from server_utils import Server, run_server
+
+MSG = [{"role": "user", "content": "Hello, how are you today?"}]
+
+
+def stats(server: Server) -> dict[str, int]:
+    return server.http().get("/v1/engine/stats").json()
+
+
+def wait_idle(server: Server, timeout: float = 30.0) -> dict[str, int]:
+    """The engine's counters once nothing runs or waits and every block is free again."""
+    deadline = time.monotonic() + timeout
+    while True:
+        s = stats(server)
+        idle = s["running"] == 0 and s["waiting"] == 0
+        if idle and s["blocks_free"] == s["blocks_total"] or time.monotonic() > deadline:
+            return s
+        time.sleep(0.2)
+
+
+def stream_body(max_tokens: int, model: str = "tiny") -> dict[str, Any]:
+    return {
+        "model": model,
+        "messages": MSG,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "ignore_eos": True,
+    }
+
+
+def raw_stream(
+    server: Server, body: dict[str, Any], key: str | None = None, rcvbuf: int | None = None
+) -> socket.socket:
+    """A streaming chat request on a plain socket (read or not by the caller)."""
+    host, port = server.url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    if rcvbuf is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.connect((host, int(port)))
+    data = json.dumps(body).encode()
+    auth = f"x-api-key: {key}\r\n" if key else ""
+    sock.sendall(
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{auth}"
+        f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode()
+        + data
+    )
+    return sock
+
+
+@pytest.fixture(scope="module")
+def server(tiny_models: Callable[..., Path]) -> Iterator[Server]:
+    with run_server(
+        str(tiny_models("llama")),
+        "--served-model-name",
+        "tiny",
+        "--max-model-len",
+        "32768",
+        "--block-size",
+        "16",
+    ) as s:
+        yield s
+
+
+def test_storm_of_killed_streams_leaks_no_blocks(server: Server) -> None:
+    """Many streams whose clients vanish mid-stream (connections reset, tasks cancelled)."""
+    before = wait_idle(server)
+    killed = 0
+
+    async def one(i: int) -> bool:
+        client = server.async_client()
+        stream = await client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": f"story {i} " * (i % 7 + 1)}],
+            max_tokens=2000,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        n = 0
+        async for _ in stream:
+            n += 1
+            if n >= 3 + i % 5:
+                break
+        await stream.close()  # the connection goes away mid-stream
+        await client.close()
+        return True
+
+    async def storm() -> int:
+        # Raw sockets too: closed without a word, some before any byte is read.
+        socks = [raw_stream(server, stream_body(2000)) for _ in range(8)]
+        done = await asyncio.gather(*(one(i) for i in range(24)))
+        await asyncio.sleep(0.3)
+        for i, s in enumerate(socks):
+            if i % 2:
+                s.recv(512)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            s.close()  # RST
+        return sum(done) + len(socks)
+
+    killed = asyncio.run(storm())
+    after = wait_idle(server)
+    assert killed == 32
+    assert after["running"] == 0 and after["waiting"] == 0
+    assert after["blocks_free"] == after["blocks_total"] == before["blocks_total"]
+    # And the server still answers.
+    r = server.client().chat.completions.create(model="tiny", messages=MSG, max_tokens=4)
+    assert r.choices[0].finish_reason == "length"
+
+
+def test_slowloris_and_a_stalled_reader_do_not_stall_other_streams(server: Server) -> None:
+    # Slowloris: connections that send half a request and then trickle a byte now and then.
+    host, port = server.url.removeprefix("http://").split(":")
+    loris = []
+    for _ in range(40):
+        s = socket.create_connection((host, int(port)))
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-a: ")
+        loris.append(s)
+    # A client that asks for a long stream and never reads it, with a tiny receive window;
+    # large chunks (20 alternatives per token) fill the socket buffers sooner.
+    body = {**stream_body(30000), "logprobs": True, "top_logprobs": 20}
+    stalled = raw_stream(server, body, rcvbuf=4096)
+    try:
+        time.sleep(1.0)
+        for s in loris:
+            s.sendall(b"b")
+        # Other streams run to the end meanwhile.
+        t0 = time.monotonic()
+        for _ in range(3):
+            chunks = list(
+                server.client().chat.completions.create(
+                    model="tiny",
+                    messages=MSG,
+                    max_tokens=64,
+                    stream=True,
+                    extra_body={"ignore_eos": True},
+                )
+            )
+            assert chunks[-1].choices[0].finish_reason == "length"
+        assert time.monotonic() - t0 < 60
+        # The stalled stream is ended once its buffer is full: its blocks come back
+        # although its client still holds the connection open without reading.
+        after = wait_idle(server, timeout=240)
+        assert after["running"] == 0, after
+        assert after["blocks_free"] == after["blocks_total"]
+    finally:
+        stalled.close()
+        for s in loris:
+            s.close()
+    assert "outputs unread" in server.log()  # ended by the buffer cap, not by its length
+
+
+@pytest.fixture(scope="module")
+def limited(
+    tiny_models: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    keys = tmp_path_factory.mktemp("keys") / "keys.yaml"
+    keys.write_text(
+        "keys:\n"
+        "  - {key: sk-rpm, name: rpm, requests_per_minute: 3}\n"
+        "  - {key: sk-conc, name: conc, concurrent_requests: 1}\n"
+        "  - {key: sk-tpm, name: tpm, tokens_per_minute: 50}\n"
+        "  - {key: sk-free, name: free}\n"
+    )
+    with run_server(
+        str(tiny_models("llama")),
+        "--served-model-name",
+        "tiny",
+        "--max-model-len",
+        "4096",
+        "--block-size",
+        "16",
+        "--max-num-seqs",
+        "1",
+        "--max-queue",
+        "1",
+        "--request-timeout",
+        "4",
+        "--api-keys",
+        str(keys),
+        api_key="sk-admin",
+    ) as s:
+        yield s
+
+
+def _post(server: Server, key: str, path: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{server.url}{path}", json=body, headers={"x-api-key": key}, timeout=120)
+
+
+def test_requests_per_minute_limit(limited: Server) -> None:
+    body = {"model": "tiny", "messages": MSG, "max_tokens": 2}
+    codes = [_post(limited, "sk-rpm", "/v1/chat/completions", body).status_code for _ in range(3)]
+    assert codes == [200, 200, 200]
+    r = _post(limited, "sk-rpm", "/v1/chat/completions", body)
+    assert r.status_code == 429
+    assert r.json()["error"]["code"] == "rate_limit_exceeded"
+    assert 1 <= int(r.headers["retry-after"]) <= 60
+    a = _post(limited, "sk-rpm", "/v1/messages", body)
+    assert a.status_code == 429
+    assert a.json()["error"]["type"] == "rate_limit_error"
+    assert "retry-after" in a.headers
+    # Other keys are not affected; unknown keys are refused; secrets are never logged.
+    assert _post(limited, "sk-free", "/v1/chat/completions", body).status_code == 200
+    assert _post(limited, "sk-admin", "/v1/chat/completions", body).status_code == 200
+    assert _post(limited, "sk-nope", "/v1/chat/completions", body).status_code == 401
+    log = limited.log()
+    assert "sk-rpm" not in log and "sk-free" not in log and "rpm" in log
+
+
+def test_tokens_per_minute_limit(limited: Server) -> None:
+    body = {"model": "tiny", "messages": MSG, "max_tokens": 40, "ignore_eos": True}
+    assert _post(limited, "sk-tpm", "/v1/chat/completions", body).status_code == 200
+    r = _post(limited, "sk-tpm", "/v1/chat/completions", body)
+    assert r.status_code == 429 and r.json()["error"]["type"] == "tokens"
+    assert int(r.headers["retry-after"]) >= 1
+
+
+def test_concurrency_limit_and_queue_limit(limited: Server) -> None:
+    """One running (max-num-seqs 1), one queued (max-queue 1): the next is refused."""
+    long = stream_body(100000 // 40)
+    first = raw_stream(limited, long, "sk-admin")
+    try:
+        seen = b""
+        while seen.count(b"data:") < 3:  # it runs and has output
+            seen += first.recv(4096)
+        # The concurrency limit of a key.
+        c1 = raw_stream(limited, long, "sk-conc")
+        deadline = time.monotonic() + 3
+        while stats(limited)["waiting"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        r = _post(limited, "sk-conc", "/v1/chat/completions", {**long, "stream": False})
+        assert r.status_code == 429 and "concurrent" in r.json()["error"]["message"]
+        # c1 waits in the queue (one request running): the queue is full.
+        r = _post(limited, "sk-free", "/v1/chat/completions", {**long, "stream": False})
+        assert r.status_code == 429, r.text
+        assert r.json()["error"]["code"] == "queue_full"
+        assert r.headers["retry-after"] == "1"
+        a = anthropic.Anthropic(base_url=limited.url, api_key="sk-free", max_retries=0)
+        with pytest.raises(anthropic.APIStatusError) as exc:
+            a.messages.create(model="tiny", max_tokens=4, messages=MSG)  # type: ignore[arg-type]
+        assert exc.value.status_code == 529
+        assert exc.value.body["error"]["type"] == "overloaded_error"  # type: ignore[index]
+        c1.close()
+    finally:
+        first.close()
+    wait_idle(limited)
+
+
+def test_request_timeout_ends_requests_with_the_apis_error(limited: Server) -> None:
+    long = {"model": "tiny", "messages": MSG, "max_tokens": 4000, "ignore_eos": True}
+    t0 = time.monotonic()
+    r = _post(limited, "sk-free", "/v1/chat/completions", long)
+    assert r.status_code == 504, r.text
+    assert r.json()["error"]["code"] == "request_timeout"
+    assert 3.5 < time.monotonic() - t0 < 30
+    a = _post(limited, "sk-free", "/v1/messages", long)
+    assert a.status_code == 504 and a.json()["type"] == "error"
+    # In a stream: an error event, no finish reason.
+    client = openai.OpenAI(base_url=f"{limited.url}/v1", api_key="sk-free", max_retries=0)
+    with pytest.raises(openai.APIError) as exc:
+        for _ in client.chat.completions.create(
+            model="tiny",
+            messages=MSG,
+            max_tokens=4000,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        ):
+            pass
+    assert "timed out" in str(exc.value)
+    s = wait_idle(limited)
+    assert s["blocks_free"] == s["blocks_total"]
+
+
+def test_each_key_has_its_own_prefix_cache(limited: Server) -> None:
+    prompt = "A long shared system prompt about the weather in spring. " * 12
+
+    def cached(key: str) -> int:
+        r = _post(
+            limited, key, "/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": 1}
+        )
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    assert cached("sk-free") == 0
+    assert cached("sk-free") >= 64  # its own second request hits
+    assert cached("sk-admin") == 0  # another key never sees its blocks
+    assert cached("sk-admin") >= 64
+
+
+def test_drain_finishes_in_flight_requests_and_refuses_new_ones(
+    tiny_models: Callable[..., Path], tmp_path: Path
+) -> None:
+    args = (
+        str(tiny_models("llama")),
+        "--served-model-name",
+        "tiny",
+        "--max-model-len",
+        "4096",
+        "--drain-timeout",
+        "60",
+        "--ssd-cache-dir",
+        str(tmp_path / "ssd"),
+    )
+    with run_server(*args) as s:
+        results: list[Any] = []
+
+        def streamer(n: int) -> None:
+            chunks = list(
+                s.client().chat.completions.create(
+                    model="tiny",
+                    messages=MSG,
+                    max_tokens=n,
+                    stream=True,
+                    extra_body={"ignore_eos": True},
+                )
+            )
+            results.append(chunks[-1].choices[0].finish_reason)
+
+        threads = [threading.Thread(target=streamer, args=(300 + 50 * i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        os.kill(s.proc.pid, signal.SIGTERM)
+        time.sleep(0.3)
+        r = s.http().post("/v1/chat/completions", json={"model": "tiny", "messages": MSG})
+        assert r.status_code == 503 and "retry-after" in r.headers
+        assert s.http().get("/health").status_code == 503
+        a = s.http().post("/v1/messages", json={"model": "tiny", "messages": MSG, "max_tokens": 2})
+        assert a.status_code == 529 and a.json()["error"]["type"] == "overloaded_error"
+        for t in threads:
+            t.join(120)
+        s.proc.wait(60)
+        assert results == ["length"] * 4  # none lost
+        assert "drained in" in s.log()
+
+
+def test_drain_timeout_ends_what_is_left_with_an_error(tiny_models: Callable[..., Path]) -> None:
+    with run_server(
+        str(tiny_models("llama")),
+        "--served-model-name",
+        "tiny",
+        "--max-model-len",
+        "32768",
+        "--drain-timeout",
+        "1",
+    ) as s:
+        with httpx.stream(
+            "POST", f"{s.url}/v1/chat/completions", json=stream_body(30000), timeout=60
+        ) as resp:
+            lines = resp.iter_lines()
+            assert next(lines).startswith("data:")
+            os.kill(s.proc.pid, signal.SIGTERM)
+            t0 = time.monotonic()
+            rest = [line for line in lines if line.startswith("data: {")]
+            elapsed = time.monotonic() - t0
+        assert "shutting down" in rest[-1]
+        assert elapsed < 15
+        s.proc.wait(60)
