@@ -73,12 +73,15 @@ def raw_stream(
     return sock
 
 
+def serve_tiny(tiny_models: Callable[..., Path], *flags: str, **kw: Any) -> Any:
+    """`pippin serve` of the tiny Llama, served as "tiny"."""
+    return run_server(str(tiny_models("llama")), "--served-model-name", "tiny", *flags, **kw)
+
+
 @pytest.fixture(scope="module")
 def server(tiny_models: Callable[..., Path]) -> Iterator[Server]:
-    with run_server(
-        str(tiny_models("llama")),
-        "--served-model-name",
-        "tiny",
+    with serve_tiny(
+        tiny_models,
         "--max-model-len",
         "32768",
         "--block-size",
@@ -186,10 +189,8 @@ def limited(
         "  - {key: sk-tpm, name: tpm, tokens_per_minute: 50}\n"
         "  - {key: sk-free, name: free}\n"
     )
-    with run_server(
-        str(tiny_models("llama")),
-        "--served-model-name",
-        "tiny",
+    with serve_tiny(
+        tiny_models,
         "--max-model-len",
         "4096",
         "--block-size",
@@ -316,18 +317,15 @@ def test_each_key_has_its_own_prefix_cache(limited: Server) -> None:
 def test_drain_finishes_in_flight_requests_and_refuses_new_ones(
     tiny_models: Callable[..., Path], tmp_path: Path
 ) -> None:
-    args = (
-        str(tiny_models("llama")),
-        "--served-model-name",
-        "tiny",
+    with serve_tiny(
+        tiny_models,
         "--max-model-len",
         "4096",
         "--drain-timeout",
         "60",
         "--ssd-cache-dir",
         str(tmp_path / "ssd"),
-    )
-    with run_server(*args) as s:
+    ) as s:
         results: list[Any] = []
 
         def streamer(n: int) -> None:
@@ -357,17 +355,14 @@ def test_drain_finishes_in_flight_requests_and_refuses_new_ones(
             t.join(120)
         s.proc.wait(60)
         assert results == ["length"] * 4  # none lost
-        print(
-            f"drain: {len(threads)} streams in flight at SIGTERM, {4 - results.count('length')} lost"
-        )
+        lost = len(threads) - results.count("length")
+        print(f"drain: {len(threads)} streams in flight at SIGTERM, {lost} lost")
         assert "drained in" in s.log()
 
 
 def test_drain_timeout_ends_what_is_left_with_an_error(tiny_models: Callable[..., Path]) -> None:
-    with run_server(
-        str(tiny_models("llama")),
-        "--served-model-name",
-        "tiny",
+    with serve_tiny(
+        tiny_models,
         "--max-model-len",
         "32768",
         "--drain-timeout",
@@ -407,10 +402,8 @@ def test_engine_process_crash_errors_every_client_at_once_and_restarts(
 ) -> None:
     """Streams running, requests queued behind them, and non-streamed ones: all get an
     error right after the engine process dies; /health says 503 until it is back."""
-    with run_server(
-        str(tiny_models("llama")),
-        "--served-model-name",
-        "tiny",
+    with serve_tiny(
+        tiny_models,
         "--max-model-len",
         "32768",
         "--max-num-seqs",
@@ -440,7 +433,7 @@ def test_engine_process_crash_errors_every_client_at_once_and_restarts(
         threads = [threading.Thread(target=client, args=(i,)) for i in range(10)]
         for t in threads:
             t.start()
-        while stats(s)["waiting"] < 6 - 0:  # 4 running, the rest queued
+        while stats(s)["waiting"] < 6:  # 4 running, the rest queued
             time.sleep(0.05)
         time.sleep(0.5)
         killed = time.monotonic()
@@ -457,6 +450,7 @@ def test_engine_process_crash_errors_every_client_at_once_and_restarts(
         while s.http().get("/health").status_code != 200:
             assert time.monotonic() < deadline, s.log()[-3000:]
             time.sleep(0.25)
+        print(f"crash to healthy again: {time.monotonic() - killed:.1f} s")
         assert _engine_process(s) != child
         r = s.client().chat.completions.create(model="tiny", messages=MSG, max_tokens=4)
         assert r.choices[0].finish_reason is not None
