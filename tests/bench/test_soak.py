@@ -1,16 +1,17 @@
 """A bounded soak (bench/soak.py) in the suite: mixed endpoints, streamed and not, with
-cancellations, for about a minute and a half against a tiny model and a real embedding
+cancellations, for under two minutes against a tiny model and a real embedding
 model. Memory must be flat after the warm-up and every KV block back on the free list.
 
-The bound on the slope (SLOPE_MIB_PER_MIN) is loose for a noisy shared CI machine: a
-leak of 100 KiB per request at this test's rate (several requests a second) would
-exceed it. docs/reliability.md has the long runs.
+The bound on the slope (SLOPE_MIB_PER_MIN) is loose for a noisy shared CI machine, where
+resident memory swings by tens of MiB from sample to sample: a leak of about 300 KiB per
+request at this test's rate (about three requests a second) would exceed it. docs/reliability.md has the long runs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,15 +19,16 @@ import pytest
 from server_utils import run_server
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "soak.py"
-SECONDS = 90.0
+SECONDS = 110.0
 WARMUP = 30.0
-SLOPE_MIB_PER_MIN = 40.0
+SLOPE_MIB_PER_MIN = 50.0
 
 
 def _soak_module():
     spec = importlib.util.spec_from_file_location("pippin_soak", BENCH)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up
     spec.loader.exec_module(mod)
     return mod
 
