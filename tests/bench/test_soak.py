@@ -4,7 +4,8 @@ model. Memory must be flat after the warm-up and every KV block back on the free
 
 The bound on the slope (SLOPE_MIB_PER_MIN) is loose for a noisy shared CI machine, where
 resident memory swings by tens of MiB from sample to sample: a leak of about 300 KiB per
-request at this test's rate (about three requests a second) would exceed it. docs/reliability.md has the long runs.
+request at this test's rate (three to seven requests a second) would exceed it.
+docs/reliability.md has the long runs.
 """
 
 from __future__ import annotations
