@@ -454,3 +454,38 @@ def test_engine_process_crash_errors_every_client_at_once_and_restarts(
         assert _engine_process(s) != child
         r = s.client().chat.completions.create(model="tiny", messages=MSG, max_tokens=4)
         assert r.choices[0].finish_reason is not None
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("[]", "non-empty list"),
+        ("- {name: a}", "non-empty string 'key'"),
+        ("- {key: k, requests_per_minute: 0}", "positive integer"),
+        ("- {key: k, rpm: 3}", "unknown field"),
+        ("- {key: k}\n- {key: k}", "same key twice"),
+        ("[{", "not valid JSON or YAML"),
+    ],
+)
+def test_bad_api_keys_files_are_refused_without_echoing_secrets(
+    tmp_path: Path, text: str, error: str
+) -> None:
+    from pippin.api.admission import KeyFileError, load_keys
+
+    path = tmp_path / "keys.yaml"
+    path.write_text(text)
+    with pytest.raises(KeyFileError, match=error) as exc:
+        load_keys(path)
+    assert "k," not in str(exc.value)
+
+
+def test_api_keys_file_in_json(tmp_path: Path) -> None:
+    from pippin.api.admission import load_keys
+
+    path = tmp_path / "keys.json"
+    path.write_text(
+        '{"keys": [{"key": "sk-1", "name": "a", "tokens_per_minute": 10}, {"key": "sk-2"}]}'
+    )
+    a, b = load_keys(path)
+    assert (a.name, a.tokens_per_minute, b.name) == ("a", 10, "key-2")
+    assert a.salt != b.salt and "sk-1" not in repr(a)
