@@ -47,7 +47,10 @@ class EngineClient(Protocol):
         Leaving the iteration early (client gone, ``aclose()``, task cancelled) aborts
         the request; its KV blocks are freed at the next step. An engine failure ends
         the stream with an output whose ``error`` is set, never with a hang. A reader
-        that falls behind gets what queued up merged into one delta."""
+        that falls behind gets what queued up merged into one delta. The front's own
+        limits end a stream the same way, with ``error_kind`` set: "timeout" (past
+        ``EngineConfig.request_timeout_s``) or "slow_reader" (a reader that left
+        ``streams.MAX_BUFFERED`` deliveries unread); both abort the request."""
 
     def abort(self, request_id: str) -> None:
         """End the request at the next step (its stream gets a finished ``abort``
