@@ -26,6 +26,9 @@ from pippin.api.admission import Admission, AdmissionMiddleware, key_check
 from pippin.api.anthropic import messages as anthropic_messages
 from pippin.api.errors import OpenAIError, install_error_handlers
 from pippin.api.http_limits import HeadLimitsMiddleware
+from pippin.api.ollama import chat as ollama_chat
+from pippin.api.ollama import embed as ollama_embed
+from pippin.api.ollama import models as ollama_models
 from pippin.api.openai import chat as openai_chat
 from pippin.api.openai import completions as openai_completions
 from pippin.api.openai import embeddings as openai_embeddings
@@ -257,6 +260,9 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
         openai_responses.router,
         openai_embeddings.router,
         rerank.router,
+        ollama_chat.router,
+        ollama_embed.router,
+        ollama_models.router,
         cache_control.router,
         web_router,
     )

@@ -64,8 +64,11 @@ class OpenAIError(Exception):
         }
 
     def response(self, path: str = "") -> JSONResponse:
-        """The error as the API at `path` writes errors (Anthropic's or OpenAI's)."""
+        """The error as the API at `path` writes errors (Ollama's, Anthropic's or OpenAI's)."""
         note_error(self.code or self.type)
+        if is_ollama_path(path):
+            # Ollama's body is the message alone; its statuses are HTTP's own.
+            return JSONResponse({"error": self.message}, self.status, headers=self.headers)
         if is_anthropic_path(path):
             status = 529 if self.status == 503 else self.status  # Anthropic's "overloaded"
             return JSONResponse(self.anthropic_body(), status_code=status, headers=self.headers)
@@ -82,6 +85,10 @@ _ANTHROPIC_TYPES = {
     503: "overloaded_error",
     529: "overloaded_error",
 }
+
+
+def is_ollama_path(path: str) -> bool:
+    return path.startswith("/api/")
 
 
 def is_anthropic_path(path: str) -> bool:

@@ -44,26 +44,29 @@ class TextEncoder:
         """Plain ids, no special tokens."""
         return self.tok.encode(text, add_special_tokens=False).ids
 
-    def texts(self, texts: list[str], prefix: str = "") -> list[Item]:
-        """Each text with the model's special tokens; too long: cut or InputTooLong."""
+    def texts(self, texts: list[str], prefix: str = "", truncate: bool | None = None) -> list[Item]:
+        """Each text with the model's special tokens; too long: cut (`truncate`, by
+        default the encoder's policy) or InputTooLong."""
+        cut = self.truncate if truncate is None else truncate
         encs = self.tok.encode_batch([prefix + t for t in texts], add_special_tokens=False)
         budget = self.max_len - self._extra_single
         out = []
         for i, enc in enumerate(encs):
             if len(enc.ids) > budget:
-                if not self.truncate:
+                if not cut:
                     raise InputTooLong(i, len(enc.ids) + self._extra_single, self.max_len)
                 enc.truncate(budget)
             enc = self.tok.post_process(enc, None, add_special_tokens=True)
             out.append(Item(enc.ids))
         return out
 
-    def ids(self, seqs: list[list[int]]) -> list[Item]:
+    def ids(self, seqs: list[list[int]], truncate: bool | None = None) -> list[Item]:
         """Token ids as the client sent them (no special tokens added)."""
+        cut = self.truncate if truncate is None else truncate
         out = []
         for i, ids in enumerate(seqs):
             if len(ids) > self.max_len:
-                if not self.truncate:
+                if not cut:
                     raise InputTooLong(i, len(ids), self.max_len)
                 ids = ids[: self.max_len]
             out.append(Item(list(ids)))

@@ -104,10 +104,13 @@ class Embedder(ServedModel):
             h = self.net(ids, type_ids, valid)
         return pool(h, valid, lengths, self.spec.pooling)
 
-    def items(self, inputs: list[str] | list[list[int]]) -> list[Item]:
+    def items(
+        self, inputs: list[str] | list[list[int]], truncate: bool | None = None
+    ) -> list[Item]:
+        """`truncate`: cut too-long inputs (None: the server's --auto-truncate)."""
         if inputs and isinstance(inputs[0], str):
-            return self.text.texts(inputs, self.spec.default_prompt)  # type: ignore[arg-type]
-        return self.text.ids(inputs)  # type: ignore[arg-type]
+            return self.text.texts(inputs, self.spec.default_prompt, truncate)  # type: ignore[arg-type]
+        return self.text.ids(inputs, truncate)  # type: ignore[arg-type]
 
 
 class Reranker(ServedModel):

@@ -1,0 +1,123 @@
+"""Ollama's model routes: /api/tags, /api/show, /api/ps and /api/version."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime, timezone
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from pippin.api.common import parse_request
+from pippin.api.ollama.protocol import ShowRequest
+from pippin.api.ollama.served import Listed, expires_at, find, listed
+from pippin.api.state import ServerState, get_state
+
+router = APIRouter()
+
+# The Ollama API version whose routes and fields pippin implements; clients read it to
+# know which features (tools, think, structured format) they may use.
+OLLAMA_VERSION = "0.12.6"
+
+
+def _digest(m: Listed) -> str:
+    return hashlib.sha256(f"{m.name}|{m.source}".encode()).hexdigest()
+
+
+def _details(m: Listed, state: ServerState) -> dict[str, Any]:
+    fmt = "gguf" if m.source.endswith(".gguf") else "safetensors"
+    quant = ""
+    if m.kind == "chat" and state.loaded is not None:
+        q = state.loaded.config.get("quantization") or {}
+        quant = f"Q{q['bits']}" if isinstance(q, dict) and "bits" in q else state.loaded.dtype
+    return {
+        "parent_model": "",
+        "format": fmt,
+        "family": m.family,
+        "families": [m.family] if m.family else None,
+        "parameter_size": "",
+        "quantization_level": quant,
+    }
+
+
+def _entry(m: Listed, state: ServerState) -> dict[str, Any]:
+    return {
+        "name": m.name,
+        "model": m.name,
+        "modified_at": _iso(state.created),
+        "size": m.size,
+        "digest": _digest(m),
+        "details": _details(m, state),
+    }
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+@router.get("/api/tags")
+async def tags(request: Request) -> dict[str, Any]:
+    state = get_state(request)
+    return {"models": [_entry(m, state) for m in listed(state)]}
+
+
+@router.get("/api/ps")
+async def ps(request: Request) -> dict[str, Any]:
+    state = get_state(request)
+    out = []
+    for m in listed(state):
+        if m.kind == "chat" and (state.engine is None or not state.engine.ready):
+            continue
+        entry = _entry(m, state)
+        entry |= {
+            "expires_at": expires_at(state, m.name).isoformat().replace("+00:00", "Z"),
+            "size_vram": m.size,
+            "context_length": m.context_length,
+        }
+        del entry["modified_at"]
+        out.append(entry)
+    return {"models": out}
+
+
+def _capabilities(m: Listed, state: ServerState) -> list[str]:
+    if m.kind != "chat":
+        return [m.kind]  # "embedding" (and pippin's "rerank")
+    # Tools on any model: a template without them gets the generic tool format.
+    caps = ["completion", "tools"]
+    if state.parsers is not None and state.parsers.reasoning is not None:
+        caps.append("thinking")
+    return caps
+
+
+@router.post("/api/show")
+async def show(request: Request) -> dict[str, Any]:
+    req = await parse_request(ShowRequest, await request.body())
+    state = get_state(request)
+    m = find(state, req.model or req.name)
+    info: dict[str, Any] = {"general.architecture": m.family}
+    if m.kind == "chat" and state.loaded is not None:
+        cfg = state.loaded.config
+        for key in ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size"):
+            if isinstance(cfg.get(key), int):
+                info[f"{m.family}.{key}"] = cfg[key]
+    if m.context_length:
+        info[f"{m.family or 'general'}.context_length"] = m.context_length
+    params = ""
+    if m.kind == "chat":
+        params = "\n".join(
+            f"{k:<20}{v}" for k, v in sorted(state.defaults.items()) if k != "max_tokens"
+        )
+    return {
+        "modelfile": f"FROM {m.name}\n",
+        "parameters": params,
+        "template": state.template_source if m.kind == "chat" else "",
+        "details": _details(m, state),
+        "model_info": info,
+        "capabilities": _capabilities(m, state),
+        "modified_at": _iso(state.created),
+    }
+
+
+@router.get("/api/version")
+async def version() -> dict[str, str]:
+    return {"version": OLLAMA_VERSION}
