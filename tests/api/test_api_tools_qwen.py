@@ -443,3 +443,35 @@ def test_cut_call_responses(client: openai.OpenAI) -> None:
     (item,) = done.response.output
     assert (item.type, item.name, item.status) == ("function_call", "get_weather", "incomplete")
     assert text.split('"arguments": ', 1)[1].startswith(item.arguments)
+
+
+def test_ollama_tool_call_round_trip(server: Server) -> None:
+    """The same through Ollama's /api/chat and its `ollama` client: arguments as an
+    object, the result back as a `tool` message with `tool_name`."""
+    ollama = pytest.importorskip("ollama")
+    client = ollama.Client(host=server.url, timeout=300)
+    model = client.list().models[0].model
+    opts = {"temperature": 0, "num_predict": 100}
+    r = client.chat(model=model, messages=QUESTION, tools=TOOLS, options=opts)
+    (call,) = r.message.tool_calls
+    assert (
+        call.function.name == "get_weather" and "paris" in call.function.arguments["city"].lower()
+    )
+    assert not r.message.content and r.done_reason == "stop"
+    streamed = list(
+        client.chat(model=model, messages=QUESTION, tools=TOOLS, options=opts, stream=True)
+    )
+    calls = [c for p in streamed for c in p.message.tool_calls or []]
+    assert [c.function.model_dump() for c in calls] == [call.function.model_dump()]
+    assert streamed[-1].done
+    messages: list[Any] = [
+        *QUESTION,
+        r.message,
+        {
+            "role": "tool",
+            "tool_name": "get_weather",
+            "content": '{"temperature_c": 31, "sky": "sunny"}',
+        },
+    ]
+    answer = client.chat(model=model, messages=messages, options=opts)
+    assert "31" in answer.message.content

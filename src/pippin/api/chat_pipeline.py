@@ -20,9 +20,10 @@ from pippin.api.errors import (
     unsupported_param,
     unsupported_value,
 )
-from pippin.chat.output import OutputParser
+from pippin.chat import generic_tools
+from pippin.chat.output import OutputParser, ParserChoice
 from pippin.chat.template import ChatTemplateError, render_chat_async
-from pippin.chat.tool_parsers.base import ParsedDelta, random_call_id
+from pippin.chat.tool_parsers.base import ParsedDelta, ToolParser, random_call_id
 from pippin.engine.client import EngineClient
 from pippin.engine.constraint import Constraint
 from pippin.engine.types import CompletionOutput, RequestOutput, SamplingParams
@@ -45,15 +46,11 @@ async def render_prompt(
     messages_param: str = "messages",
     tools_param: str = "tools",
 ) -> list[int]:
-    """Prompt token ids through the model's own chat template; 400s name the field."""
-    if tools and "tools" not in state.template_source:
-        # The template would drop them without a word, and the model would never see them.
-        raise OpenAIError(
-            400,
-            "This model's chat template does not support tools.",
-            param=tools_param,
-            code="unsupported_value",
-        )
+    """Prompt token ids through the model's own chat template; 400s name the field.
+    Tools the template cannot show go into the system prompt (`chat.generic_tools`)."""
+    if generic_tools_for(state, tools):
+        assert tools is not None
+        messages, tools = generic_tools.with_tools(messages, tools), None
     try:
         return await render_chat_async(
             tokenizer,
@@ -66,6 +63,23 @@ async def render_prompt(
     except ChatTemplateError as exc:
         param = "chat_template_kwargs" if "chat_template_kwargs" in str(exc) else messages_param
         raise bad_request(str(exc), param=param) from None
+
+
+def generic_tools_for(state: ServerState, tools: list[dict[str, Any]] | None) -> bool:
+    """Whether a request's tools take the generic format: its template has no tools."""
+    return bool(tools) and "tools" not in state.template_source
+
+
+def parsers_for(state: ServerState, tools: list[dict[str, Any]] | None) -> ParserChoice:
+    """The output parsers of a request with these tools."""
+    choice = state.generic_parsers if generic_tools_for(state, tools) else state.parsers
+    assert choice is not None
+    return choice
+
+
+def tool_parser(state: ServerState, tools: list[dict[str, Any]] | None) -> type[ToolParser] | None:
+    """The tool-call format of a request with these tools (for a forced call's grammar)."""
+    return parsers_for(state, tools).tool
 
 
 def effort_kwargs(effort: str, reasoning_kwarg: str | None, param: str) -> dict[str, Any]:
@@ -112,8 +126,7 @@ async def output_parsing(
     """Output parsers for a chat request, and the sampling settings they need: the
     special tokens they read, a thinking budget, and the grammar of `spec` (compiled
     to start after the model's reasoning)."""
-    choice = state.parsers
-    assert choice is not None
+    choice = parsers_for(state, tools)
     # Enough of the prompt's end to see whether the template opened a reasoning section.
     tail = tokenizer.decode(prompt_ids[-32:])
     thinking = None

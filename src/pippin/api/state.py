@@ -20,6 +20,7 @@ from pippin.api.errors import OpenAIError, server_error
 from pippin.api.http_limits import CorsSettings, HeadLimits
 from pippin.api.limits import Limits, merge_defaults
 from pippin.api.logprobs import TokenRenderer
+from pippin.chat import generic_tools
 from pippin.chat.output import ParserChoice
 from pippin.chat.template import TemplateInfo, inspect_template
 from pippin.embed.config import EmbedSettings
@@ -90,6 +91,8 @@ class ServerState:
     template: TemplateInfo | None = None
     template_source: str = ""
     parsers: ParserChoice | None = None
+    # The parsers of a request whose tools the template cannot show (chat/generic_tools).
+    generic_parsers: ParserChoice | None = None
     grammars: GrammarCompiler | None = None  # structured output for this model
     token_renderer: Any = None
     fingerprint: str = ""
@@ -135,6 +138,13 @@ class ServerState:
         )
         if self.parsers.tool is not None:
             self.parsers.tool.prepare()
+        self.generic_parsers = ParserChoice.for_model(
+            loaded.tokenizer,
+            str(loaded.config.get("model_type", "")),
+            self.template_source,
+            generic_tools.PARSER,
+            s.reasoning_parser,
+        )
         log.info(
             "output parsers: tool calls %s, reasoning %s",
             self.parsers.tool.name if self.parsers.tool else "none",

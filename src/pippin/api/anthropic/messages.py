@@ -46,6 +46,7 @@ from pippin.api.chat_pipeline import (
     output_parsing,
     render_prompt,
     run_parsed,
+    tool_parser,
 )
 from pippin.api.common import (
     SSE_HEADERS,
@@ -289,9 +290,8 @@ def structured_spec(
     fmt = req.output_config.format if req.output_config is not None else None
     try:
         if choice is not None and choice.type in ("any", "tool"):
-            assert state.parsers is not None
             return forced_tool_grammar(
-                state.parsers.tool,
+                tool_parser(state, tools),
                 tools or [],
                 choice.name,
                 parallel=not choice.disable_parallel_tool_use,
@@ -341,11 +341,8 @@ def template_kwargs(
         kwargs["enable_thinking"] = on
     elif info.reasoning_kwarg == "reasoning_effort":
         kwargs["reasoning_effort"] = (effort or "high") if on else "low"
-    elif isinstance(thinking, ThinkingEnabled) and (
-        state.parsers is None or state.parsers.reasoning is None
-    ):
-        # "adaptive" and effort leave thinking to the model: one without it just answers.
-        raise _error("This model has no thinking mode.", "thinking.type")
+    # A model without a thinking mode answers without thinking, as the hosted API does
+    # for a model that cannot think (Claude Code sends `thinking` on every request).
     return kwargs
 
 

@@ -29,6 +29,7 @@ from pippin.api.chat_pipeline import (
     output_parsing,
     render_prompt,
     run_parsed,
+    tool_parser,
     verbosity_kwargs,
 )
 from pippin.api.common import (
@@ -198,7 +199,7 @@ def structured_spec(req: ResponsesRequest, state: Any, tools: Any) -> GrammarSpe
     try:
         if forced is not None:
             return forced_tool_grammar(
-                state.parsers.tool,
+                tool_parser(state, tools),
                 tools or [],
                 forced.name,
                 parallel=req.parallel_tool_calls is not False,

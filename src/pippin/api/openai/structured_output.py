@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pippin.api.chat_pipeline import compile_spec, grammar_error
+from pippin.api.chat_pipeline import compile_spec, grammar_error, tool_parser
 from pippin.api.errors import bad_request, unsupported_value
 from pippin.api.openai.protocol import ChatCompletionRequest, SamplingFields
 from pippin.engine.constraint import Constraint
@@ -95,9 +95,8 @@ def chat_spec(
             )
         if forced is not None:
             # The answer is the call: a response format has no text to apply to.
-            assert state.parsers is not None
             return forced_tool_grammar(
-                state.parsers.tool,
+                tool_parser(state, tools),
                 tools or [],
                 forced.name,
                 parallel=req.parallel_tool_calls is not False,
