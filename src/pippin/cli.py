@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from pippin import __version__, envs
-from pippin.bench.cli import add_bench_args
+from pippin.bench.cli import add_bench_args, add_bench_serve_args
 from pippin.embed.config import EmbedSettings
 from pippin.engine.config import (
     BATCHED_TOKENS_CUDA,
@@ -334,6 +334,13 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         help="let cross-origin requests carry cookies and HTTP authentication",
     )
     s.add_argument(
+        "--metrics",
+        "--enable-metrics",
+        dest="metrics_flag",
+        action="store_true",
+        help="accepted for vllm-mlx compatibility: metrics are served on /metrics by default",
+    )
+    s.add_argument(
         "--no-metrics",
         dest="metrics",
         action="store_false",
@@ -350,8 +357,12 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     )
     e.add_argument(
         "--max-model-len",
+        "--max-kv-size",
+        dest="max_model_len",
         type=_positive_int,
-        help="context limit in tokens (prompt + completion); default: the model's own",
+        help="context limit in tokens (prompt + completion); default: the model's own. "
+        "Alias: vllm-mlx's --max-kv-size, which bounds a sequence's KV by forgetting its "
+        "oldest tokens; pippin keeps every token and refuses a request that would not fit",
     )
     e.add_argument(
         "--max-tokens",
@@ -517,14 +528,17 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="format of the model's tool calls: 'auto' (from the chat template and model "
         "type), 'none', or a parser name such as hermes, qwen3_coder, llama3_json, "
-        "mistral, deepseek_v3, kimi_k2, glm45, gemma4, gpt_oss (default: %(default)s)",
+        "mistral, deepseek_v3, kimi_k2, glm45, gemma4, gpt_oss; vLLM's and vllm-mlx's names "
+        "are accepted ('qwen' reads both Qwen forms: hermes JSON and <function=...> XML) "
+        "(default: %(default)s)",
     )
     o.add_argument(
         "--reasoning-parser",
         default="auto",
         metavar="NAME",
         help="format of the model's reasoning: 'auto', 'none', or one of think, qwen3, "
-        "deepseek_r1, glm45, mistral, granite, gemma4 (default: %(default)s)",
+        "deepseek_r1, glm45, mistral, granite, gemma4; vLLM's and vllm-mlx's names are "
+        "accepted (default: %(default)s)",
     )
     o.add_argument(
         "--enable-auto-tool-choice",
@@ -585,6 +599,14 @@ def build_parser() -> argparse.ArgumentParser:
         "ratios to the first.",
     )
     add_bench_args(bench)
+    bench_serve = sub.add_parser(
+        "bench-serve",
+        help="pippin bench under vllm-mlx's name, with its flag names",
+        description="The same as 'pippin bench', also under vllm-mlx's bench-serve flag "
+        "names: --prompts (one workload), --concurrency 1,4, --max-tokens, --format and "
+        "--output.",
+    )
+    add_bench_serve_args(bench_serve)
     _add_embed_args(serve)
     _add_admission_args(serve)
     return parser
@@ -626,10 +648,14 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         kernels=replace(KernelConfig.from_env(), enabled=args.kernels),
         request_timeout_s=args.request_timeout,
     )
-    from pippin.chat.reasoning import REASONING_PARSERS
+    from pippin.chat.reasoning import HARMONY_NAMES, REASONING_PARSERS
     from pippin.chat.tool_parsers import registry
 
     special = ("auto", "none")
+    if args.metrics_flag and not args.metrics:
+        raise SystemExit("pippin serve: --metrics and --no-metrics contradict each other")
+    if args.reasoning_parser in HARMONY_NAMES:
+        args.reasoning_parser = "auto"  # gpt-oss's harmony parser reads its reasoning
     if args.tool_call_parser not in special and args.tool_call_parser not in registry():
         raise SystemExit(
             f"pippin serve: unknown --tool-call-parser {args.tool_call_parser!r}; choose "
@@ -752,10 +778,10 @@ def main(argv: list[str] | None = None) -> int:
 
             maybe_reexec_with_openblas()
         return serve(args)
-    if args.command == "bench":
-        from pippin.bench.cli import run
+    if args.command in ("bench", "bench-serve"):
+        from pippin.bench.cli import from_bench_serve, run
 
-        return run(args)
+        return run(from_bench_serve(args) if args.command == "bench-serve" else args)
     parser.print_help(sys.stderr)
     return 2
 

@@ -294,3 +294,33 @@ def test_pippin_against_mlx_lm_server(tmp_path: Path, capsys: pytest.CaptureFixt
     # pippin honours ignore_eos; mlx_lm.server may stop at an end token.
     pippin = next(r for r in data["summary"] if r["server"] == "pippin")
     assert pippin["output_tokens"] == 4 * 8
+
+
+def test_bench_serve_takes_vllm_mlx_flag_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`pippin bench-serve` is `pippin bench` under vllm-mlx's flag names."""
+    out = tmp_path / "b.json"
+    with fake_server(Timing(TTFT, ITL)) as url:
+        code = main(
+            [
+                "bench-serve",
+                "--url", url,
+                "--prompts", "short",
+                "--concurrency", "1,2",
+                "--max-tokens", str(TOKENS),
+                "--repetitions", "1",
+                "--warmup", "0",
+                "--num-requests", "2",
+                "--skip-preflight-token-count",
+                "--format", "json",
+                "--output", str(out),
+                "--no-progress",
+            ]
+        )  # fmt: skip
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert sorted({w["concurrency"] for w in data["windows"]}) == [1, 2]
+    assert all(w["output_tokens"] == 2 * TOKENS for w in data["windows"])
+    with pytest.raises(SystemExit, match="not shipped"):
+        main(["bench-serve", "--prompts", "long", "--url", "http://127.0.0.1:9"])

@@ -22,6 +22,23 @@ class _Server(argparse.Action):
         ns.servers = [*(ns.servers or []), (self.dest, value)]
 
 
+def _numbers(kind: type) -> Any:
+    """A number or a comma-separated list of them (vllm-mlx writes sweeps as '1,4')."""
+
+    def parse(text: str) -> list[Any]:
+        try:
+            return [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number or list of numbers: {text!r}") from None
+
+    return parse
+
+
+class _Flatten(argparse.Action):
+    def __call__(self, parser: Any, ns: argparse.Namespace, values: Any, opt: Any = None) -> None:
+        setattr(ns, self.dest, [x for v in values for x in v])
+
+
 def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.set_defaults(servers=None)
     s = p.add_argument_group("servers")
@@ -117,15 +134,18 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     mode = load.add_mutually_exclusive_group()
     mode.add_argument(
         "--concurrency",
-        type=int,
+        type=_numbers(int),
         nargs="+",
+        action=_Flatten,
         metavar="N",
-        help="closed-loop sweep: clients sending back to back (default: 1 4 16)",
+        help="closed-loop sweep: clients sending back to back, as '1 4 16' or '1,4,16' "
+        "(default: 1 4 16)",
     )
     mode.add_argument(
         "--request-rate",
-        type=float,
+        type=_numbers(float),
         nargs="+",
+        action=_Flatten,
         metavar="R",
         help="open-loop sweep: Poisson arrivals, R sessions per second on average",
     )
@@ -190,6 +210,57 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     o.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
+# vllm-mlx's bench-serve output formats -> pippin bench's output flag.
+_FORMATS = {"json": "json", "csv": "csv", "table": "md"}
+
+
+def add_bench_serve_args(p: argparse.ArgumentParser) -> None:
+    """`pippin bench-serve`: `pippin bench` with vllm-mlx's bench-serve flag names."""
+    add_bench_args(p)
+    v = p.add_argument_group("vllm-mlx bench-serve names")
+    v.add_argument(
+        "--prompts",
+        metavar="NAME",
+        help=f"the workload: one of pippin's ({', '.join(BUILTIN)}) or a workload file; "
+        "vllm-mlx's prompt sets (short, medium, long, thinking) are not shipped",
+    )
+    v.add_argument(
+        "--max-tokens", type=int, metavar="N", help="tokens per answer (--output-tokens)"
+    )
+    v.add_argument(
+        "--format",
+        choices=sorted(_FORMATS),
+        default="table",
+        help="with --output: the file's format (table: Markdown) (default: %(default)s)",
+    )
+    v.add_argument("--output", type=Path, metavar="PATH", help="write the results here")
+    v.add_argument(
+        "--skip-preflight-token-count",
+        action="store_true",
+        help="accepted: pippin bench sends no preflight request",
+    )
+
+
+def from_bench_serve(args: argparse.Namespace) -> argparse.Namespace:
+    """vllm-mlx's bench-serve flags as `pippin bench`'s."""
+    if args.prompts is not None:
+        if "," in args.prompts:
+            raise SystemExit(
+                "pippin bench-serve: --prompts takes one workload here (run once per workload)"
+            )
+        if args.prompts in ("medium", "long", "thinking"):
+            raise SystemExit(
+                f"pippin bench-serve: vllm-mlx's prompt set {args.prompts!r} is not shipped; "
+                f"use one of {', '.join(BUILTIN)} or a workload file (docs/benchmarks.md)"
+            )
+        args.workload = args.prompts
+    if args.max_tokens is not None:
+        args.output_tokens = args.output_tokens or args.max_tokens
+    if args.output is not None:
+        setattr(args, _FORMATS[args.format], args.output)
+    return args
+
+
 def _entries(args: argparse.Namespace) -> list[tuple[str, Any]]:
     """("url", (name, url)) and ("serve", ServerSpec) in the order given."""
     from pippin.bench.servers import parse_spec
@@ -233,7 +304,7 @@ def _targets(args: argparse.Namespace, entries: list[tuple[str, Any]], servers: 
 
 
 def _command() -> str:
-    if sys.argv[1:2] == ["bench"]:
+    if sys.argv[1:2] in (["bench"], ["bench-serve"]):
         return shlex.join(["pippin", *sys.argv[1:]])
     return "pippin bench (called from Python)"
 

@@ -153,6 +153,13 @@ REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
 REASONING_PARSERS.update(
     {"deepseek_v3": ThinkParser, "glm4_moe": GlmReasoningParser, "minimax_m2": ThinkParser}
 )
+# vllm-mlx's names for the same formats (its "gpt_oss" and "harmony": see HARMONY_NAMES).
+REASONING_PARSERS.update(
+    {"glm4": GlmReasoningParser, "minimax": ThinkParser, "vibethinker": DeepSeekR1ReasoningParser}
+)
+# Reasoning names whose format is gpt-oss's harmony, which its tool-call parser reads
+# (reasoning and calls are one format there): they mean "detect from the model".
+HARMONY_NAMES = frozenset({"gpt_oss", "harmony", "openai_gptoss"})
 
 
 def detect_reasoning_parser(template_source: str, vocab: set[str] | dict[str, int]) -> str | None:

@@ -167,6 +167,7 @@ Builder = Callable[[_Lark, Functions, bool], str]
 # By the parser's canonical name; every format is its parser's documented layout.
 FORMATS: dict[str, Builder] = {
     "hermes": _hermes,
+    "qwen": _hermes,  # reads hermes JSON and Qwen3-Coder XML; a forced call is JSON
     "granite": _json_list("<|tool_call|>"),
     "phi4_mini": _json_list("functools"),
     "nemotron": _json_list("<TOOLCALL>", "</TOOLCALL>"),

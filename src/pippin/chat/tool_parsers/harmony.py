@@ -70,7 +70,7 @@ def _marker_ids() -> dict[int, str]:
 
 class HarmonyParser(ToolParser):
     name = "gpt_oss"
-    aliases = ("openai", "harmony")
+    aliases = ("openai", "harmony", "gpt-oss")
     special_tokens = MARKERS
     priority = 50
     handles_reasoning = True

@@ -51,7 +51,7 @@ class NemotronParser(TaggedJsonParser):
     """Llama-Nemotron: `<TOOLCALL>[{"name": ..., "arguments": {...}}]</TOOLCALL>`."""
 
     name = "nemotron"
-    aliases = ("nemotron_json", "llama_nemotron_json")
+    aliases = ("nemotron_json", "llama_nemotron_json", "nemotron3")
     starts = ("<TOOLCALL>",)
     end = "</TOOLCALL>"
     many = True

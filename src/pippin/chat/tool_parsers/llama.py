@@ -23,7 +23,7 @@ _START, _TEXT, _TAG, _JSON, _SEP, _BUILTIN = range(6)
 
 class Llama3JsonParser(ToolParser):
     name = "llama3_json"
-    aliases = ("llama3", "llama", "llama4_json")
+    aliases = ("llama3", "llama", "llama4_json", "llama4")
     special_tokens = (PYTHON_TAG,)
     priority = 4
 

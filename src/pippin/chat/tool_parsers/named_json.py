@@ -239,7 +239,7 @@ class DeepSeekV3Parser(NamedJsonParser):
     """
 
     name = "deepseek_v3"
-    aliases = ("deepseek_r1",)
+    aliases = ("deepseek_r1", "deepseek")
     starts = _DS_STARTS
     section = True
     call_begin = _DS_CALL
@@ -318,6 +318,7 @@ class KimiK2Parser(NamedJsonParser):
     """
 
     name = "kimi_k2"
+    aliases = ("kimi", "moonshot")  # vllm-mlx's names
     # Some checkpoints write the section markers in the singular.
     starts = ("<|tool_calls_section_begin|>", "<|tool_call_section_begin|>")
     section = True
@@ -357,7 +358,7 @@ class FunctionaryParser(NamedJsonParser):
     """
 
     name = "functionary"
-    aliases = ("functionary_v3", "functionary_v3_1", "functionary_v3_2")
+    aliases = ("functionary_v3", "functionary_v3_1", "functionary_v3_2", "meetkai")
     starts = (_RECIPIENT, _FN_OPEN)
     special_tokens = (_FN_OPEN, _FN_CLOSE)
     priority = 20

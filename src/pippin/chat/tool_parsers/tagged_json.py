@@ -86,7 +86,7 @@ class HermesParser(TaggedJsonParser):
     """`<tool_call>{"name": ..., "arguments": ...}</tool_call>`: Hermes, Qwen 2.5 / 3."""
 
     name = "hermes"
-    aliases = ("qwen", "qwen2_5", "json_tools")
+    aliases = ("qwen2_5", "json_tools", "nous")  # "qwen" reads both Qwen forms (qwen.py)
     starts = ("<tool_call>",)
     bare = True  # Qwen2.5-Coder often leaves the tags out
     end = "</tool_call>"

@@ -324,7 +324,7 @@ class Glm45Parser(XmlParamsParser):
     """
 
     name = "glm45"
-    aliases = ("glm4_moe", "glm47")
+    aliases = ("glm4_moe", "glm47", "glm4")
     starts = ("<tool_call>",)
     call_end = "</tool_call>"
     param_open = "<arg_key>"
