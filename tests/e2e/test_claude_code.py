@@ -1,4 +1,5 @@
-"""Claude Code itself (`claude -p`) against pippin's Anthropic API, with a tiny model.
+"""Claude Code itself (`claude -p`) against pippin's Anthropic API, with a tiny model and
+with the real Qwen2.5-Coder GGUF (no thinking mode).
 
 Claude Code sends everything a real agent session does (a 26k-token system prompt,
 a dozen tools, adaptive thinking, effort, context management, mid-conversation system
@@ -13,16 +14,25 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from npm_tools import npm_bin
 from server_utils import run_server
 
 CLAUDE_CODE = "@anthropic-ai/claude-code@2.1.332"
 
 
-def test_claude_code_print_mode(tiny_models: Callable[..., Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize("which", ["tiny-qwen3", "qwen2.5-coder-gguf"])
+def test_claude_code_print_mode(
+    which: str, tiny_models: Callable[..., Path], tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The tiny model's template has tools; Qwen2.5-Coder's GGUF (real weights) has tools
+    but no thinking mode, so Claude Code's `thinking` is answered without thinking."""
     claude = npm_bin(CLAUDE_CODE, "claude", "Claude Code")
-    model = tiny_models("qwen3")
-    with run_server(str(model), "--max-model-len", "65536", api_key="sk-cc") as server:
+    if which == "tiny-qwen3":
+        model, args = tiny_models("qwen3"), ("--max-model-len", "65536")
+    else:
+        model, args = request.getfixturevalue("qwen_gguf"), ("--max-model-len", "32768")
+    with run_server(str(model), *args, api_key="sk-cc", startup_timeout=900) as server:
         env = {
             **os.environ,
             "HOME": str(tmp_path),  # a fresh Claude Code config, no login
@@ -37,7 +47,7 @@ def test_claude_code_print_mode(tiny_models: Callable[..., Path], tmp_path: Path
             env=env,
             capture_output=True,
             text=True,
-            timeout=900,
+            timeout=3600,  # the GGUF reads Claude Code's 26k-token prompt on a CPU
         )
         answered = server.answered("/v1/messages")
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
