@@ -74,7 +74,7 @@ def template_messages(messages: list[Message]) -> list[dict[str, Any]]:
         no_images(m.images, f"messages[{i}].images")
         if m.role not in ("system", "user", "assistant", "tool"):
             raise bad_request(f"invalid role {m.role!r} in messages[{i}]", param="messages")
-        msg: dict[str, Any] = {"role": m.role, "content": m.content}
+        msg: dict[str, Any] = {"role": m.role, "content": m.content or ""}
         if m.role == "assistant":
             if m.thinking:
                 msg["reasoning_content"] = m.thinking
@@ -264,7 +264,7 @@ async def prepare(
     assert state.limits is not None
     fields, num_predict = sampling_options(req.options)
     max_tokens = resolve_max_tokens(
-        num_predict or None,
+        num_predict,
         len(prompt_ids),
         state.limits,
         state.defaults.get("max_tokens"),

@@ -37,7 +37,7 @@ class ToolCall(Lenient):
 
 class Message(Lenient):
     role: str
-    content: str = ""
+    content: str | None = None  # null, as Ollama's decoder reads it: ""
     thinking: str | None = None
     images: list[str] | None = None
     tool_calls: list[ToolCall] | None = None
@@ -181,9 +181,9 @@ def sampling_options(options: dict[str, Any] | None) -> tuple[dict[str, Any], in
             out[SAMPLING[key]] = _number(opts, key, float)
         elif key == "num_predict":
             n = _number(opts, key, int)
-            if n < -2:
+            if n < -2 or n == 0:
                 raise bad_request(
-                    'option "num_predict" must be -1 (no limit), -2 (fill the context) or >= 0',
+                    'option "num_predict" must be -1 (no limit), -2 (fill the context) or >= 1',
                     param="options.num_predict",
                 )
             num_predict = n if n >= 0 else None
