@@ -129,22 +129,17 @@ class ServerState:
         tmpl = getattr(loaded.tokenizer, "chat_template", None)
         self.template_source = str(tmpl or "")
         self.token_renderer = TokenRenderer(loaded.tokenizer)
-        self.parsers = ParserChoice.for_model(
-            loaded.tokenizer,
-            str(loaded.config.get("model_type", "")),
-            self.template_source,
-            s.tool_call_parser,
-            s.reasoning_parser,
-        )
+        model_type = str(loaded.config.get("model_type", ""))
+
+        def parsers(tool_parser: str) -> ParserChoice:
+            return ParserChoice.for_model(
+                loaded.tokenizer, model_type, self.template_source, tool_parser, s.reasoning_parser
+            )
+
+        self.parsers = parsers(s.tool_call_parser)
         if self.parsers.tool is not None:
             self.parsers.tool.prepare()
-        self.generic_parsers = ParserChoice.for_model(
-            loaded.tokenizer,
-            str(loaded.config.get("model_type", "")),
-            self.template_source,
-            generic_tools.PARSER,
-            s.reasoning_parser,
-        )
+        self.generic_parsers = parsers(generic_tools.PARSER)
         log.info(
             "output parsers: tool calls %s, reasoning %s",
             self.parsers.tool.name if self.parsers.tool else "none",

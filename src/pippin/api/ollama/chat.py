@@ -10,7 +10,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -41,6 +41,7 @@ from pippin.chat.output import OutputParser
 from pippin.chat.tool_parsers.base import ParsedDelta, collect_calls
 from pippin.engine.client import EngineClient, EngineError
 from pippin.engine.types import SamplingParams
+from pippin.store.loaded import LoadedModel
 from pippin.structured.formats import json_object_grammar, json_schema_grammar
 from pippin.structured.spec import GrammarSpec, StructuredOutputError
 
@@ -321,13 +322,24 @@ async def answer(request: Request, run: OllamaRun, stream: bool) -> Any:
 # --- routes ----------------------------------------------------------------------
 
 
-@router.post("/api/chat", response_model=None)
-async def chat(request: Request) -> Any:
+RequestT = TypeVar("RequestT", ChatRequest, GenerateRequest)
+
+
+async def _opened(
+    request: Request, cls: type[RequestT]
+) -> tuple[int, RequestT, ServerState, str, EngineClient, LoadedModel]:
+    """The request's arrival time, body, and the chat model it names (`keep_alive` checked)."""
     started = time.perf_counter_ns()
-    req = await parse_request(ChatRequest, await request.body())
+    req = await parse_request(cls, await request.body())
     state = get_state(request)
     name, engine, loaded = chat_model(state, req.model)
     touch(state, name, req.keep_alive)
+    return started, req, state, name, engine, loaded
+
+
+@router.post("/api/chat", response_model=None)
+async def chat(request: Request) -> Any:
+    started, req, state, name, engine, loaded = await _opened(request, ChatRequest)
     if not req.messages:
         return loaded_answer(name, True, req.keep_alive)
     messages = template_messages(req.messages)
@@ -342,11 +354,7 @@ async def chat(request: Request) -> Any:
 
 @router.post("/api/generate", response_model=None)
 async def generate(request: Request) -> Any:
-    started = time.perf_counter_ns()
-    req = await parse_request(GenerateRequest, await request.body())
-    state = get_state(request)
-    name, engine, loaded = chat_model(state, req.model)
-    touch(state, name, req.keep_alive)
+    started, req, state, name, engine, loaded = await _opened(request, GenerateRequest)
     no_images(req.images, "images")
     if req.suffix:
         raise bad_request(f'"{name}" does not support insert', param="suffix")
