@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 
 from pippin.api.errors import OpenAIError
 from pippin.api.ollama.protocol import KeepAlive, keep_alive_seconds
@@ -91,11 +92,18 @@ def find(state: ServerState, name: str) -> Listed:
     raise not_found(name)
 
 
-def _weights_bytes(loaded: LoadedModel) -> int:
-    import mlx.utils
+_WEIGHT_SUFFIXES = (".gguf", ".safetensors", ".npz", ".bin")
 
-    leaves = mlx.utils.tree_flatten(loaded.model.parameters())
-    return int(sum(getattr(v, "nbytes", 0) for _, v in leaves))
+
+def _weights_bytes(loaded: LoadedModel) -> int:
+    """The weights' size on disk, as Ollama reports a model's size (0 for a Hub id
+    whose files are not at `source`)."""
+    path = Path(loaded.source)
+    if path.is_file():
+        return path.stat().st_size
+    if path.is_dir():
+        return sum(f.stat().st_size for f in path.iterdir() if f.suffix in _WEIGHT_SUFFIXES)
+    return 0
 
 
 # --- keep_alive ------------------------------------------------------------------
