@@ -44,7 +44,6 @@ async def render_prompt(
     add_generation_prompt: bool = True,
     continue_final_message: bool = False,
     messages_param: str = "messages",
-    tools_param: str = "tools",
 ) -> list[int]:
     """Prompt token ids through the model's own chat template; 400s name the field.
     Tools the template cannot show go into the system prompt (`chat.generic_tools`)."""

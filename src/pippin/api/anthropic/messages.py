@@ -398,7 +398,6 @@ async def _prompt(
             kwargs,
             add_generation_prompt=not prefill,
             continue_final_message=prefill,
-            tools_param="tools",
         )
 
     history = req.messages

@@ -497,7 +497,6 @@ async def create_chat_completion(request: Request) -> Any:
         kwargs,
         add_generation_prompt=add_gen,
         continue_final_message=bool(req.continue_final_message),
-        tools_param="tools" if req.tools else "functions",
     )
 
     requested = (
