@@ -40,6 +40,9 @@ def test_claude_code_print_mode(
             "ANTHROPIC_API_KEY": "sk-cc",
             "DISABLE_TELEMETRY": "1",
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            # Its 10-minute request timeout is shorter than a CPU's prefill of its prompt
+            # with the 0.5B GGUF (over 600 s on a busy 2-core machine).
+            "API_TIMEOUT_MS": "3600000",
         }
         r = subprocess.run(
             [str(claude), "-p", "Say hello", "--output-format", "json"],
