@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -17,19 +18,38 @@ from pathlib import Path
 import pytest
 from npm_tools import npm_bin
 from server_utils import run_server
+from tiny_models import CHAT_TEMPLATE
 
 CLAUDE_CODE = "@anthropic-ai/claude-code@2.1.332"
 
 
-@pytest.mark.parametrize("which", ["tiny-qwen3", "qwen2.5-coder-gguf"])
+def _without_tools(src: Path, dest: Path) -> Path:
+    """A copy of a tiny model whose chat template shows no tools (and has no thinking)."""
+    shutil.copytree(src, dest)
+    cfg_path = dest / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    template = CHAT_TEMPLATE[CHAT_TEMPLATE.index("{%- for message in messages -%}") :]
+    assert "tools" not in template
+    cfg["chat_template"] = template
+    cfg_path.write_text(json.dumps(cfg))
+    return dest
+
+
+@pytest.mark.parametrize("which", ["tiny-qwen3", "tiny-no-tools", "qwen2.5-coder-gguf"])
 def test_claude_code_print_mode(
     which: str, tiny_models: Callable[..., Path], tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    """The tiny model's template has tools; Qwen2.5-Coder's GGUF (real weights) has tools
-    but no thinking mode, so Claude Code's `thinking` is answered without thinking."""
+    """The tiny model's template has tools; the second tiny one's has none (they go into
+    the system prompt in the generic format); Qwen2.5-Coder's GGUF (real weights) has
+    tools but no thinking mode. None of them can think: Claude Code's `thinking` is
+    answered without thinking."""
     claude = npm_bin(CLAUDE_CODE, "claude", "Claude Code")
     if which == "tiny-qwen3":
         model, args = tiny_models("qwen3"), ("--max-model-len", "65536")
+    elif which == "tiny-no-tools":  # Claude Code's tools in the generic tool format
+        factory = request.getfixturevalue("tmp_path_factory")
+        model = _without_tools(tiny_models("qwen3"), factory.mktemp("no-tools") / "model")
+        args = ("--max-model-len", "65536")
     else:
         model, args = request.getfixturevalue("qwen_gguf"), ("--max-model-len", "32768")
     with run_server(str(model), *args, api_key="sk-cc", startup_timeout=900) as server:
