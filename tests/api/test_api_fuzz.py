@@ -2,7 +2,8 @@
 
 Every operation of /openapi.json gets generated requests, valid and not: no response may be a
 5xx, none may hang, every error must be in the route's own format (OpenAI's
-`{"error": {...}}`, Anthropic's `{"type": "error", "error": {...}}` on /v1/messages*) and every
+`{"error": {...}}`, Anthropic's `{"type": "error", "error": {...}}` on /v1/messages*, Ollama's
+`{"error": "..."}` on /api/*) and every
 status and content type must be one the document declares. Bounded here (12 random
 requests per operation); by hand, longer, with schemathesis' coverage phase too (the
 boundary values of every field, and every other HTTP method):
@@ -32,7 +33,7 @@ from schemathesis.specs.openapi.checks import (
 )
 from server_utils import Server, run_server
 
-from pippin.api.errors import is_anthropic_path
+from pippin.api.errors import is_anthropic_path, is_ollama_path
 from pippin.api.state import ServerSettings
 from pippin.server import create_app
 
@@ -76,6 +77,8 @@ def error_format(ctx: Any, response: Any, case: Any) -> bool | None:
     if is_anthropic_path(path):
         assert body.get("type") == "error", body
         assert isinstance(body["error"]["type"], str) and body["error"]["message"], body
+    elif is_ollama_path(path):
+        assert set(body) == {"error"} and isinstance(body["error"], str) and body["error"], body
     else:
         err = body["error"]
         assert isinstance(err["type"], str) and err["message"], body

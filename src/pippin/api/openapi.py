@@ -2,8 +2,8 @@
 
 The routes read their bodies themselves (strict parsing, errors in each API's format), so
 FastAPI cannot see them: each route declares its body model and error format here
-(`openai_route`, `anthropic_route`), and `install_openapi` puts the models' schemas into the
-document. FastAPI's own 422 is replaced by the 400 the error handlers really send.
+(`openai_route`, `anthropic_route`, `ollama_route`), and `install_openapi` puts the models'
+schemas into the document. FastAPI's own 422 is replaced by the 400 the error handlers really send.
 """
 
 from __future__ import annotations
@@ -43,6 +43,12 @@ class AnthropicErrorBody(BaseModel):
 
     type: Literal["error"]
     error: AnthropicErrorDetail
+
+
+class OllamaErrorBody(BaseModel):
+    """The body of every error on the Ollama routes (/api/*)."""
+
+    error: str
 
 
 # What any route may answer besides success: bad input, the key, an unknown model or id,
@@ -111,6 +117,13 @@ def openai_route(
 def anthropic_route(body: type[BaseModel], *, stream: bool = False) -> dict[str, Any]:
     """As `openai_route`, for the Anthropic routes and their error format."""
     return _route(_ANTHROPIC_ERRORS, AnthropicErrorBody, body, _STREAM if stream else _JSON)
+
+
+def ollama_route(body: type[BaseModel] | None = None, *, stream: bool = False) -> dict[str, Any]:
+    """As `openai_route`, for the Ollama routes: their error format, and NDJSON lines
+    (streaming is Ollama's default)."""
+    media = ("application/json", "application/x-ndjson") if stream else _JSON
+    return _route(_ERRORS, OllamaErrorBody, body, media)
 
 
 def build_openapi(app: FastAPI) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from pippin.api.ollama.served import chat_model, touch
 from pippin.api.openai.chat import format_logprobs
 from pippin.api.openai.protocol import SamplingFields
 from pippin.api.openai.sampling import build_sampling_params, resolve_max_tokens
+from pippin.api.openapi import ollama_route
 from pippin.api.state import ServerState, get_state
 from pippin.chat.output import OutputParser
 from pippin.chat.tool_parsers.base import ParsedDelta, collect_calls
@@ -337,7 +338,7 @@ async def _opened(
     return started, req, state, name, engine, loaded
 
 
-@router.post("/api/chat", response_model=None)
+@router.post("/api/chat", response_model=None, **ollama_route(ChatRequest, stream=True))
 async def chat(request: Request) -> Any:
     started, req, state, name, engine, loaded = await _opened(request, ChatRequest)
     if not req.messages:
@@ -352,7 +353,7 @@ async def chat(request: Request) -> Any:
     return await answer(request, run, req.stream)
 
 
-@router.post("/api/generate", response_model=None)
+@router.post("/api/generate", response_model=None, **ollama_route(GenerateRequest, stream=True))
 async def generate(request: Request) -> Any:
     started, req, state, name, engine, loaded = await _opened(request, GenerateRequest)
     no_images(req.images, "images")

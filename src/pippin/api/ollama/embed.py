@@ -14,6 +14,7 @@ from pippin.api.errors import bad_request
 from pippin.api.limits import context_exceeded
 from pippin.api.ollama.protocol import EmbeddingsRequest, EmbedRequest, sampling_options
 from pippin.api.ollama.served import not_found, resolve, touch
+from pippin.api.openapi import ollama_route
 from pippin.api.state import ServerState, get_state, require_extra_model
 from pippin.embed.inputs import InputTooLong
 from pippin.embed.models import Embedder
@@ -50,7 +51,7 @@ def _normalised(vectors: np.ndarray) -> np.ndarray:
     return vectors / np.maximum(norms, 1e-12)
 
 
-@router.post("/api/embed")
+@router.post("/api/embed", **ollama_route(EmbedRequest))
 async def embed(request: Request) -> dict[str, Any]:
     started = time.perf_counter_ns()
     req = await parse_request(EmbedRequest, await request.body())
@@ -79,7 +80,7 @@ async def embed(request: Request) -> dict[str, Any]:
     }
 
 
-@router.post("/api/embeddings")
+@router.post("/api/embeddings", **ollama_route(EmbeddingsRequest))
 async def embeddings(request: Request) -> dict[str, Any]:
     req = await parse_request(EmbeddingsRequest, await request.body())
     state = get_state(request)

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 from pippin.api.common import parse_request
 from pippin.api.ollama.protocol import ShowRequest
 from pippin.api.ollama.served import Listed, expires_at, find, listed
+from pippin.api.openapi import ollama_route
 from pippin.api.state import ServerState, get_state
 
 router = APIRouter()
@@ -55,13 +56,13 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-@router.get("/api/tags")
+@router.get("/api/tags", **ollama_route())
 async def tags(request: Request) -> dict[str, Any]:
     state = get_state(request)
     return {"models": [_entry(m, state) for m in listed(state)]}
 
 
-@router.get("/api/ps")
+@router.get("/api/ps", **ollama_route())
 async def ps(request: Request) -> dict[str, Any]:
     state = get_state(request)
     out = []
@@ -89,7 +90,7 @@ def _capabilities(m: Listed, state: ServerState) -> list[str]:
     return caps
 
 
-@router.post("/api/show")
+@router.post("/api/show", **ollama_route(ShowRequest))
 async def show(request: Request) -> dict[str, Any]:
     req = await parse_request(ShowRequest, await request.body())
     state = get_state(request)
@@ -118,6 +119,6 @@ async def show(request: Request) -> dict[str, Any]:
     }
 
 
-@router.get("/api/version")
+@router.get("/api/version", **ollama_route())
 async def version() -> dict[str, str]:
     return {"version": OLLAMA_VERSION}
