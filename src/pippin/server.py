@@ -7,6 +7,7 @@ starts the engine before the server accepts requests; it stops the engine on exi
 from __future__ import annotations
 
 import asyncio
+import base64
 import hmac
 import logging
 import time
@@ -55,7 +56,12 @@ log = logging.getLogger("pippin.server")
 
 
 class ApiKeyMiddleware:
-    """Every route but the open ones needs the key (Bearer or x-api-key)."""
+    """Every route but the open ones needs the key (Bearer, x-api-key, or HTTP Basic).
+
+    The web page's paths answer a missing key with a Basic challenge, so a browser asks for
+    it (any user name, the key as password) and then sends it on the page's own API calls.
+    ``HEAD /`` stays open: it has no body, and clients probe it to see the server is up.
+    """
 
     def __init__(
         self,
@@ -63,15 +69,19 @@ class ApiKeyMiddleware:
         api_key: str | None,
         open_paths: frozenset[str],
         other_keys: Callable[[str, Scope], bool] | None = None,
+        page_paths: frozenset[str] = frozenset(),
     ) -> None:
         self.app = app
         self.key = api_key.encode() if api_key else None
         self.open_paths = open_paths
+        self.page_paths = page_paths
         self.other_keys = other_keys  # --api-keys: the file's keys, with their limits
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         no_key = self.key is None and self.other_keys is None
-        if scope["type"] != "http" or no_key or scope["path"] in self.open_paths:
+        path = scope.get("path", "")
+        probe = path == "/" and scope.get("method") == "HEAD"
+        if scope["type"] != "http" or no_key or path in self.open_paths or probe:
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
@@ -79,13 +89,16 @@ class ApiKeyMiddleware:
         auth = headers.get("authorization", "")
         if auth[:7].lower() == "bearer ":
             supplied = auth[7:].strip()
+        elif auth[:6].lower() == "basic ":
+            supplied = _basic_password(auth[6:])
+        challenge = 'Basic realm="pippin", charset="UTF-8"' if path in self.page_paths else "Bearer"
         if supplied is None:
             err = OpenAIError(
                 401,
                 "You didn't provide an API key. Send it as 'Authorization: Bearer <key>' "
                 "or in the 'x-api-key' header.",
                 code="invalid_api_key",
-                headers={"WWW-Authenticate": "Bearer"},
+                headers={"WWW-Authenticate": challenge},
             )
         elif not (
             (self.key is not None and hmac.compare_digest(supplied.encode(), self.key))
@@ -96,12 +109,23 @@ class ApiKeyMiddleware:
                 401,
                 "Incorrect API key provided.",
                 code="invalid_api_key",
-                headers={"WWW-Authenticate": "Bearer"},
+                headers={"WWW-Authenticate": challenge},
             )
         else:
             await self.app(scope, receive, send)
             return
         await err.response(scope["path"])(scope, receive, send)
+
+
+def _basic_password(credentials: str) -> str | None:
+    """The password of HTTP Basic credentials (the user name is ignored), or None."""
+    try:
+        _, sep, password = (
+            base64.b64decode(credentials.strip(), validate=True).decode().partition(":")
+        )
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return password if sep else None
 
 
 def _too_large(limit: int) -> OpenAIError:
@@ -278,12 +302,12 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
     # Added last = runs first: unauthenticated requests are refused before any body is read.
     app.add_middleware(AdmissionMiddleware, admission=state.admission)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_body_bytes)
-    # The web page's files hold no data: the page asks for the key when the API needs it.
     app.add_middleware(
         ApiKeyMiddleware,
         api_key=settings.api_key,
-        open_paths=frozenset({"/health"}) | STATIC_PATHS,
+        open_paths=frozenset({"/health"}),
         other_keys=key_check(state.admission) if settings.api_keys else None,
+        page_paths=STATIC_PATHS,
     )
     cors = settings.cors
     if cors.allowed_origins:  # outside the key check: preflights carry no key

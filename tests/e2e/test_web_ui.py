@@ -1,7 +1,7 @@
 """The page at `/` in headless Chromium against a real `pippin serve` (tiny model).
 
 Driven with Playwright on the system's chromium (Debian's `chromium` package; no browser
-download). It checks that the page asks for the API key, shows live metrics that change
+download). It checks that the page is behind the API key, shows live metrics that change
 under load, lists the model, and streams a chat answer.
 """
 
@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from server_utils import Server, run_server
 
@@ -37,7 +38,9 @@ def page(server: Server) -> Iterator[object]:
         browser = pw.chromium.launch(
             executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"]
         )
-        page = browser.new_page()
+        # The browser's login for the page (HTTP Basic: the key as the password).
+        context = browser.new_context(http_credentials={"username": "me", "password": KEY})
+        page = context.new_page()
         errors: list[str] = []
         page.on("pageerror", lambda e: errors.append(str(e)))
         page.goto(server.url + "/")
@@ -54,13 +57,25 @@ def _load(server: Server, n: int) -> None:
         )
 
 
-def test_page_asks_for_the_key_then_shows_models(page: object, server: Server) -> None:
+def test_page_is_behind_the_key(server: Server) -> None:
+    for path in ("/", "/ui/app.js"):
+        r = httpx.get(server.url + path)
+        assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Basic")
+        assert "error" in r.json()
+        wrong = httpx.get(server.url + path, auth=("me", "sk-wrong"))
+        assert wrong.status_code == 401
+        assert httpx.get(server.url + path, auth=("me", KEY)).status_code == 200
+    # The API takes the same login; clients probe HEAD / without one.
+    assert httpx.get(server.url + "/v1/models", auth=("me", KEY)).status_code == 200
+    assert httpx.get(server.url + "/v1/models").headers["www-authenticate"] == "Bearer"
+    assert httpx.head(server.url + "/").status_code == 200
+
+
+def test_page_logs_in_then_shows_models(page: object, server: Server) -> None:
+    """The page's own API calls carry the browser's login: no key form."""
     expect = sync_api.expect
-    expect(page.locator("#key-form")).to_be_visible(timeout=20_000)
-    page.fill("#key-input", KEY)
-    page.click("#key-save")
-    expect(page.locator("#key-form")).to_be_hidden()
     expect(page.locator("#models li")).to_contain_text("tiny", timeout=20_000)
+    expect(page.locator("#key-form")).to_be_hidden()
     expect(page.locator("#health")).to_have_text("ready")
     expect(page.locator("#kv-used")).to_contain_text("blocks", timeout=20_000)
 

@@ -2,7 +2,8 @@
 
 No build step: `static/` holds the HTML, CSS and JavaScript as served. The page reads
 `/metrics`, `/v1/models` and `/health`, and chats through `/v1/chat/completions` with
-`stream: true`, sending the API key the user types in when the server asks for one.
+`stream: true`. With an API key set, the browser asks for it (HTTP Basic: the key as the
+password) and sends it on the page's own calls; the page asks again if the API refuses it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pippin.api.openapi import openai_route
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 _MEDIA = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
 _FILES = {p.name: p for p in STATIC_DIR.iterdir() if p.suffix in _MEDIA}
-# Open without the API key: they are the same for everyone and hold no data.
+# Behind the API key when one is set, as HTTP Basic (see server.ApiKeyMiddleware).
 STATIC_PATHS = frozenset({"/"} | {f"/ui/{name}" for name in _FILES})
 
 router = APIRouter()
