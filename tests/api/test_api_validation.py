@@ -64,9 +64,11 @@ def test_health_is_open_and_reports_not_ready(client: TestClient) -> None:
 
 
 def test_head_of_the_root_is_its_get_without_a_body(client: TestClient) -> None:
-    # Claude Code sends `HEAD /` before anything else; it was a 405.
-    get = client.get("/", headers={"Authorization": ""})
+    # Claude Code sends `HEAD /` before anything else; it was a 405. It needs no key (the
+    # page itself does).
+    get = client.get("/")
     head = client.head("/", headers={"Authorization": ""})
+    assert client.get("/", headers={"Authorization": ""}).status_code == 401
     assert (get.status_code, head.status_code) == (200, 200)
     assert get.content and head.content == b""
     for name in ("content-type", "content-length", "etag"):
