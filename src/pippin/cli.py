@@ -124,7 +124,7 @@ class _StoreOnce(argparse._StoreAction):
                 said = f"{first} given more than once: it takes one value"
                 if first != option_string:
                     said = f"{first} and {option_string} set the same value: give one, once"
-                if self.dest in ("model_flag", "embedding_model", "rerank_model"):
+                if self.dest in ("embedding_model", "rerank_model"):
                     said += "; serving several models is not supported yet"
                 parser.error(said)
             given[self.dest] = option_string
@@ -246,13 +246,56 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         "--model",
         dest="model_flag",
         metavar="MODEL",
-        help="the same as the positional MODEL (vLLM spelling)",
+        action="append",
+        help="the same as the positional MODEL (vLLM spelling); repeat it to serve several "
+        "models: the first is loaded at start-up and is the 'default' model, the others "
+        "load on their first request (see --idle-ttl, --memory-budget)",
+    )
+    m.add_argument(
+        "--models",
+        metavar="FILE",
+        help="a YAML file of the chat models to serve, each with its path or Hub id, names "
+        "and aliases, parsers, chat template, sampling defaults, context length, pinned or "
+        "on demand, idle TTL (see docs/architecture.md#several-models); instead of MODEL",
     )
     m.add_argument(
         "--served-model-name",
         nargs="+",
         metavar="NAME",
-        help="name(s) clients use in the 'model' field; default: the model's own name",
+        help="name(s) clients use in the 'model' field; default: the model's own name. The "
+        "path or Hub id as given, its basename and 'default' are accepted too. With several "
+        "--model, names the first",
+    )
+    m.add_argument(
+        "--model-alias",
+        metavar="PATTERN=MODEL",
+        action="append",
+        default=[],
+        help="send requests whose model name matches the shell-style PATTERN to MODEL (a "
+        "served name), e.g. 'gpt-*=coder'; repeatable. claude* goes to the default model "
+        "unless a pattern says otherwise",
+    )
+    m.add_argument(
+        "--memory-budget",
+        metavar="SIZE",
+        help="most memory the loaded chat models may take together (weights and KV pools), "
+        "e.g. 16GB: loading one past it unloads the least recently used idle on-demand "
+        "models. Default: no budget",
+    )
+    m.add_argument(
+        "--idle-ttl",
+        type=_positive_float,
+        metavar="SECONDS",
+        help="unload an on-demand model after this long without requests (default: never; "
+        "--models entries may set their own idle_ttl)",
+    )
+    m.add_argument(
+        "--model-load-timeout",
+        type=_positive_float,
+        metavar="SECONDS",
+        default=300.0,
+        help="how long a request waits for its model to load before a 503 with Retry-After "
+        "(the load goes on) (default: %(default)s)",
     )
     m.add_argument(
         "--dtype",
@@ -581,7 +624,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser(
         "serve",
         help="serve a model over HTTP",
-        description="Serve one model over HTTP with the OpenAI API "
+        description="Serve one or several models over HTTP with the OpenAI API "
         "(/v1/chat/completions, /v1/completions, /v1/models; /health and /version; the "
         "prefix cache's GET /v1/cache/stats and DELETE /v1/cache), optionally with an "
         "embedding model (/v1/embeddings) and a reranker (/v1/rerank).",
@@ -612,12 +655,48 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _model_specs(args: argparse.Namespace) -> tuple[str | None, list[Any]]:
+    """(the one model, or None) and the specs of several (empty for one model)."""
+    from pippin.api.model_specs import ModelSpec, SpecError, load_specs
+
+    given = ([args.model] if args.model else []) + list(args.model_flag or [])
+    given = list(dict.fromkeys(given))  # `serve M --model M` is one model
+    if args.models:
+        if given:
+            raise SystemExit("pippin serve: give the models either as MODEL/--model or --models")
+        try:
+            specs = load_specs(args.models)
+        except SpecError as e:
+            raise SystemExit(f"pippin serve: --models: {e}") from None
+        for spec in specs:
+            if spec.idle_ttl is None and not spec.pinned:
+                spec.idle_ttl = args.idle_ttl
+        return None, specs
+    if len(given) <= 1:
+        return (given[0] if given else None), []
+    names = list(args.served_model_name or [])
+    return None, [
+        ModelSpec(
+            model=m,
+            names=names if i == 0 else [],
+            pinned=i == 0,
+            idle_ttl=None if i == 0 else args.idle_ttl,
+        )
+        for i, m in enumerate(given)
+    ]
+
+
 def settings_from_args(args: argparse.Namespace) -> Any:
     from pippin.api.http_limits import CorsSettings
+    from pippin.api.model_specs import SpecError, parse_alias, parse_size
     from pippin.api.state import MIB, ServerSettings
 
-    if args.model and args.model_flag and args.model != args.model_flag:
-        raise SystemExit("pippin serve: give the model once (positional MODEL or --model)")
+    model, specs = _model_specs(args)
+    try:
+        aliases = [parse_alias(a) for a in args.model_alias]
+        budget = parse_size(args.memory_budget) if args.memory_budget else None
+    except SpecError as e:
+        raise SystemExit(f"pippin serve: {e}") from None
     overrides = {
         "temperature": args.default_temperature,
         "top_p": args.default_top_p,
@@ -654,20 +733,35 @@ def settings_from_args(args: argparse.Namespace) -> Any:
     special = ("auto", "none")
     if args.metrics_flag and not args.metrics:
         raise SystemExit("pippin serve: --metrics and --no-metrics contradict each other")
+    # gpt-oss's harmony parser reads its reasoning: vllm-mlx's harmony names mean "auto".
     if args.reasoning_parser in HARMONY_NAMES:
-        args.reasoning_parser = "auto"  # gpt-oss's harmony parser reads its reasoning
-    if args.tool_call_parser not in special and args.tool_call_parser not in registry():
-        raise SystemExit(
-            f"pippin serve: unknown --tool-call-parser {args.tool_call_parser!r}; choose "
-            f"one of {', '.join([*special, *sorted(registry())])}"
-        )
-    if args.reasoning_parser not in special and args.reasoning_parser not in REASONING_PARSERS:
-        raise SystemExit(
-            f"pippin serve: unknown --reasoning-parser {args.reasoning_parser!r}; choose "
-            f"one of {', '.join([*special, *sorted(REASONING_PARSERS)])}"
-        )
+        args.reasoning_parser = "auto"
+    for i, spec in enumerate(specs):
+        if spec.reasoning_parser in HARMONY_NAMES:
+            specs[i] = replace(spec, reasoning_parser="auto")
+    tools = [("--tool-call-parser", args.tool_call_parser)]
+    reasoning = [("--reasoning-parser", args.reasoning_parser)]
+    for i, spec in enumerate(specs):
+        tools.append((f"models[{i}].tool_call_parser", spec.tool_call_parser or "auto"))
+        reasoning.append((f"models[{i}].reasoning_parser", spec.reasoning_parser or "auto"))
+    for what, name in tools:
+        if name not in special and name not in registry():
+            raise SystemExit(
+                f"pippin serve: unknown {what} {name!r}; choose "
+                f"one of {', '.join([*special, *sorted(registry())])}"
+            )
+    for what, name in reasoning:
+        if name not in special and name not in REASONING_PARSERS:
+            raise SystemExit(
+                f"pippin serve: unknown {what} {name!r}; choose "
+                f"one of {', '.join([*special, *sorted(REASONING_PARSERS)])}"
+            )
     return ServerSettings(
-        model=args.model or args.model_flag,
+        model=model,
+        models=specs,
+        model_aliases=aliases,
+        memory_budget=budget,
+        model_load_timeout=args.model_load_timeout,
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
         served_model_names=list(args.served_model_name or []),
@@ -741,7 +835,9 @@ def serve(args: argparse.Namespace) -> int:
     served = (("embedding", args.embedding_model), ("rerank", args.rerank_model))
     what = "the model"
     try:
-        resolve_spec(settings.model, settings.revision)
+        for model in settings.model_specs():
+            what = f"the model {model.model}" if settings.models else "the model"
+            resolve_spec(model.model, settings.revision)
         for kind, spec in served:
             if spec:
                 what = f"the {kind} model"
@@ -749,7 +845,13 @@ def serve(args: argparse.Namespace) -> int:
     except ModelLoadError as e:
         print(f"pippin serve: cannot load {what}: {e}", file=sys.stderr)
         return 3
-    app = create_app(settings)
+    from pippin.api.model_specs import SpecError
+
+    try:
+        app = create_app(settings)
+    except SpecError as e:
+        print(f"pippin serve: {e}", file=sys.stderr)
+        return 2
     if settings.api_keys:
         from pippin.api.admission import describe
 

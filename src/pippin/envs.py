@@ -44,6 +44,18 @@ VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
         _path("OPENAI_API_KEY"),
         "The key `pippin bench` sends when neither --api-key nor PIPPIN_API_KEY is set.",
     ),
+    # --- model loading ---
+    "PIPPIN_CPU_UNPACK": (
+        _flag("PIPPIN_CPU_UNPACK", "auto"),
+        "auto: on the CPU, unpack quantised weights to float32 when they fit a quarter of "
+        "the memory (BLAS matmuls, much faster prefill); 0: keep them packed.",
+    ),
+    "PIPPIN_GGUF_REQUANT": (
+        _flag("PIPPIN_GGUF_REQUANT", "auto"),
+        "How GGUF tensors MLX cannot read (K-quants, Q5_0, ...) are kept. auto: re-quantised "
+        "to MLX's affine 4/8-bit (group size 64) on GPUs and Macs, dequantised on the CPU; "
+        "1: re-quantised everywhere; 0: dequantised everywhere. Cached either way.",
+    ),
     # --- platform ---
     "PIPPIN_NO_OPENBLAS": (
         lambda: bool(os.environ.get("PIPPIN_NO_OPENBLAS")),

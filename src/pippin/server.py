@@ -1,20 +1,17 @@
 """The app factory: settings, shared state, middleware, routes and the lifespan.
 
-The lifespan loads the model (in a worker thread, so the loop stays free) and
-starts the engine before the server accepts requests; it stops the engine on exit.
+The lifespan loads the pinned chat models through the registry (in a worker thread, so
+the loop stays free) and starts their engines before the server accepts requests, then
+the embedding/rerank models; it stops them all on exit.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hmac
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from functools import partial
-from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.middleware.cors import CORSMiddleware
@@ -36,16 +33,10 @@ from pippin.api.openai import embeddings as openai_embeddings
 from pippin.api.openai import models as openai_models
 from pippin.api.openai import responses as openai_responses
 from pippin.api.openapi import install_openapi, openai_route
+from pippin.api.registry import LeaseMiddleware, ModelRegistry
 from pippin.api.state import MIB, ServerSettings, ServerState
-from pippin.engine.client import EngineClient
-from pippin.engine.inproc_client import InprocClient
-from pippin.engine.process_client import ProcessClient
-from pippin.obs import logs
 from pippin.obs.http import ObservabilityMiddleware
-from pippin.obs.logs import setup_logging
 from pippin.obs.metrics import CONTENT_TYPE, Metrics
-from pippin.obs.observer import ServerObserver
-from pippin.structured.compiler import serve_in_engine_process
 from pippin.web import STATIC_PATHS
 from pippin.web import router as web_router
 
@@ -171,43 +162,6 @@ class BodyLimitMiddleware:
 # --- app ------------------------------------------------------------------------
 
 
-async def start_model(state: ServerState) -> None:
-    from pippin.store.loader import load_model, materialize  # heavy: only when serving
-
-    s = state.settings
-    log.info("loading the model")
-    log.debug("model spec: %s", s.model or "(default)")
-    t0 = time.monotonic()
-    load_kwargs: dict[str, Any] = dict(
-        spec=s.model, dtype=s.dtype, trust_remote_code=s.trust_remote_code, revision=s.revision
-    )
-    engine: EngineClient
-    if s.engine_process:
-        # This process keeps the tokenizer and config; the engine process loads the weights.
-        loaded = await asyncio.to_thread(lambda: load_model(**load_kwargs, weights=False))
-        engine = ProcessClient(
-            load_kwargs,
-            s.engine,
-            observer=state.observer,
-            on_start=partial(setup_logging, *(logs.CURRENT or ("info", "text"))),
-            on_loaded=serve_in_engine_process,
-        )
-    else:
-        loaded = await asyncio.to_thread(lambda: materialize(load_model(**load_kwargs)))
-        engine = InprocClient(loaded, s.engine, observer=state.observer)
-    await engine.start()
-    state.attach(loaded, engine)
-    stats = engine.stats()
-    log.info(
-        "model '%s' ready in %.1fs: context %d tokens, %s KV blocks of %s tokens",
-        state.model_names[0],
-        time.monotonic() - t0,
-        engine.max_model_len,
-        stats.get("blocks_total", "?"),
-        stats.get("block_size", "?"),
-    )
-
-
 async def start_extra_models(state: ServerState) -> None:
     """Load the embedding and rerank models onto their worker thread and name them."""
     from pippin.embed.models import LoadOptions
@@ -225,7 +179,8 @@ async def start_extra_models(state: ServerState) -> None:
     worker = EmbedWorker(s.embed, opts)
     await worker.start()
     state.embed = worker
-    taken = set(state.model_names)
+    assert state.registry is not None
+    taken = {n for e in state.registry.entries() for n in e.names}
     for kind, model in worker.models.items():
         wanted = s.embed.embedding_names if kind == "embedding" else s.embed.rerank_names
         names = list(wanted) or [model.name]
@@ -244,19 +199,19 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
     """The ASGI app. With ``load_model=False`` no model is loaded (routes answer 503),
     which is how request validation is tested without an engine."""
     state = ServerState(
-        settings,
-        model_names=list(settings.served_model_names),
-        admission=Admission(max_queue=settings.max_queue, keys=settings.api_keys),
+        settings, admission=Admission(max_queue=settings.max_queue, keys=settings.api_keys)
     )
     if settings.metrics:
-        state.metrics = Metrics(state.engine_stats)
-        state.observer = ServerObserver(state.metrics)
+        state.metrics = Metrics(state.engine_stats, state.model_states)
+    state.registry = ModelRegistry(
+        settings, settings.model_specs(), metrics=state.metrics, enabled=load_model
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         try:
             if load_model:
-                await start_model(state)
+                await state.registry.start()
                 if settings.embed.enabled:
                     await start_extra_models(state)
                 if settings.warm_prompts:
@@ -268,8 +223,7 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
         finally:
             if state.embed is not None:
                 await state.embed.stop()
-            if state.engine is not None:
-                await state.engine.stop()
+            await state.registry.stop()
 
     app = FastAPI(title="pippin", version=__version__, lifespan=lifespan)
     app.state.pippin = state
@@ -319,6 +273,8 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
             allow_credentials=cors.allow_credentials,
         )
     app.add_middleware(HeadLimitsMiddleware, limits=settings.head_limits)
+    # Holds the models a request uses until its response is sent.
+    app.add_middleware(LeaseMiddleware, registry=lambda: state.registry)
     # Outermost: counts and logs every request, the refused ones too.
     routes = [route for router in routers for route in router.routes]
     app.add_middleware(

@@ -240,7 +240,6 @@ def test_cli_rejects_bad_values(argv: list[str]) -> None:
 @pytest.mark.parametrize(
     ("argv", "said"),
     [
-        (["--model", "A", "--model", "B"], "--model given more than once"),
         (["--port", "1", "--port", "2"], "--port given more than once"),
         (["--served-model-name", "a", "b", "--served-model-name", "c"], "--served-model-name"),
         (["--max-num-batched-tokens", "8", "--prefill-step-size", "9"], "set the same value"),
@@ -257,10 +256,25 @@ def test_cli_refuses_a_repeated_single_value_flag(
     err = capsys.readouterr().err
     assert said in err
     several = "serving several models is not supported yet" in err
-    assert several == (argv[0] in ("--model", "--embedding-model"))
+    assert several == (argv[0] == "--embedding-model")
     # Flags that take no value, and a model named twice the same way, are fine.
     args = build_parser().parse_args(["serve", "m", "--model", "m", "--offline", "--offline"])
     assert settings_from_args(args).model == "m"
+
+
+def test_cli_serves_several_models() -> None:
+    """`--model` repeated (issue 27): every model served, the first pinned and named by
+    --served-model-name, the others on demand with --idle-ttl; --models is the other way."""
+    argv = ["serve", "A", "--model", "B", "--model", "C", "--served-model-name", "a"]
+    args = build_parser().parse_args([*argv, "--idle-ttl", "60", "--memory-budget", "2GB"])
+    s = settings_from_args(args)
+    assert s.model is None and [m.model for m in s.models] == ["A", "B", "C"]
+    assert [(m.pinned, m.names, m.idle_ttl) for m in s.models] == [
+        (True, ["a"], None), (False, [], 60.0), (False, [], 60.0)
+    ]  # fmt: skip
+    assert s.memory_budget == 2 * 10**9 and s.model_specs() == s.models
+    with pytest.raises(SystemExit, match="either as MODEL/--model or --models"):
+        settings_from_args(build_parser().parse_args(["serve", "A", "--models", "m.yaml"]))
 
 
 def test_cli_help_documents_every_flag(capsys: pytest.CaptureFixture[str]) -> None:

@@ -22,7 +22,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 from gguf.quants import dequantize, quantize
-from mlx.utils import tree_flatten, tree_unflatten
+from mlx.utils import tree_flatten, tree_map, tree_unflatten
 from mlx_lm.generate import generate_step
 from mlx_lm.utils import _get_classes
 from tiny_models import (
@@ -526,3 +526,54 @@ def test_quantised_weights_unpacked_on_cpu_when_they_fit(
     monkeypatch.setattr(loader_module, "CPU_UNPACK_SHARE", 0.0)
     packed = load_model(str(path)).model
     assert "QuantizedLinear" in kinds(packed)
+
+
+def test_k_quants_requantised_to_mlx_affine_when_asked(
+    vocab: dict[str, Any], tmp_path: Path, tmp_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Types MLX cannot read are re-quantised at load (the GPU default; forced here on the
+    CPU) to MLX's affine 4-bit, group size 64, kept packed, and cached apart from the
+    dequantised copy; a second load converts nothing."""
+    config = {**_TINY, **_ARCH_CONFIGS["qwen3"]}
+    path = tmp_path / "tiny-qwen3-q5.gguf"
+    reference = _write_gguf(path, "qwen3", config, _random_model(config, seed=1), "Q5_0", vocab)
+    tokens = mx.array([[1, 30, 200, 17, 300, 5, 9, 400, 12, 77]])
+    expected = reference(tokens)
+    scale = float(mx.abs(expected).max())
+    kinds = lambda m: {type(x).__name__ for _, x in m.named_modules()}  # noqa: E731
+
+    monkeypatch.setenv("PIPPIN_GGUF_REQUANT", "0")
+    dequantised = load_model(str(path)).model
+    assert "QuantizedLinear" not in kinds(dequantised)
+    assert float(mx.abs(expected - dequantised(tokens)).max()) < 1e-2 * scale
+
+    monkeypatch.setenv("PIPPIN_GGUF_REQUANT", "1")
+    requantised = load_model(str(path)).model
+    layers = [m for _, m in requantised.named_modules() if isinstance(m, nn.QuantizedLinear)]
+    assert len(layers) == 7 * config["num_hidden_layers"] + 1  # every projection, the head
+    assert {(m.bits, m.group_size, m.mode) for m in layers} == {(4, 64, "affine")}
+    assert "QuantizedEmbedding" in kinds(requantised)
+    got = requantised(tokens)
+    assert float(mx.abs(expected - got).max()) > 0  # really re-quantised
+
+    # Exactly what MLX's own 4-bit quantisation of the dequantised weights computes.
+    def cast(model: nn.Module, dtype: mx.Dtype) -> None:
+        floating = lambda a: a.astype(dtype) if mx.issubdtype(a.dtype, mx.floating) else a  # noqa: E731
+        model.update(tree_map(floating, model.parameters()))
+
+    cast(dequantised, mx.float16)
+    nn.quantize(dequantised, group_size=64, bits=4)
+    cast(dequantised, mx.float32)
+    assert float(mx.abs(dequantised(tokens) - got).max()) < 1e-4 * scale
+    folder = gguf_loader.cache_folder(path, requant=True)
+    assert folder != gguf_loader.cache_folder(path) and (folder / "config.json").exists()
+    assert json.loads((folder / "config.json").read_text())["quantization"]["group_size"] == 64
+
+    def no_conversion(*_: Any, **__: Any) -> None:
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr(gguf_loader, "_save_dequantised", no_conversion)
+    again = load_model(str(path)).model
+    assert mx.array_equal(again(tokens), got)
+    monkeypatch.setenv("PIPPIN_GGUF_REQUANT", "0")  # the dequantised copy is cached too
+    assert "QuantizedLinear" not in kinds(load_model(str(path)).model)

@@ -31,11 +31,11 @@ from pippin.structured.constraint import after_reasoning
 from pippin.structured.spec import GrammarSpec, StructuredOutputError
 
 if TYPE_CHECKING:
-    from pippin.api.state import ServerState
+    from pippin.api.live_model import LiveModel
 
 
 async def render_prompt(
-    state: ServerState,
+    state: LiveModel,
     tokenizer: Any,
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
@@ -64,19 +64,19 @@ async def render_prompt(
         raise bad_request(str(exc), param=param) from None
 
 
-def generic_tools_for(state: ServerState, tools: list[dict[str, Any]] | None) -> bool:
+def generic_tools_for(state: LiveModel, tools: list[dict[str, Any]] | None) -> bool:
     """Whether a request's tools take the generic format: its template has no tools."""
     return bool(tools) and "tools" not in state.template_source
 
 
-def parsers_for(state: ServerState, tools: list[dict[str, Any]] | None) -> ParserChoice:
+def parsers_for(state: LiveModel, tools: list[dict[str, Any]] | None) -> ParserChoice:
     """The output parsers of a request with these tools."""
     choice = state.generic_parsers if generic_tools_for(state, tools) else state.parsers
     assert choice is not None
     return choice
 
 
-def tool_parser(state: ServerState, tools: list[dict[str, Any]] | None) -> type[ToolParser] | None:
+def tool_parser(state: LiveModel, tools: list[dict[str, Any]] | None) -> type[ToolParser] | None:
     """The tool-call format of a request with these tools (for a forced call's grammar)."""
     return parsers_for(state, tools).tool
 
@@ -110,7 +110,7 @@ class NewParser(Protocol):
 
 
 async def output_parsing(
-    state: ServerState,
+    state: LiveModel,
     tokenizer: Any,
     prompt_ids: list[int],
     params: SamplingParams,
@@ -209,7 +209,7 @@ def grammar_error(exc: StructuredOutputError) -> OpenAIError:
 
 
 async def compile_spec(
-    state: ServerState, spec: GrammarSpec, prompt_text: str | None = None
+    state: LiveModel, spec: GrammarSpec, prompt_text: str | None = None
 ) -> Constraint:
     """`spec` compiled for the served model; with `prompt_text`, it starts after the
     model's reasoning section (chat)."""

@@ -7,6 +7,7 @@ from fastapi.responses import JSONResponse
 
 from pippin import __version__
 from pippin.api.openapi import openai_route
+from pippin.api.registry import DEFAULT_NAME
 from pippin.api.state import get_state
 
 router = APIRouter()
@@ -20,11 +21,11 @@ router = APIRouter()
 )
 async def health(request: Request) -> JSONResponse:
     state = get_state(request)
-    engine = state.engine
+    models_ok = state.registry is not None and state.registry.enabled and state.registry.ready
     embed_ok = state.embed is None or state.embed.ready
     if state.admission.draining:  # SIGTERM: a load balancer should move on
         return JSONResponse({"status": "draining"}, status_code=503)
-    if engine is not None and engine.ready and embed_ok:
+    if models_ok and embed_ok:
         return JSONResponse({"status": "ok"})
     return JSONResponse({"status": "unavailable"}, status_code=503)
 
@@ -35,7 +36,11 @@ async def version() -> dict[str, str]:
 
 
 @router.get("/v1/engine/stats", **openai_route())
-async def engine_stats(request: Request) -> dict[str, int]:
-    # A debugging aid (and what the load tests check KV blocks with) until /metrics.
-    engine = get_state(request).engine
+async def engine_stats(request: Request, model: str = DEFAULT_NAME) -> dict[str, int]:
+    # A debugging aid (and what the load tests check KV blocks with): one loaded model's
+    # counters (``?model=``, default the default model); {} while it is not loaded.
+    state = get_state(request)
+    assert state.registry is not None
+    live = state.registry.resolve(model).live
+    engine = live.engine if live is not None else None
     return engine.stats() if engine is not None else {}

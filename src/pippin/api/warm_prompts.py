@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message
 
+from pippin.api.registry import DEFAULT_NAME
+
 if TYPE_CHECKING:
     from pippin.api.state import ServerState
 
@@ -105,7 +107,7 @@ async def warm_up(app: ASGIApp, state: ServerState, path: str | Path) -> None:
     t0 = time.monotonic()
     tokens = 0
     for i, (route, body) in enumerate(prompts):
-        body.setdefault("model", state.model_names[0])
+        body.setdefault("model", DEFAULT_NAME)
         for key in ("stream", "stream_options", "max_completion_tokens", "n", "best_of"):
             body.pop(key, None)
         body["max_tokens"] = 1

@@ -12,6 +12,7 @@ import traceback
 from dataclasses import dataclass, field
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
 from pippin.engine.block_manager import BlockManager
 from pippin.engine.cache_tiers import CacheTiers
@@ -127,7 +128,8 @@ class EngineCore:
         )
         self.num_blocks = self._num_blocks()
         self.runner.allocate(self.num_blocks)
-        pool = sum(p.nbytes for p in self.runner.pools.values())
+        pool = self.kv_bytes = sum(p.nbytes for p in self.runner.pools.values())
+        self.weight_bytes = sum(v.nbytes for _, v in tree_flatten(loaded.model.parameters()))
         mx.set_cache_limit(config.buffer_cache_bytes or max(pool, MIN_BUFFER_CACHE))
         # A lone sequence must always fit the pool, or it could never be resumed.
         self.max_model_len = min(self.max_model_len, (self.num_blocks - 1) * config.block_size)
@@ -447,4 +449,6 @@ class EngineCore:
             # MLX's allocator (for the soak's memory slope, bench/soak.py).
             "mlx_active_bytes": mx.get_active_memory(),
             "mlx_cache_bytes": mx.get_cache_memory(),
+            "weight_bytes": self.weight_bytes,
+            "kv_bytes": self.kv_bytes,
         }

@@ -9,6 +9,7 @@ engine's gauges and counters (queues, KV blocks, prefix cache, preemptions) are 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -34,14 +35,34 @@ disable_created_metrics()
 
 # The only KV tier so far: blocks in device memory (quantised and SSD tiers come later).
 DEVICE_TIER = "device"
+# The engine's series that are counters (the rest are gauges).
+_COUNTERS = frozenset(
+    {
+        "pippin_prefix_cache_queries",
+        "pippin_prefix_cache_hits",
+        "pippin_preemptions",
+        "pippin_engine_steps",
+        "pippin_engine_failed_steps",
+    }
+)
 
 
 class Metrics:
-    def __init__(self, stats: Callable[[], dict[str, int]]) -> None:
+    """The app's metrics. Those of generations carry a ``model`` label (the model's main
+    name): a model's observer feeds them through `for_model`."""
+
+    def __init__(
+        self,
+        stats: Callable[[], dict[str, dict[str, int]]],
+        models: Callable[[], dict[str, tuple[str, int]]] = dict,
+    ) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
 
         def hist(name: str, doc: str, labels: tuple[str, ...] = ()) -> Histogram:
-            return Histogram(name, doc, labels, registry=r, buckets=BUCKETS)
+            return Histogram(name, doc, ("model", *labels), registry=r, buckets=BUCKETS)
+
+        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+            return Counter(name, doc, ("model", *labels), registry=r)
 
         self.http_requests = Counter(
             "pippin_http_requests",
@@ -55,16 +76,14 @@ class Metrics:
             ("kind",),
             registry=r,
         )
-        self.cancellations = Counter(
+        self.cancellations = counter(
             "pippin_request_cancellations",
             "Generations left before they finished (the client went away).",
-            registry=r,
         )
-        self.finished = Counter(
+        self.finished = counter(
             "pippin_requests_finished",
             "Generations that finished, by the finish reason of their last choice.",
             ("finish_reason",),
-            registry=r,
         )
         self.queue_time = hist(
             "pippin_request_queue_time_seconds",
@@ -92,85 +111,139 @@ class Metrics:
             "else decode.",
             ("phase",),
         )
-        self.prompt_tokens = Counter(
-            "pippin_prompt_tokens", "Prompt tokens of finished or cancelled requests.", registry=r
+        self.prompt_tokens = counter(
+            "pippin_prompt_tokens", "Prompt tokens of finished or cancelled requests."
         )
-        self.cached_tokens = Counter(
+        self.cached_tokens = counter(
             "pippin_prompt_tokens_cached",
             "Prompt tokens served from the prefix cache instead of being computed.",
-            registry=r,
         )
-        self.generation_tokens = Counter(
-            "pippin_generation_tokens", "Tokens generated, all choices together.", registry=r
+        self.generation_tokens = counter(
+            "pippin_generation_tokens", "Tokens generated, all choices together."
         )
-        r.register(EngineCollector(stats))
+        r.register(EngineCollector(stats, models))
+
+    def for_model(self, model: str) -> ModelMetrics:
+        """The generation metrics with the ``model`` label set (what observers feed)."""
+        return ModelMetrics(self, model)
 
     def exposition(self) -> bytes:
         return _generate_latest(self.registry)
 
 
-class EngineCollector(Collector):
-    """Reads the engine's state at scrape time."""
+class _Labelled:
+    """A labelled metric with the model's label already given: ``.labels(rest...)``."""
 
-    def __init__(self, stats: Callable[[], dict[str, int]]) -> None:
+    def __init__(self, metric: Counter | Histogram, model: str) -> None:
+        self.metric, self.model = metric, model
+
+    def labels(self, *rest: str) -> Any:
+        return self.metric.labels(self.model, *rest)
+
+
+class ModelMetrics:
+    """One model's view of `Metrics`: the same attribute names, the label set."""
+
+    def __init__(self, m: Metrics, model: str) -> None:
+        self.cancellations = m.cancellations.labels(model)
+        self.finished = _Labelled(m.finished, model)
+        self.queue_time = m.queue_time.labels(model)
+        self.ttft = m.ttft.labels(model)
+        self.itl = m.itl.labels(model)
+        self.tpot = m.tpot.labels(model)
+        self.e2e = m.e2e.labels(model)
+        self.step = _Labelled(m.step, model)
+        self.prompt_tokens = m.prompt_tokens.labels(model)
+        self.cached_tokens = m.cached_tokens.labels(model)
+        self.generation_tokens = m.generation_tokens.labels(model)
+
+
+class EngineCollector(Collector):
+    """Reads each loaded model's engine, and every model's state, at scrape time."""
+
+    def __init__(
+        self,
+        stats: Callable[[], dict[str, dict[str, int]]],
+        models: Callable[[], dict[str, tuple[str, int]]],
+    ) -> None:
         self.stats = stats
+        self.models = models
 
     def describe(self) -> list[Metric]:
-        return []  # unknown until the model is loaded; nothing to check names against
+        return []  # unknown until a model is loaded; nothing to check names against
 
     def collect(self) -> Iterator[Metric]:
-        s = self.stats()
-        if not s:
+        models = self.models()
+        if models:
+            loaded = GaugeMetricFamily(
+                "pippin_model_loaded",
+                "1 for each chat model's current state (loaded, loading, unloaded).",
+                labels=("model", "state"),
+            )
+            memory = GaugeMetricFamily(
+                "pippin_model_memory_bytes",
+                "Weights and KV pool of each loaded chat model (0 when unloaded).",
+                labels=("model",),
+            )
+            for name, (state, nbytes) in models.items():
+                loaded.add_metric((name, state), 1)
+                memory.add_metric((name,), nbytes if state == "loaded" else 0)
+            yield loaded
+            yield memory
+        per_model = [(m, s) for m, s in self.stats().items() if s]
+        if not per_model:
             return
-        yield _gauge("pippin_requests_running", "Sequences in the running batch.", s["running"])
-        yield _gauge("pippin_requests_waiting", "Sequences waiting to be admitted.", s["waiting"])
-        total, free = s["blocks_total"], s["blocks_free"]
-        blocks = GaugeMetricFamily(
-            "pippin_kv_blocks",
-            "KV cache blocks per tier; state=free includes cached blocks that may be reused.",
-            labels=("tier", "state"),
-        )
-        blocks.add_metric((DEVICE_TIER, "used"), total - free)
-        blocks.add_metric((DEVICE_TIER, "free"), free)
-        yield blocks
-        usage = GaugeMetricFamily(
-            "pippin_kv_cache_usage_ratio", "Share of KV blocks in use, per tier.", labels=("tier",)
-        )
-        usage.add_metric((DEVICE_TIER,), (total - free) / total if total else 0.0)
-        yield usage
-        yield _gauge("pippin_kv_block_size_tokens", "Tokens per KV block.", s["block_size"])
-        queries, hits = s["prefix_queries"], s["prefix_hits"]
-        yield _counter(
-            "pippin_prefix_cache_queries", "Admissions that looked up the prefix cache.", queries
-        )
-        yield _counter(
-            "pippin_prefix_cache_hits", "Admissions that found cached prefix blocks.", hits
-        )
-        yield _gauge(
-            "pippin_prefix_cache_hit_ratio",
-            "prefix_cache_hits / prefix_cache_queries since start (0 before any query).",
-            hits / queries if queries else 0.0,
-        )
-        yield _counter(
-            "pippin_preemptions",
-            "Sequences preempted (blocks freed, recomputed later).",
-            s["preemptions"],
-        )
-        yield _counter("pippin_engine_steps", "Engine steps run.", s["steps"])
-        failed = CounterMetricFamily(
-            "pippin_engine_failed_steps",
-            "Engine steps that raised: out_of_memory (running sequences recomputed) or other "
-            "(running requests ended).",
-            labels=("kind",),
-        )
-        for kind in ("out_of_memory", "other"):
-            failed.add_metric((kind,), s[f"failed_steps_{kind}"])
-        yield failed
+        fams: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
 
+        def add(name: str, doc: str, value: float, model: str, **extra: str) -> None:
+            if name not in fams:
+                kind = CounterMetricFamily if name in _COUNTERS else GaugeMetricFamily
+                fams[name] = kind(name, doc, labels=("model", *extra))
+            fams[name].add_metric((model, *extra.values()), value)
 
-def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, doc, value=value)
-
-
-def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-    return CounterMetricFamily(name, doc, value=value)
+        for m, s in per_model:
+            add("pippin_requests_running", "Sequences in the running batch.", s["running"], m)
+            add("pippin_requests_waiting", "Sequences waiting to be admitted.", s["waiting"], m)
+            total, free = s["blocks_total"], s["blocks_free"]
+            doc = "KV cache blocks per tier; state=free includes cached blocks that may be reused."
+            add("pippin_kv_blocks", doc, total - free, m, tier=DEVICE_TIER, state="used")
+            add("pippin_kv_blocks", doc, free, m, tier=DEVICE_TIER, state="free")
+            add(
+                "pippin_kv_cache_usage_ratio",
+                "Share of KV blocks in use, per tier.",
+                (total - free) / total if total else 0.0,
+                m,
+                tier=DEVICE_TIER,
+            )
+            add("pippin_kv_block_size_tokens", "Tokens per KV block.", s["block_size"], m)
+            queries, hits = s["prefix_queries"], s["prefix_hits"]
+            add(
+                "pippin_prefix_cache_queries",
+                "Admissions that looked up the prefix cache.",
+                queries,
+                m,
+            )
+            add("pippin_prefix_cache_hits", "Admissions that found cached prefix blocks.", hits, m)
+            add(
+                "pippin_prefix_cache_hit_ratio",
+                "prefix_cache_hits / prefix_cache_queries since start (0 before any query).",
+                hits / queries if queries else 0.0,
+                m,
+            )
+            add(
+                "pippin_preemptions",
+                "Sequences preempted (blocks freed, recomputed later).",
+                s["preemptions"],
+                m,
+            )
+            add("pippin_engine_steps", "Engine steps run.", s["steps"], m)
+            for kind in ("out_of_memory", "other"):
+                add(
+                    "pippin_engine_failed_steps",
+                    "Engine steps that raised: out_of_memory (running sequences recomputed) "
+                    "or other (running requests ended).",
+                    s[f"failed_steps_{kind}"],
+                    m,
+                    kind=kind,
+                )
+        yield from fams.values()

@@ -3,7 +3,10 @@ mlx-lm's parameter names, and the model built from mlx-lm's own classes.
 
 Tensor types that `mx.load` reads (F32, F16, Q4_0, Q4_1, Q8_0) stay MLX-quantised, straight from
 the file. A file with any other type (the K-quants, Q5_0, BF16, ...) cannot be read by `mx.load`
-at all, so it is dequantised once with the `gguf` package and kept as an MLX folder in the cache.
+at all, so it is dequantised once with the `gguf` package and kept as an MLX folder in the cache:
+as float16 on the CPU (where float32 BLAS matmuls are the fast path), and on GPUs and Macs
+re-quantised to MLX's affine format (Q4_K/Q5_K and lower to 4 bits, Q6_K and Q8_0 to 8 bits,
+group size 64), so memory stays near the file's size (`requantise`, `PIPPIN_GGUF_REQUANT`).
 Either way the cache folder holds config.json and the tokenizer, so a second load skips the slow
 metadata and tokenizer conversion.
 """
@@ -85,6 +88,19 @@ _F32, _BF16 = 0, 30
 _SHARD_BYTES = 2 << 30
 # llama.cpp stores llama3-style RoPE scaling as a tensor of per-frequency factors, not metadata.
 _SKIPPED = {"rope_freqs.weight"}
+# Re-quantisation: ggml type -> MLX affine bits. Q2_K..Q5_K (and the legacy 4/5-bit types)
+# -> 4 bits, Q6_K and Q8_0 -> 8 bits; float types stay float.
+_REQUANT_BITS = {2: 4, 3: 4, 6: 4, 7: 4, 10: 4, 11: 4, 12: 4, 13: 4, 14: 8, 8: 8}
+REQUANT_GROUP_SIZE = 64
+
+
+def requantise() -> bool:
+    """Whether K-quant tensors are re-quantised (MLX affine) rather than dequantised:
+    `PIPPIN_GGUF_REQUANT` 1 or 0, else (auto) everywhere but the CPU."""
+    choice = envs.PIPPIN_GGUF_REQUANT
+    if choice in ("0", "1"):
+        return choice == "1"
+    return mx.default_device() != mx.cpu
 
 
 def cache_root() -> Path:
@@ -102,13 +118,15 @@ def load_gguf(
     weights False, for a process that never runs the model (the API process of an engine
     process): a file MLX reads natively (read whole, not lazily) is not read; the model is
     then a skeleton whose parameters are never computed."""
-    folder = cache_folder(path)
+    requant = requantise()
+    folder = cache_folder(path, requant)
     key = folder.name.rsplit("-v", 1)[0]
     tensors: dict[str, mx.array] | None = None
     if not (folder / "config.json").exists():
-        tensors = _convert(path, folder)
+        tensors = _convert(path, folder, requant)
         for stale in folder.parent.glob(f"{key}-v*"):
-            if stale != folder:  # the same file converted by an older pippin
+            version = stale.name[len(key) + 2 :].split("-")[0].split(".")[0]
+            if version != str(_CACHE_VERSION):  # converted by an older pippin
                 shutil.rmtree(stale, ignore_errors=True)
     if any(folder.glob("model*.safetensors")):
         model, config = mlx_load_model(folder, lazy=True)
@@ -125,9 +143,10 @@ def load_gguf(
     return model, tokenizer, config, folder
 
 
-def cache_folder(path: Path) -> Path:
-    """Where the conversion of this GGUF file is kept."""
-    return cache_root() / "gguf" / f"{_file_key(path)}-v{_CACHE_VERSION}"
+def cache_folder(path: Path, requant: bool = False) -> Path:
+    """Where the conversion of this GGUF file is kept (re-quantised or dequantised)."""
+    suffix = f"-q{REQUANT_GROUP_SIZE}" if requant else ""
+    return cache_root() / "gguf" / f"{_file_key(path)}-v{_CACHE_VERSION}{suffix}"
 
 
 def _file_key(path: Path) -> str:
@@ -143,7 +162,7 @@ def _file_key(path: Path) -> str:
     return h.hexdigest()[:24]
 
 
-def _convert(path: Path, folder: Path) -> dict[str, mx.array] | None:
+def _convert(path: Path, folder: Path, requant: bool = False) -> dict[str, mx.array] | None:
     """Write the cache folder; return the weights when they came straight from `mx.load`."""
     from gguf.quants import dequantize
 
@@ -177,8 +196,11 @@ def _convert(path: Path, folder: Path) -> dict[str, mx.array] | None:
         tokenizer = _write_tokenizer(path, tmp)
         _add_end_of_turn_ids(config, tokenizer)
         if weights is None:
-            logger.info("dequantising GGUF weights once into the pippin cache")
-            _save_dequantised(path, tensors, arch, _BF16 in types, tmp)
+            how = "re-quantising" if requant else "dequantising"
+            logger.info("%s GGUF weights once into the pippin cache", how)
+            quant = _save_dequantised(path, tensors, arch, _BF16 in types, tmp, requant)
+            if quant:
+                config["quantization"] = {"group_size": REQUANT_GROUP_SIZE, "bits": 4, **quant}
         with open(tmp / "config.json", "w") as f:
             json.dump(config, f, indent=2)
         _write_generation_config(meta, config, tmp)
@@ -547,11 +569,19 @@ def _native_weights(path: Path, config: dict[str, Any]) -> dict[str, mx.array]:
 
 
 def _save_dequantised(
-    path: Path, tensors: list[TensorInfo], arch: str, bf16: bool, folder: Path
-) -> None:
-    """Dequantise tensor by tensor into safetensors shards, so memory stays near one shard."""
+    path: Path,
+    tensors: list[TensorInfo],
+    arch: str,
+    bf16: bool,
+    folder: Path,
+    requant: bool = False,
+) -> dict[str, dict[str, int]]:
+    """Dequantise tensor by tensor into safetensors shards, so memory stays near one shard;
+    with ``requant``, quantised matrices are re-quantised to MLX's affine format. Returns
+    the per-layer quantisation (mlx-lm's config["quantization"] entries)."""
     from gguf.quants import dequantize
 
+    quant: dict[str, dict[str, int]] = {}
     shard: dict[str, mx.array] = {}
     size = count = 0
     for i, t in enumerate(tensors):
@@ -566,15 +596,30 @@ def _save_dequantised(
             # float16 holds what quantised blocks decode to (their scales are float16); a BF16
             # file stays bfloat16, whose range float16 lacks.
             if bf16:
-                shard[name] = mx.array(a.astype(np.float32)).astype(mx.bfloat16)
+                w = mx.array(a.astype(np.float32)).astype(mx.bfloat16)
             else:
-                shard[name] = mx.array(a.astype(np.float16))
-            size += shard[name].nbytes
+                w = mx.array(a.astype(np.float16))
+            bits = _REQUANT_BITS.get(t.ggml_type) if requant else None
+            if bits and name.endswith(".weight") and _requantisable(w):
+                layer = name.removesuffix(".weight")
+                q, scales, biases = mx.quantize(w, group_size=REQUANT_GROUP_SIZE, bits=bits)
+                shard |= {name: q, f"{layer}.scales": scales, f"{layer}.biases": biases}
+                quant[layer] = {"group_size": REQUANT_GROUP_SIZE, "bits": bits}
+                size += q.nbytes + scales.nbytes + biases.nbytes
+            else:
+                shard[name] = w
+                size += w.nbytes
         if shard and (size >= _SHARD_BYTES or i == len(tensors) - 1):
             count += 1
             out = folder / f"model-{count:05d}.safetensors"
             mx.save_safetensors(str(out), shard, metadata={"format": "mlx"})
             shard, size = {}, 0
+    return quant
+
+
+def _requantisable(w: mx.array) -> bool:
+    # A Linear or Embedding matrix whose rows split into whole groups.
+    return w.ndim == 2 and w.shape[-1] % REQUANT_GROUP_SIZE == 0
 
 
 def _instantiate(config: dict[str, Any], weights: dict[str, mx.array] | None) -> nn.Module:

@@ -20,6 +20,8 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map_with_path, tree_unflatten
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from pippin import envs
+
 from .loaded import LoadedModel, ModelLoadError
 
 logger = logging.getLogger(__name__)
@@ -89,7 +91,7 @@ def load_model(
         for token_id in _eos_ids(generation, read_json(folder / "config.json")):
             tokenizer.add_eos_token(str(token_id))
         chosen = cast_params(model, config, dtype)
-        if weights and dtype is None and mx.default_device() == mx.cpu:
+        if weights and dtype is None and mx.default_device() == mx.cpu and cpu_unpack():
             _dequantize_for_cpu(model)
         if weights:
             mx.eval(model.parameters())
@@ -145,6 +147,29 @@ def resolve_spec(spec: str | None, revision: str | None) -> tuple[Path, str, str
     if spec.startswith(("/", ".", "~")) or not _is_hub_spec(spec):
         raise ModelLoadError(f"{spec}: no such file or folder")
     return _download(spec, revision), spec, spec
+
+
+def model_name(spec: str | None) -> str:
+    """The name `resolve_spec` gives ``spec``, without downloading anything."""
+    if spec is None:
+        return DEFAULT_MODEL_NAME
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        ggufs = sorted(path.glob("*.gguf"))
+        if not (path / "config.json").exists() and len(ggufs) == 1:
+            return ggufs[0].stem
+        return path.resolve().name
+    if path.is_file():
+        return path.stem
+    return spec
+
+
+def release_memory() -> None:
+    """Give back what an unloaded model held: its arrays, then MLX's buffer cache."""
+    import gc
+
+    gc.collect()
+    mx.clear_cache()
 
 
 def _is_hub_spec(spec: str) -> bool:
@@ -213,6 +238,13 @@ def cast_params(model: nn.Module, config: dict[str, Any], dtype: str | None) -> 
 # The share of the machine's memory a quantised model's weights may take once unpacked to
 # float32 on the CPU.
 CPU_UNPACK_SHARE = 0.25
+
+
+def cpu_unpack() -> bool:
+    """Whether quantised weights may be unpacked on the CPU (`PIPPIN_CPU_UNPACK`, not 0);
+    also off when GGUF K-quants are re-quantised on purpose (`PIPPIN_GGUF_REQUANT=1`), or
+    the re-quantisation would be undone."""
+    return envs.PIPPIN_CPU_UNPACK != "0" and envs.PIPPIN_GGUF_REQUANT != "1"
 
 
 def _dequantize_for_cpu(model: nn.Module) -> None:

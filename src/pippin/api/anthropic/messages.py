@@ -57,7 +57,7 @@ from pippin.api.common import (
 )
 from pippin.api.errors import OpenAIError, bad_request, server_error
 from pippin.api.openapi import anthropic_route
-from pippin.api.state import get_state, require_engine
+from pippin.api.state import check_model, get_state, require_engine, use_model
 from pippin.chat.tool_parsers.base import ParsedDelta
 from pippin.engine.client import EngineError
 from pippin.engine.types import SamplingParams
@@ -67,7 +67,7 @@ from pippin.structured.spec import GrammarSpec, StructuredOutputError
 from pippin.structured.tool_calls import forced_tool_grammar
 
 if TYPE_CHECKING:
-    from pippin.api.state import ServerState
+    from pippin.api.live_model import LiveModel as ServerState
 
 router = APIRouter()
 
@@ -83,18 +83,6 @@ def _error(message: str, param: str, status: int = 400) -> OpenAIError:
 
 
 # --- request -> prompt -------------------------------------------------------
-
-
-def check_model(state: ServerState, name: str) -> None:
-    """Served names, and any Claude model name (Claude Code asks for its own)."""
-    if name in state.model_names or name.startswith("claude"):
-        return
-    raise OpenAIError(
-        404,
-        f"model: {name} is not served here; use one of "
-        f"{', '.join(state.model_names)} (or any claude-* name).",
-        param="model",
-    )
 
 
 def _system_text(system: str | list[TextBlock] | None) -> str:
@@ -786,6 +774,7 @@ async def create_message(request: Request) -> Any:
     check_model(state, req.model)
     if not req.messages:
         raise bad_request("messages: at least one message is required.", param="messages")
+    state = await use_model(state, req.model)
     engine, loaded = require_engine(state)
     prompt = await _prompt(state, loaded.tokenizer, req)
     prompt_ids, tools = prompt.ids, prompt.tools
@@ -839,6 +828,7 @@ async def count_tokens(request: Request) -> Any:
     req = await parse_request(CountTokensRequest, await request.body())
     state = get_state(request)
     check_model(state, req.model)
+    state = await use_model(state, req.model)
     _, loaded = require_engine(state)
     prompt = await _prompt(state, loaded.tokenizer, req)
     body: dict[str, Any] = {"input_tokens": len(prompt.ids)}

@@ -24,6 +24,7 @@ from pippin.api.chat_pipeline import (
 )
 from pippin.api.common import cancel_on_disconnect, closing, parse_request
 from pippin.api.errors import OpenAIError, bad_request
+from pippin.api.live_model import LiveModel
 from pippin.api.logprobs import TokenRenderer
 from pippin.api.ollama.protocol import (
     ChatRequest,
@@ -32,7 +33,7 @@ from pippin.api.ollama.protocol import (
     Message,
     sampling_options,
 )
-from pippin.api.ollama.served import chat_model, touch
+from pippin.api.ollama.served import chat_model, chat_name, load_or_unload
 from pippin.api.openai.chat import format_logprobs
 from pippin.api.openai.protocol import SamplingFields
 from pippin.api.openai.sampling import build_sampling_params, resolve_max_tokens
@@ -98,7 +99,7 @@ def template_messages(messages: list[Message]) -> list[dict[str, Any]]:
     return out
 
 
-def think_kwargs(state: ServerState, think: bool | str | None, name: str) -> dict[str, Any]:
+def think_kwargs(state: LiveModel, think: bool | str | None, name: str) -> dict[str, Any]:
     """`think` as the model's template takes it; Ollama's 400 for a model that cannot."""
     kwargs = dict(state.settings.default_chat_template_kwargs)
     info, parsers = state.template, state.parsers
@@ -251,7 +252,7 @@ def tool_calls(parsed: ParsedDelta) -> list[dict[str, Any]]:
 
 
 async def prepare(
-    state: ServerState,
+    state: LiveModel,
     engine: EngineClient,
     tokenizer: Any,
     prompt_ids: list[int],
@@ -303,15 +304,17 @@ async def prepare(
     )
 
 
-def loaded_answer(name: str, chat: bool, keep_alive: Any) -> JSONResponse:
+async def loaded_answer(
+    state: ServerState, model: str, chat: bool, keep_alive: Any
+) -> JSONResponse:
     """An empty request: Ollama loads (or, with keep_alive 0, unloads) the model."""
-    reason = "unload" if keep_alive in (0, "0", "0s") else "load"
-    body: dict[str, Any] = {"model": name, "created_at": now()}
+    unloaded = await load_or_unload(state, model, keep_alive)
+    body: dict[str, Any] = {"model": chat_name(state, model), "created_at": now()}
     if chat:
         body["message"] = {"role": "assistant", "content": ""}
     else:
         body["response"] = ""
-    return JSONResponse(body | {"done": True, "done_reason": reason})
+    return JSONResponse(body | {"done": True, "done_reason": "unload" if unloaded else "load"})
 
 
 async def answer(request: Request, run: OllamaRun, stream: bool) -> Any:
@@ -326,23 +329,32 @@ async def answer(request: Request, run: OllamaRun, stream: bool) -> Any:
 RequestT = TypeVar("RequestT", ChatRequest, GenerateRequest)
 
 
-async def _opened(
-    request: Request, cls: type[RequestT]
-) -> tuple[int, RequestT, ServerState, str, EngineClient, LoadedModel]:
-    """The request's arrival time, body, and the chat model it names (`keep_alive` checked)."""
+async def _opened(request: Request, cls: type[RequestT]) -> tuple[int, RequestT, ServerState]:
+    """The request's arrival time, body and the server state (the model's name checked)."""
     started = time.perf_counter_ns()
     req = await parse_request(cls, await request.body())
     state = get_state(request)
-    name, engine, loaded = chat_model(state, req.model)
-    touch(state, name, req.keep_alive)
-    return started, req, state, name, engine, loaded
+    chat_name(state, req.model)
+    return started, req, state
+
+
+async def _model(
+    state: ServerState, req: ChatRequest | GenerateRequest
+) -> tuple[LiveModel, str, EngineClient, LoadedModel]:
+    """The chat model a request names, loaded (its `keep_alive` from now on), with its
+    name in answers, engine and weights."""
+    live = await chat_model(state, req.model, req.keep_alive)
+    engine, loaded = live.engine, live.loaded
+    assert engine is not None and loaded is not None
+    return live, live.model_names[0], engine, loaded
 
 
 @router.post("/api/chat", response_model=None, **ollama_route(ChatRequest, stream=True))
 async def chat(request: Request) -> Any:
-    started, req, state, name, engine, loaded = await _opened(request, ChatRequest)
+    started, req, server = await _opened(request, ChatRequest)
     if not req.messages:
-        return loaded_answer(name, True, req.keep_alive)
+        return await loaded_answer(server, req.model, True, req.keep_alive)
+    state, name, engine, loaded = await _model(server, req)
     messages = template_messages(req.messages)
     tools = [t.model_dump(exclude_none=True) for t in req.tools or []] or None
     kwargs = think_kwargs(state, req.think, name)
@@ -355,7 +367,8 @@ async def chat(request: Request) -> Any:
 
 @router.post("/api/generate", response_model=None, **ollama_route(GenerateRequest, stream=True))
 async def generate(request: Request) -> Any:
-    started, req, state, name, engine, loaded = await _opened(request, GenerateRequest)
+    started, req, server = await _opened(request, GenerateRequest)
+    name = chat_name(server, req.model)
     no_images(req.images, "images")
     if req.suffix:
         raise bad_request(f'"{name}" does not support insert', param="suffix")
@@ -365,7 +378,8 @@ async def generate(request: Request) -> Any:
             param="template",
         )
     if not req.prompt and not req.context:
-        return loaded_answer(name, False, req.keep_alive)
+        return await loaded_answer(server, req.model, False, req.keep_alive)
+    state, name, engine, loaded = await _model(server, req)
     assert state.limits is not None
     context = list(req.context or [])
     bad = next((t for t in context if not 0 <= t < state.limits.vocab_size), None)

@@ -13,7 +13,7 @@ from pippin.api.common import cancel_on_disconnect, parse_request
 from pippin.api.errors import bad_request
 from pippin.api.limits import context_exceeded
 from pippin.api.ollama.protocol import EmbeddingsRequest, EmbedRequest, sampling_options
-from pippin.api.ollama.served import not_found, resolve, touch
+from pippin.api.ollama.served import chat_entry, not_found, resolve, touch
 from pippin.api.openapi import ollama_route
 from pippin.api.state import ServerState, get_state, require_extra_model
 from pippin.embed.inputs import InputTooLong
@@ -25,7 +25,7 @@ router = APIRouter()
 def _model(state: ServerState, name: str) -> tuple[Any, Embedder, str]:
     served = resolve(state, name, "embedding")
     if served is None:
-        if resolve(state, name) is not None:
+        if chat_entry(state, name) is not None:
             # Ollama embeds with chat models too; pippin serves embeddings from an
             # embedding model only.
             raise bad_request(f'"{name}" does not support embeddings', param="model")
@@ -57,7 +57,7 @@ async def embed(request: Request) -> dict[str, Any]:
     req = await parse_request(EmbedRequest, await request.body())
     state = get_state(request)
     worker, model, name = _model(state, req.model)
-    touch(state, name, req.keep_alive)
+    touch(req.keep_alive)
     sampling_options(req.options)  # checked as Ollama checks them; none applies here
     texts = [req.input] if isinstance(req.input, str) else list(req.input)
     if not texts or not all(texts):
@@ -85,7 +85,7 @@ async def embeddings(request: Request) -> dict[str, Any]:
     req = await parse_request(EmbeddingsRequest, await request.body())
     state = get_state(request)
     worker, model, name = _model(state, req.model)
-    touch(state, name, req.keep_alive)
+    touch(req.keep_alive)
     sampling_options(req.options)
     if not req.prompt:
         return {"embedding": []}  # as Ollama answers an empty prompt

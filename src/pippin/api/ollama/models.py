@@ -9,8 +9,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from pippin.api.common import parse_request
+from pippin.api.live_model import LiveModel
 from pippin.api.ollama.protocol import ShowRequest
-from pippin.api.ollama.served import Listed, expires_at, find, listed
+from pippin.api.ollama.served import Listed, expires_at, find, listed, running
 from pippin.api.openapi import ollama_route
 from pippin.api.state import ServerState, get_state
 
@@ -25,12 +26,18 @@ def _digest(m: Listed) -> str:
     return hashlib.sha256(f"{m.name}|{m.source}".encode()).hexdigest()
 
 
-def _details(m: Listed, state: ServerState) -> dict[str, Any]:
+def _live(m: Listed) -> LiveModel | None:
+    """A chat model's `LiveModel` while it is loaded."""
+    return m.entry.live if m.entry is not None else None
+
+
+def _details(m: Listed) -> dict[str, Any]:
     fmt = "gguf" if m.source.endswith(".gguf") else "safetensors"
     quant = ""
-    if m.kind == "chat" and state.loaded is not None:
-        q = state.loaded.config.get("quantization") or {}
-        quant = f"Q{q['bits']}" if isinstance(q, dict) and "bits" in q else state.loaded.dtype
+    live = _live(m)
+    if live is not None and live.loaded is not None:
+        q = live.loaded.config.get("quantization") or {}
+        quant = f"Q{q['bits']}" if isinstance(q, dict) and "bits" in q else live.loaded.dtype
     return {
         "parent_model": "",
         "format": fmt,
@@ -48,7 +55,7 @@ def _entry(m: Listed, state: ServerState) -> dict[str, Any]:
         "modified_at": _iso(state.created),
         "size": m.size,
         "digest": _digest(m),
-        "details": _details(m, state),
+        "details": _details(m),
     }
 
 
@@ -66,12 +73,10 @@ async def tags(request: Request) -> dict[str, Any]:
 async def ps(request: Request) -> dict[str, Any]:
     state = get_state(request)
     out = []
-    for m in listed(state):
-        if m.kind == "chat" and (state.engine is None or not state.engine.ready):
-            continue
+    for m in running(state):
         entry = _entry(m, state)
         entry |= {
-            "expires_at": expires_at(state, m.name).isoformat().replace("+00:00", "Z"),
+            "expires_at": expires_at(m).isoformat().replace("+00:00", "Z"),
             "size_vram": m.size,
             "context_length": m.context_length,
         }
@@ -80,12 +85,12 @@ async def ps(request: Request) -> dict[str, Any]:
     return {"models": out}
 
 
-def _capabilities(m: Listed, state: ServerState) -> list[str]:
+def _capabilities(m: Listed, live: LiveModel | None) -> list[str]:
     if m.kind != "chat":
         return [m.kind]  # "embedding" (and pippin's "rerank")
     # Tools on any model: a template without them gets the generic tool format.
     caps = ["completion", "tools"]
-    if state.parsers is not None and state.parsers.reasoning is not None:
+    if live is not None and live.parsers is not None and live.parsers.reasoning is not None:
         caps.append("thinking")
     return caps
 
@@ -95,26 +100,33 @@ async def show(request: Request) -> dict[str, Any]:
     req = await parse_request(ShowRequest, await request.body())
     state = get_state(request)
     m = find(state, req.model or req.name)
+    live = None
+    if m.entry is not None:
+        # Its template, defaults and thinking mode come from the loaded model: clients
+        # ask before their first chat, which would load it anyway.
+        assert state.registry is not None
+        live = await state.registry.acquire(m.entry.name)
+        m = find(state, m.name)
     info: dict[str, Any] = {"general.architecture": m.family}
-    if m.kind == "chat" and state.loaded is not None:
-        cfg = state.loaded.config
+    if live is not None and live.loaded is not None:
+        cfg = live.loaded.config
         for key in ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size"):
             if isinstance(cfg.get(key), int):
                 info[f"{m.family}.{key}"] = cfg[key]
     if m.context_length:
         info[f"{m.family or 'general'}.context_length"] = m.context_length
     params = ""
-    if m.kind == "chat":
+    if live is not None:
         params = "\n".join(
-            f"{k:<20}{v}" for k, v in sorted(state.defaults.items()) if k != "max_tokens"
+            f"{k:<20}{v}" for k, v in sorted(live.defaults.items()) if k != "max_tokens"
         )
     return {
         "modelfile": f"FROM {m.name}\n",
         "parameters": params,
-        "template": state.template_source if m.kind == "chat" else "",
-        "details": _details(m, state),
+        "template": live.template_source if live is not None else "",
+        "details": _details(m),
         "model_info": info,
-        "capabilities": _capabilities(m, state),
+        "capabilities": _capabilities(m, live),
         "modified_at": _iso(state.created),
     }
 

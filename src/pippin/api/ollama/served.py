@@ -1,22 +1,24 @@
 """The one place the Ollama routes look models up: names as Ollama clients send them,
-the chat model behind a name, what /api/tags and /api/ps list, and `keep_alive`.
+the chat model behind a name (through the registry, `pippin.api.registry`), what
+/api/tags and /api/ps list, and `keep_alive`.
 
-Today the server has one chat model (and maybe an embedding and a rerank model), so a
-request's `keep_alive` is checked but unloads nothing, and /api/ps shows every model as
-loaded for good.
+Chat models load on demand and unload after their idle time; a request's `keep_alive`
+replaces that time from then on (`ModelRegistry.acquire`). The embedding and rerank models
+stay loaded for good, so their `keep_alive` is only checked.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from pippin.api.errors import OpenAIError
+from pippin.api.live_model import LiveModel
 from pippin.api.ollama.protocol import KeepAlive, keep_alive_seconds
+from pippin.api.registry import LOADED, ModelEntry, ModelRegistry
 from pippin.api.state import ServerState, require_engine
-from pippin.engine.client import EngineClient
-from pippin.store.loaded import LoadedModel
 
 # What /api/ps reports for a model that stays loaded: far in the future, as Ollama does
 # for `keep_alive: -1`.
@@ -27,33 +29,73 @@ def not_found(name: str) -> OpenAIError:
     return OpenAIError(404, f'model "{name}" not found, try pulling it first', param="model")
 
 
-def _names(state: ServerState, kind: str | None) -> list[str]:
-    if kind is None:
-        return list(state.model_names)
-    return list(state.extra_names.get(kind, []))
+def _registry(state: ServerState) -> ModelRegistry:
+    assert state.registry is not None
+    return state.registry
 
 
-def resolve(state: ServerState, name: str, kind: str | None = None) -> str | None:
-    """The served name `name` stands for, or None: as sent, or without Ollama's default
-    tag (`smollm2:latest` is `smollm2`)."""
-    names = _names(state, kind)
-    for candidate in (name, name.removesuffix(":latest")):
-        if candidate in names:
-            return candidate
+def _candidates(name: str) -> tuple[str, ...]:
+    # Ollama's default tag: `smollm2:latest` is `smollm2`.
+    return (name, name.removesuffix(":latest"))
+
+
+def chat_entry(state: ServerState, name: str) -> ModelEntry | None:
+    """The chat model `name` stands for (`ModelRegistry.resolve`), or None."""
+    for candidate in _candidates(name):
+        try:
+            return _registry(state).resolve(candidate)
+        except OpenAIError:
+            continue
     return None
 
 
-def chat_model(state: ServerState, name: str) -> tuple[str, EngineClient, LoadedModel]:
-    """The chat model a request names: its served name, engine and weights."""
+def resolve(state: ServerState, name: str, kind: str) -> str | None:
+    """The served name of the `kind` model ("embedding" or "rerank") `name` stands for."""
+    names = state.extra_names.get(kind, [])
+    return next((c for c in _candidates(name) if c in names), None)
+
+
+def chat_name(state: ServerState, name: str) -> str:
+    """The main name of the chat model a request names (400 for an embedding model, 404
+    for an unknown one). Loads nothing."""
     if not name:
         raise OpenAIError(400, "model is required", param="model")
-    served = resolve(state, name)
-    if served is None:
+    entry = chat_entry(state, name)
+    if entry is None:
         if resolve(state, name, "embedding") is not None:
             raise OpenAIError(400, f'"{name}" does not support chat', param="model")
         raise not_found(name)
-    engine, loaded = require_engine(state)
-    return served, engine, loaded
+    return entry.name
+
+
+def registry_keep_alive(keep_alive: KeepAlive) -> float | None:
+    """A request's `keep_alive` as the registry takes it (negative: forever; None: the
+    model's own); a bad one is a 400."""
+    if keep_alive is None:
+        return None
+    seconds = keep_alive_seconds(keep_alive)
+    return -1.0 if seconds is None else seconds
+
+
+async def chat_model(state: ServerState, name: str, keep_alive: KeepAlive) -> LiveModel:
+    """The loaded chat model `name` (loading it if need be), held until the response is
+    sent; `keep_alive` becomes its idle time from now on."""
+    seconds = registry_keep_alive(keep_alive)
+    live = await _registry(state).acquire(chat_name(state, name), keep_alive=seconds)
+    require_engine(live)
+    return live
+
+
+async def load_or_unload(state: ServerState, name: str, keep_alive: KeepAlive) -> bool:
+    """An empty request (no messages, no prompt): Ollama's way to load a model, or with
+    `keep_alive` 0 to unload it. True when it unloads."""
+    seconds = registry_keep_alive(keep_alive)
+    main = chat_name(state, name)
+    if seconds == 0:
+        await _registry(state).unload(main)
+        return True
+    await _registry(state).acquire(main, keep_alive=seconds)
+    return False
 
 
 @dataclass
@@ -64,17 +106,26 @@ class Listed:
     family: str
     size: int  # bytes of weights, when known
     context_length: int | None
+    entry: ModelEntry | None = None  # a chat model's registry entry
+
+
+def _chat_listed(entry: ModelEntry) -> list[Listed]:
+    live = entry.live
+    if live is not None and live.loaded is not None:
+        loaded = live.loaded
+        source, config = loaded.source, loaded.config
+        ctx = live.engine.max_model_len if live.engine is not None else None
+    else:
+        source, config = entry.spec.model or "", _config_on_disk(entry.spec.model)
+        ctx = entry.spec.max_model_len
+    family = str(config.get("model_type", ""))
+    size = _weights_bytes(source)
+    return [Listed(n, "chat", source, family, size, ctx, entry) for n in entry.served_names]
 
 
 def listed(state: ServerState) -> list[Listed]:
-    """Every served model, for /api/tags, /api/ps and /api/show."""
-    out: list[Listed] = []
-    loaded = state.loaded
-    if loaded is not None:
-        family = str(loaded.config.get("model_type", ""))
-        ctx = state.engine.max_model_len if state.engine is not None else None
-        for n in state.model_names:
-            out.append(Listed(n, "chat", loaded.source, family, _weights_bytes(loaded), ctx))
+    """Every served model, loaded or not, for /api/tags, /api/ps and /api/show."""
+    out = [m for e in _registry(state).entries() for m in _chat_listed(e)]
     for kind, names in state.extra_names.items():
         model = state.embed.models.get(kind) if state.embed is not None else None
         for n in names:
@@ -84,21 +135,42 @@ def listed(state: ServerState) -> list[Listed]:
     return out
 
 
+def running(state: ServerState) -> list[Listed]:
+    """The loaded models, for /api/ps: a chat model's size is its memory (weights and KV
+    pool, as the registry measured it at load)."""
+    out = []
+    for m in listed(state):
+        if m.entry is not None:
+            live = m.entry.live
+            if m.entry.state != LOADED or live is None or live.engine is None:
+                continue
+            if not live.engine.ready:
+                continue
+            m.size = m.entry.memory_bytes or m.size
+        out.append(m)
+    return out
+
+
 def find(state: ServerState, name: str) -> Listed:
-    for kind in (None, "embedding", "rerank"):
+    entry = chat_entry(state, name)
+    if entry is not None:
+        return next(m for m in listed(state) if m.entry is entry)
+    for kind in ("embedding", "rerank"):
         served = resolve(state, name, kind)
         if served is not None:
-            return next(m for m in listed(state) if m.name == served)
+            return next(m for m in listed(state) if m.name == served and m.kind == kind)
     raise not_found(name)
 
 
 _WEIGHT_SUFFIXES = (".gguf", ".safetensors", ".npz", ".bin")
 
 
-def _weights_bytes(loaded: LoadedModel) -> int:
+def _weights_bytes(source: str) -> int:
     """The weights' size on disk, as Ollama reports a model's size (0 for a Hub id
     whose files are not at `source`)."""
-    path = Path(loaded.source)
+    if not source:
+        return 0
+    path = Path(source)
     if path.is_file():
         return path.stat().st_size
     if path.is_dir():
@@ -106,16 +178,28 @@ def _weights_bytes(loaded: LoadedModel) -> int:
     return 0
 
 
+def _config_on_disk(source: str | None) -> dict[str, object]:
+    """A model folder's config.json, read without loading the model ({} if none)."""
+    path = Path(source) / "config.json" if source else None
+    if path is None or not path.is_file():
+        return {}
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
 # --- keep_alive ------------------------------------------------------------------
 
 
-def touch(state: ServerState, name: str, keep_alive: KeepAlive) -> None:
-    """A request used `name` with this `keep_alive` (a bad one is a 400). The one chat
-    model is pinned until the registry of models loads and unloads them, so a valid
-    `keep_alive` changes nothing yet."""
+def touch(keep_alive: KeepAlive) -> None:
+    """An embedding request's `keep_alive`: checked (a bad one is a 400); those models
+    stay loaded."""
     keep_alive_seconds(keep_alive)
 
 
-def expires_at(state: ServerState, name: str) -> datetime:
-    """When `name` will be unloaded: never, for today's pinned models."""
-    return FOREVER
+def expires_at(m: Listed) -> datetime:
+    """When a loaded model will be unloaded if nothing uses it (far away: never)."""
+    at = m.entry.expires_at() if m.entry is not None else None
+    return FOREVER if at is None else datetime.fromtimestamp(at, timezone.utc)

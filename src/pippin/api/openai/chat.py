@@ -51,7 +51,7 @@ from pippin.api.openai.protocol import (
 from pippin.api.openai.sampling import build_sampling_params, resolve_max_tokens
 from pippin.api.openai.structured_output import chat_spec, forced_tool
 from pippin.api.openapi import openai_route
-from pippin.api.state import check_model, get_state, require_engine
+from pippin.api.state import check_model, get_state, require_engine, use_model
 from pippin.chat.output import OutputParser
 from pippin.chat.tool_parsers.base import ParsedDelta, collect_calls
 from pippin.engine.client import EngineClient, EngineError
@@ -478,6 +478,7 @@ async def create_chat_completion(request: Request) -> Any:
     reject_unsupported(req)
     messages = template_messages(req)
     tools = template_tools(req)
+    state = await use_model(state, req.model)
     engine, loaded = require_engine(state)
     info = state.template
     assert info is not None and state.limits is not None

@@ -34,7 +34,7 @@ from pippin.api.openai.protocol import CompletionRequest, framed_stream
 from pippin.api.openai.sampling import build_sampling_params, resolve_max_tokens
 from pippin.api.openai.structured_output import completion_constraint
 from pippin.api.openapi import openai_route
-from pippin.api.state import check_model, get_state, require_engine
+from pippin.api.state import check_model, get_state, require_engine, use_model
 from pippin.engine.client import EngineClient, EngineError
 from pippin.engine.types import RequestOutput, SamplingParams, TokenLogprob
 
@@ -339,6 +339,7 @@ async def create_completion(request: Request) -> Any:
     state = get_state(request)
     check_model(state, req.model)
     _reject_unsupported(req)
+    state = await use_model(state, req.model)
     engine, loaded = require_engine(state)
     limits = state.limits
     assert limits is not None

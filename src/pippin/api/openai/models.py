@@ -1,4 +1,9 @@
-"""The served models: /v1/models and /v1/models/{id}."""
+"""The served models: /v1/models and /v1/models/{id}.
+
+Every chat model of the registry is listed under each of its served names and aliases,
+loaded or not, with its ``state`` (loaded, loading, unloaded) and, once loaded, its
+memory and context length; then the embedding and rerank models.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +12,34 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from pippin.api.openapi import openai_route
+from pippin.api.registry import LOADED, ModelEntry
 from pippin.api.state import ServerState, check_model, get_state
 
 router = APIRouter()
 
 
-def _all_names(state: ServerState) -> list[str]:
-    return state.model_names + [n for names in state.extra_names.values() for n in names]
+def _chat_card(state: ServerState, entry: ModelEntry, name: str) -> dict[str, Any]:
+    card: dict[str, Any] = {
+        "id": name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "pippin",
+        "root": entry.spec.model or entry.name,
+        "state": entry.state,
+        "pinned": entry.pinned,
+    }
+    live = entry.live
+    if entry.state == LOADED and live is not None and live.engine is not None:
+        if live.engine.ready:
+            card["max_model_len"] = live.engine.max_model_len  # as vLLM reports it
+        card["memory_bytes"] = entry.memory_bytes
+        expires = entry.expires_at()
+        if expires is not None:
+            card["expires_at"] = int(expires)
+    return card
 
 
-def _model_card(state: ServerState, name: str) -> dict[str, Any]:
+def _extra_card(state: ServerState, name: str) -> dict[str, Any]:
     card: dict[str, Any] = {
         "id": name,
         "object": "model",
@@ -26,19 +49,27 @@ def _model_card(state: ServerState, name: str) -> dict[str, Any]:
     extra = state.extra_model(name)
     if extra is not None:
         card["max_model_len"] = extra.max_len
-    elif state.engine is not None and state.engine.ready:
-        card["max_model_len"] = state.engine.max_model_len  # as vLLM reports it
     return card
+
+
+def _cards(state: ServerState) -> list[dict[str, Any]]:
+    reg = state.registry
+    chat = [_chat_card(state, e, n) for e in reg.entries() for n in e.served_names] if reg else []
+    extra = [_extra_card(state, n) for names in state.extra_names.values() for n in names]
+    return chat + extra
 
 
 @router.get("/v1/models", **openai_route())
 async def list_models(request: Request) -> dict[str, Any]:
-    state = get_state(request)
-    return {"object": "list", "data": [_model_card(state, n) for n in _all_names(state)]}
+    return {"object": "list", "data": _cards(get_state(request))}
 
 
 @router.get("/v1/models/{model_id:path}", **openai_route())
 async def retrieve_model(model_id: str, request: Request) -> dict[str, Any]:
     state = get_state(request)
-    check_model(state, model_id, _all_names(state))
-    return _model_card(state, model_id)
+    extra = [n for names in state.extra_names.values() for n in names]
+    if model_id in extra:
+        return _extra_card(state, model_id)
+    check_model(state, model_id)
+    assert state.registry is not None
+    return _chat_card(state, state.registry.resolve(model_id), model_id)

@@ -64,7 +64,7 @@ from pippin.api.openai.responses_protocol import (
 from pippin.api.openai.sampling import build_sampling_params, resolve_max_tokens
 from pippin.api.openai.structured_output import ForcedTool, forced_tool
 from pippin.api.openapi import openai_route
-from pippin.api.state import check_model, get_state, require_engine
+from pippin.api.state import check_model, get_state, require_engine, use_model
 from pippin.chat.tool_parsers.base import CallDelta, ParsedDelta, random_call_id
 from pippin.engine.client import EngineClient, EngineError
 from pippin.engine.types import SamplingParams
@@ -764,6 +764,7 @@ async def create_response(request: Request) -> Any:
     messages = template_messages(req.instructions, conversation)
     if not messages:
         raise bad_request("Missing required parameter: 'input'.", param="input")
+    state = await use_model(state, req.model)
     engine, loaded = require_engine(state)
     assert state.template is not None and state.limits is not None
     kwargs = template_kwargs(req, state.settings.default_chat_template_kwargs, state)

@@ -20,7 +20,7 @@ from pippin.structured.spec import GrammarSpec, StructuredOutputError
 from pippin.structured.tool_calls import forced_tool_grammar
 
 if TYPE_CHECKING:
-    from pippin.api.state import ServerState
+    from pippin.api.live_model import LiveModel
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def guided_spec(req: SamplingFields) -> GrammarSpec | None:
 
 def chat_spec(
     req: ChatCompletionRequest,
-    state: ServerState,
+    state: LiveModel,
     compiler: GrammarCompiler,
     tools: list[dict[str, Any]] | None,
 ) -> GrammarSpec | None:
@@ -108,6 +108,6 @@ def chat_spec(
     return fmt or guided
 
 
-async def completion_constraint(state: ServerState, req: SamplingFields) -> Constraint | None:
+async def completion_constraint(state: LiveModel, req: SamplingFields) -> Constraint | None:
     spec = guided_spec(req)
     return None if spec is None else await compile_spec(state, spec)

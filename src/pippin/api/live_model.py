@@ -1,0 +1,107 @@
+"""`LiveModel`: one loaded chat model and what the routes need of it.
+
+Its engine, its `LoadedModel`, its limits and sampling defaults, template info, output
+parsers, grammar compiler, token renderer and fingerprint. The registry
+(`pippin.api.registry`) builds one per model when it loads; every chat-shaped route gets
+its `LiveModel` from the registry by the request's ``model`` field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pippin import __version__
+from pippin.api.limits import Limits, merge_defaults
+from pippin.api.logprobs import TokenRenderer
+from pippin.chat import generic_tools
+from pippin.chat.output import ParserChoice
+from pippin.chat.template import TemplateInfo, inspect_template
+from pippin.engine.client import EngineClient
+from pippin.obs.observer import ServerObserver
+from pippin.store.loaded import LoadedModel
+from pippin.structured.compiler import GrammarCompiler
+
+if TYPE_CHECKING:
+    from pippin.api.settings import ServerSettings
+
+log = logging.getLogger("pippin.server")
+
+
+@dataclass
+class LiveModel:
+    """A chat model being served. ``model_names`` are its names (the first is the one
+    responses carry); ``settings`` the server's (shared by every model)."""
+
+    settings: ServerSettings
+    model_names: list[str] = field(default_factory=list)
+    loaded: LoadedModel | None = None
+    engine: EngineClient | None = None
+    limits: Limits | None = None
+    defaults: dict[str, Any] = field(default_factory=dict)
+    template: TemplateInfo | None = None
+    template_source: str = ""
+    parsers: ParserChoice | None = None
+    # The parsers of a request whose tools the template cannot show (chat/generic_tools).
+    generic_parsers: ParserChoice | None = None
+    grammars: GrammarCompiler | None = None  # structured output for this model
+    token_renderer: Any = None
+    fingerprint: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+    observer: ServerObserver = field(default_factory=lambda: ServerObserver(None))
+
+    def attach(
+        self,
+        loaded: LoadedModel,
+        engine: EngineClient,
+        *,
+        sampling: dict[str, Any] | None = None,
+        tool_call_parser: str | None = None,
+        reasoning_parser: str | None = None,
+    ) -> None:
+        """Fill in everything derived from the model, once its engine runs. ``sampling``
+        (the model's own defaults from --models) goes above the server's --default-*."""
+        s = self.settings
+        self.loaded, self.engine = loaded, engine
+        self.model_names = self.model_names or [loaded.name]
+        self.limits = Limits(
+            max_model_len=engine.max_model_len,
+            vocab_size=loaded.vocab_size,
+            max_tokens_cap=s.engine.max_tokens_cap,
+        )
+        overrides = {**s.sampling_overrides, **(sampling or {})}
+        self.defaults = merge_defaults(loaded.generation_defaults, overrides)
+        self.template = inspect_template(loaded.tokenizer)
+        tmpl = getattr(loaded.tokenizer, "chat_template", None)
+        self.template_source = str(tmpl or "")
+        self.token_renderer = TokenRenderer(loaded.tokenizer)
+        model_type = str(loaded.config.get("model_type", ""))
+        reasoning = reasoning_parser or s.reasoning_parser
+
+        def parsers(tool_parser: str) -> ParserChoice:
+            return ParserChoice.for_model(
+                loaded.tokenizer, model_type, self.template_source, tool_parser, reasoning
+            )
+
+        self.parsers = parsers(tool_call_parser or s.tool_call_parser)
+        if self.parsers.tool is not None:
+            self.parsers.tool.prepare()
+        self.generic_parsers = parsers(generic_tools.PARSER)
+        log.info(
+            "model '%s' output parsers: tool calls %s, reasoning %s",
+            self.model_names[0],
+            self.parsers.tool.name if self.parsers.tool else "none",
+            self.parsers.reasoning.name if self.parsers.reasoning else "none",
+        )
+        self.grammars = GrammarCompiler(
+            loaded.tokenizer, self.limits.vocab_size, loaded.eos_token_ids
+        )
+        # Changes whenever what produces the tokens changes (OpenAI's meaning).
+        ident = (
+            f"{__version__}|{loaded.source}|{loaded.dtype}|{s.engine.block_size}"
+            f"|{s.engine.kv_bits}|{s.engine.kv_group_size}"
+        )
+        self.fingerprint = "fp_" + hashlib.sha256(ident.encode()).hexdigest()[:10]

@@ -1,0 +1,66 @@
+"""`ServerSettings`: what the CLI decided, everything the app needs besides the models."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pippin.api.admission import ApiKey
+from pippin.api.http_limits import CorsSettings, HeadLimits
+from pippin.api.model_specs import ModelSpec
+from pippin.embed.config import EmbedSettings
+from pippin.engine.config import EngineConfig
+
+MIB = 1024 * 1024
+
+
+@dataclass
+class ServerSettings:
+    """What the CLI decided; everything the app needs besides the model itself."""
+
+    # Local folder, GGUF file or Hub id; None: the default model.
+    model: str | None = None
+    served_model_names: list[str] = field(default_factory=list)
+    api_key: str | None = None
+    dtype: str | None = None
+    trust_remote_code: bool = False
+    revision: str | None = None
+    max_request_body_bytes: int = 16 * MIB
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    # Run the engine in a process of its own (--engine-process): its own GIL.
+    engine_process: bool = False
+    # --default-temperature etc.: above the model's defaults, below the request.
+    sampling_overrides: dict[str, Any] = field(default_factory=dict)
+    default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    tool_call_parser: str = "auto"  # a parser name, "auto" or "none"
+    reasoning_parser: str = "auto"
+    # Serve Prometheus metrics on /metrics (--no-metrics turns them off).
+    metrics: bool = True
+    # Optional embedding and rerank models served beside the chat model.
+    embed: EmbedSettings = field(default_factory=EmbedSettings)
+    # --warm-prompts: a JSON file of prompts prefilled before the server turns ready.
+    warm_prompts: str | None = None
+    # --allowed-origins etc.: browsers on other origins may call the API (off by default).
+    cors: CorsSettings = field(default_factory=CorsSettings)
+    # --log-prompts: request and response bodies in the request log (never otherwise).
+    log_prompts: bool = False
+    head_limits: HeadLimits = field(default_factory=HeadLimits)
+    # Admission (pippin.api.admission): --max-queue, --api-keys, and --drain-timeout
+    # (how long SIGTERM waits for requests in flight).
+    max_queue: int | None = None
+    api_keys: list[ApiKey] = field(default_factory=list)
+    drain_timeout_s: float = 30.0
+    # Several chat models (--model repeated, --models FILE); empty: the one above.
+    models: list[ModelSpec] = field(default_factory=list)
+    # --model-alias PATTERN=MODEL: request names matching PATTERN go to MODEL.
+    model_aliases: list[tuple[str, str]] = field(default_factory=list)
+    # --memory-budget: bytes the loaded chat models may take (weights + KV pools).
+    memory_budget: int | None = None
+    # --model-load-timeout: how long a request waits for its model to load.
+    model_load_timeout: float = 300.0
+
+    def model_specs(self) -> list[ModelSpec]:
+        """The chat models: ``models``, else the one model (loaded at start-up)."""
+        if self.models:
+            return self.models
+        return [ModelSpec(model=self.model, names=list(self.served_model_names), pinned=True)]
