@@ -56,11 +56,10 @@ class DrainingServer(uvicorn.Server):
             await asyncio.sleep(0.05)
         if a.in_flight:
             log.warning("drain timeout: ending %d request(s) with an error", a.in_flight)
-        engine = self.state.engine
-        if engine is not None:
-            # Ends what is left with an error and writes the SSD tier (stop is idempotent:
-            # the lifespan's stop later finds nothing to do).
-            await engine.stop()
+        if self.state.registry is not None:
+            # Every loaded model's engine: ends what is left with an error and writes the
+            # SSD tier (stop is idempotent: the lifespan's stop later finds nothing to do).
+            await self.state.registry.stop()
         t1 = time.monotonic()
         while a.in_flight and time.monotonic() - t1 < _ERROR_GRACE_S:
             await asyncio.sleep(0.05)
