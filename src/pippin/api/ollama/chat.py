@@ -33,7 +33,12 @@ from pippin.api.ollama.protocol import (
     Message,
     sampling_options,
 )
-from pippin.api.ollama.served import chat_model, chat_name, load_or_unload
+from pippin.api.ollama.served import (
+    chat_model,
+    chat_name,
+    load_or_unload,
+    registry_keep_alive,
+)
 from pippin.api.openai.chat import format_logprobs
 from pippin.api.openai.protocol import SamplingFields
 from pippin.api.openai.sampling import build_sampling_params, resolve_max_tokens
@@ -330,11 +335,13 @@ RequestT = TypeVar("RequestT", ChatRequest, GenerateRequest)
 
 
 async def _opened(request: Request, cls: type[RequestT]) -> tuple[int, RequestT, ServerState]:
-    """The request's arrival time, body and the server state (the model's name checked)."""
+    """The request's arrival time, body and the server state (the model's name and
+    `keep_alive` checked)."""
     started = time.perf_counter_ns()
     req = await parse_request(cls, await request.body())
     state = get_state(request)
     chat_name(state, req.model)
+    registry_keep_alive(req.keep_alive)
     return started, req, state
 
 
@@ -346,7 +353,7 @@ async def _model(
     live = await chat_model(state, req.model, req.keep_alive)
     engine, loaded = live.engine, live.loaded
     assert engine is not None and loaded is not None
-    return live, live.model_names[0], engine, loaded
+    return live, chat_name(state, req.model), engine, loaded
 
 
 @router.post("/api/chat", response_model=None, **ollama_route(ChatRequest, stream=True))

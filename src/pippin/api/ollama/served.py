@@ -39,14 +39,20 @@ def _candidates(name: str) -> tuple[str, ...]:
     return (name, name.removesuffix(":latest"))
 
 
-def chat_entry(state: ServerState, name: str) -> ModelEntry | None:
-    """The chat model `name` stands for (`ModelRegistry.resolve`), or None."""
+def _chat(state: ServerState, name: str) -> tuple[str, ModelEntry] | None:
+    """The name that resolved (as sent, or without `:latest`) and its chat model."""
     for candidate in _candidates(name):
         try:
-            return _registry(state).resolve(candidate)
+            return candidate, _registry(state).resolve(candidate)
         except OpenAIError:
             continue
     return None
+
+
+def chat_entry(state: ServerState, name: str) -> ModelEntry | None:
+    """The chat model `name` stands for (`ModelRegistry.resolve`), or None."""
+    found = _chat(state, name)
+    return found[1] if found is not None else None
 
 
 def resolve(state: ServerState, name: str, kind: str) -> str | None:
@@ -56,16 +62,16 @@ def resolve(state: ServerState, name: str, kind: str) -> str | None:
 
 
 def chat_name(state: ServerState, name: str) -> str:
-    """The main name of the chat model a request names (400 for an embedding model, 404
-    for an unknown one). Loads nothing."""
+    """The name of the chat model a request names, as answers carry it (without
+    `:latest`); 400 for an embedding model, 404 for an unknown one. Loads nothing."""
     if not name:
         raise OpenAIError(400, "model is required", param="model")
-    entry = chat_entry(state, name)
-    if entry is None:
+    found = _chat(state, name)
+    if found is None:
         if resolve(state, name, "embedding") is not None:
             raise OpenAIError(400, f'"{name}" does not support chat', param="model")
         raise not_found(name)
-    return entry.name
+    return found[0]
 
 
 def registry_keep_alive(keep_alive: KeepAlive) -> float | None:
@@ -90,11 +96,11 @@ async def load_or_unload(state: ServerState, name: str, keep_alive: KeepAlive) -
     """An empty request (no messages, no prompt): Ollama's way to load a model, or with
     `keep_alive` 0 to unload it. True when it unloads."""
     seconds = registry_keep_alive(keep_alive)
-    main = chat_name(state, name)
+    resolved = chat_name(state, name)
     if seconds == 0:
-        await _registry(state).unload(main)
+        await _registry(state).unload(resolved)
         return True
-    await _registry(state).acquire(main, keep_alive=seconds)
+    await _registry(state).acquire(resolved, keep_alive=seconds)
     return False
 
 
