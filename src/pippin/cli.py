@@ -8,6 +8,7 @@ whose meaning differs in those servers are not aliased.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import os
@@ -27,6 +28,7 @@ from pippin.engine.config import (
     default_engine_process,
 )
 from pippin.kernels.config import KernelConfig
+from pippin.mcp.config import McpConfigError, McpSettings, load_config
 from pippin.obs.logs import LOG_FORMATS
 
 log = logging.getLogger("pippin.cli")
@@ -564,6 +566,42 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         "'tools', ...) or completions bodies (objects with 'prompt')",
     )
 
+    t = p.add_argument_group(
+        "MCP tools",
+        "tools of Model Context Protocol servers, run by pippin for the model (see "
+        "docs/api-compatibility.md: Responses 'mcp' tools, Anthropic mcp_servers, chat "
+        "'mcp' tools)",
+    )
+    t.add_argument(
+        "--mcp-config",
+        metavar="FILE",
+        help="the MCP servers pippin starts (stdio) or connects to (streamable HTTP, SSE): "
+        "Claude Desktop's {\"mcpServers\": {...}} JSON (vllm-mlx's keys too). No MCP "
+        "server runs without it. Needs the 'mcp' extra",
+    )
+    t.add_argument(
+        "--mcp-max-calls",
+        type=_positive_int,
+        default=McpSettings.max_calls,
+        metavar="N",
+        help="MCP tool calls pippin makes for one request; then the model answers without "
+        "the MCP tools (default: %(default)s)",
+    )
+    t.add_argument(
+        "--mcp-call-timeout",
+        type=_positive_float,
+        default=McpSettings.call_timeout,
+        metavar="SECONDS",
+        help="how long one MCP tool call may take before it ends with a timeout result "
+        "(a server's own 'timeout' key overrides it; default: %(default)s)",
+    )
+    t.add_argument(
+        "--mcp-auto",
+        action="store_true",
+        help="chat completions requests that name no 'mcp' tool get the tools of every "
+        "configured server (for clients that know nothing of MCP)",
+    )
+
     o = p.add_argument_group("chat output")
     o.add_argument(
         "--tool-call-parser",
@@ -798,6 +836,28 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         max_queue=args.max_queue,
         api_keys=_api_keys(args.api_keys),
         drain_timeout_s=args.drain_timeout,
+        mcp=mcp_settings(args),
+    )
+
+
+def mcp_settings(args: argparse.Namespace) -> McpSettings:
+    """The `--mcp-*` flags; a config pippin cannot run is one line and exit code 3."""
+    if args.mcp_config is None:
+        if args.mcp_auto:
+            raise SystemExit("pippin serve: --mcp-auto needs --mcp-config")
+        return McpSettings()
+    if importlib.util.find_spec("mcp") is None:
+        raise SystemExit("pippin serve: --mcp-config needs the MCP SDK: pip install 'pippin[mcp]'")
+    try:
+        servers = load_config(args.mcp_config)
+    except McpConfigError as e:
+        print(f"pippin serve: --mcp-config {args.mcp_config}: {e}", file=sys.stderr)
+        raise SystemExit(3) from None
+    return McpSettings(
+        servers=tuple(servers),
+        call_timeout=args.mcp_call_timeout,
+        max_calls=args.mcp_max_calls,
+        auto=args.mcp_auto,
     )
 
 

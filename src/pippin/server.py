@@ -19,7 +19,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pippin import __version__
-from pippin.api import cache_control, rerank, status
+from pippin.api import cache_control, mcp_routes, rerank, status
 from pippin.api.admission import Admission, AdmissionMiddleware, key_check
 from pippin.api.anthropic import messages as anthropic_messages
 from pippin.api.errors import OpenAIError, install_error_handlers
@@ -195,6 +195,19 @@ async def start_extra_models(state: ServerState) -> None:
         log.info("%s model '%s' ready (max %d tokens)", kind, names[0], model.max_len)
 
 
+async def start_mcp(state: ServerState) -> None:
+    """Starts (or connects to) the configured MCP servers; /health waits for their first
+    attempt. One that fails is reported by /v1/mcp/servers and retried with a backoff."""
+    from pippin.mcp.manager import McpManager
+
+    mcp = state.settings.mcp
+    manager = McpManager(list(mcp.servers), call_timeout=mcp.call_timeout)
+    state.mcp = manager
+    await manager.start()
+    for conn in manager.servers.values():
+        log.info("MCP server %s: %s", conn.name, conn.state)
+
+
 def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
     """The ASGI app. With ``load_model=False`` no model is loaded (routes answer 503),
     which is how request validation is tested without an engine."""
@@ -214,6 +227,8 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
                 await state.registry.start()
                 if settings.embed.enabled:
                     await start_extra_models(state)
+                if settings.mcp.enabled:
+                    await start_mcp(state)
                 if settings.warm_prompts:
                     # Still inside the lifespan: /health answers only once they are cached.
                     from pippin.api.warm_prompts import warm_up
@@ -221,6 +236,8 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
                     await warm_up(app, state, settings.warm_prompts)
             yield
         finally:
+            if state.mcp is not None:
+                await state.mcp.stop()
             if state.embed is not None:
                 await state.embed.stop()
             await state.registry.stop()
@@ -242,6 +259,7 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
         ollama_embed.router,
         ollama_models.router,
         cache_control.router,
+        mcp_routes.router,
         web_router,
     )
     for router in routers:

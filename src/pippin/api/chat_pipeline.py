@@ -8,6 +8,7 @@ answer differs between them.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
@@ -79,6 +80,14 @@ def parsers_for(state: LiveModel, tools: list[dict[str, Any]] | None) -> ParserC
 def tool_parser(state: LiveModel, tools: list[dict[str, Any]] | None) -> type[ToolParser] | None:
     """The tool-call format of a request with these tools (for a forced call's grammar)."""
     return parsers_for(state, tools).tool
+
+
+def arguments_for_template(raw: str) -> Any:
+    # HF chat templates expect tool-call arguments as a mapping (they `tojson` them).
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
 
 
 def effort_kwargs(effort: str, reasoning_kwarg: str | None, param: str) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from pippin.api.http_limits import CorsSettings, HeadLimits
 from pippin.api.model_specs import ModelSpec
 from pippin.embed.config import EmbedSettings
 from pippin.engine.config import EngineConfig
+from pippin.mcp.config import McpSettings
 
 MIB = 1024 * 1024
 
@@ -50,6 +51,8 @@ class ServerSettings:
     max_queue: int | None = None
     api_keys: list[ApiKey] = field(default_factory=list)
     drain_timeout_s: float = 30.0
+    # --mcp-config and friends: the MCP servers pippin runs tools on.
+    mcp: McpSettings = field(default_factory=McpSettings)
     # Several chat models (--model repeated, --models FILE); empty: the one above.
     models: list[ModelSpec] = field(default_factory=list)
     # --model-alias PATTERN=MODEL: request names matching PATTERN go to MODEL.

@@ -44,6 +44,8 @@ class ServerState:
 
     # The embedding/rerank worker and the names of its models, by kind.
     embed: Any = None
+    # The MCP servers' manager (pippin.mcp.manager.McpManager), when any are configured.
+    mcp: Any = None
     extra_names: dict[str, list[str]] = field(default_factory=dict)
 
     def engine_stats(self) -> dict[str, dict[str, int]]:

@@ -30,6 +30,8 @@ from pippin.api.anthropic.protocol import (
     DocumentBlock,
     ImageBlock,
     InputMessage,
+    McpToolResultBlock,
+    McpToolUseBlock,
     MessagesRequest,
     RedactedThinkingBlock,
     ServerTool,
@@ -45,7 +47,6 @@ from pippin.api.chat_pipeline import (
     ParsedStep,
     output_parsing,
     render_prompt,
-    run_parsed,
     tool_parser,
 )
 from pippin.api.common import (
@@ -56,6 +57,16 @@ from pippin.api.common import (
     typed_sse,
 )
 from pippin.api.errors import OpenAIError, bad_request, server_error
+from pippin.api.mcp_loop import (
+    CallFinished,
+    CallStarted,
+    McpCall,
+    McpTools,
+    ToolLoop,
+    Turn,
+    anthropic_mcp_tools,
+    request_loop,
+)
 from pippin.api.openapi import anthropic_route
 from pippin.api.state import check_model, get_state, require_engine, use_model
 from pippin.chat.tool_parsers.base import ParsedDelta
@@ -153,7 +164,7 @@ def template_messages(
         elif m.role == "user":
             turn = _user_turn(m.content, p)
         else:
-            turn = [_assistant_turn(m.content, p)]
+            turn = _assistant_turn(m.content, p)
         if pending and m.role == "user":
             _prepend_user(turn, "\n\n".join(pending))
             pending = []
@@ -213,10 +224,25 @@ def _user_turn(blocks: list[Any], p: str) -> list[dict[str, Any]]:
     return out
 
 
-def _assistant_turn(blocks: list[Any], p: str) -> dict[str, Any]:
+def _assistant_turn(blocks: list[Any], p: str) -> list[dict[str, Any]]:
+    """An assistant turn; the results of the MCP calls pippin made inside it
+    (`mcp_tool_result` blocks) become tool messages between its parts."""
+    out: list[dict[str, Any]] = []
     texts: list[str] = []
     thoughts: list[str] = []
     calls: list[dict[str, Any]] = []
+
+    def flush() -> None:
+        msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+        if thoughts:
+            msg["reasoning_content"] = "\n".join(thoughts)
+        if calls:
+            msg["tool_calls"] = list(calls)
+        out.append(msg)
+        texts.clear()
+        thoughts.clear()
+        calls.clear()
+
     for j, b in enumerate(blocks):
         if isinstance(b, TextBlock):
             texts.append(b.text)
@@ -224,7 +250,7 @@ def _assistant_turn(blocks: list[Any], p: str) -> dict[str, Any]:
             thoughts.append(b.thinking)
         elif isinstance(b, RedactedThinkingBlock):
             continue  # opaque to us: nothing to show the model
-        elif isinstance(b, ToolUseBlock):
+        elif isinstance(b, ToolUseBlock | McpToolUseBlock):
             calls.append(
                 {
                     "id": b.id,
@@ -232,21 +258,28 @@ def _assistant_turn(blocks: list[Any], p: str) -> dict[str, Any]:
                     "function": {"name": b.name, "arguments": b.input},
                 }
             )
+        elif isinstance(b, McpToolResultBlock):
+            if calls or texts or thoughts:
+                flush()
+            content = b.content
+            text = content if isinstance(content, str) else "\n".join(t.text for t in content or [])
+            if b.is_error:
+                text = f"Error: {text}"
+            out.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": text})
         else:
             raise _error(
                 f"'{b.type}' blocks may only appear in user messages.", f"{p}.content[{j}]"
             )
-    msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
-    if thoughts:
-        msg["reasoning_content"] = "\n".join(thoughts)
-    if calls:
-        msg["tool_calls"] = calls
-    return msg
+    if texts or thoughts or calls or not out:
+        flush()
+    return out
 
 
 def template_tools(req: MessagesRequest | CountTokensRequest) -> list[dict[str, Any]] | None:
     tools: list[dict[str, Any]] = []
     for j, t in enumerate(req.tools or []):
+        if isinstance(t, ServerTool) and t.type == "mcp_toolset":
+            continue  # chooses MCP tools: see `mcp_tools`
         if isinstance(t, ServerTool):
             raise _error(
                 f"tools[{j}]: the server tool '{t.type}' is not available here; "
@@ -305,8 +338,25 @@ def structured_spec(
         raise _error(exc.message, exc.param) from None
 
 
+def mcp_tools(state: Any, req: MessagesRequest | CountTokensRequest) -> McpTools | None:
+    """The tools of the request's `mcp_servers`, which pippin runs (see api/mcp_loop.py).
+    ``state``: the server's (`pippin.api.state.ServerState`), which holds the MCP manager."""
+    toolsets = [
+        (t, f"tools[{j}]")
+        for j, t in enumerate(req.tools or [])
+        if isinstance(t, ServerTool) and t.type == "mcp_toolset"
+    ]
+    if not req.mcp_servers:
+        if toolsets:
+            raise _error("mcp_toolset tools need mcp_servers.", f"{toolsets[0][1]}.type")
+        return None
+    if req.tool_choice is not None and req.tool_choice.type == "none":
+        return None
+    return anthropic_mcp_tools(state, req.mcp_servers, toolsets)
+
+
 def reject_unsupported(req: MessagesRequest | CountTokensRequest) -> None:
-    for name in ("mcp_servers", "output_format"):
+    for name in ("output_format",):
         if getattr(req, name) is not None:
             raise _error(f"{name}: not supported by this server.", name)
 
@@ -342,6 +392,12 @@ class Prompt:
     # and the prompt's length before it.
     applied_edits: list[dict[str, Any]] | None = None
     original_tokens: int = 0
+    # What the MCP loop's later turns need: the template messages, the client's own tools,
+    # the MCP tools and the template arguments.
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    client_tools: list[dict[str, Any]] | None = None
+    mcp: McpTools | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
     def context_management(self) -> dict[str, Any] | None:
         if self.applied_edits is None:
@@ -368,16 +424,26 @@ def _prefill(messages: list[InputMessage]) -> bool:
 
 
 async def _prompt(
-    state: ServerState, tokenizer: Any, req: MessagesRequest | CountTokensRequest
+    state: ServerState,
+    tokenizer: Any,
+    req: MessagesRequest | CountTokensRequest,
+    mcp: McpTools | None,
 ) -> Prompt:
+    """``mcp``: the request's MCP tools (`mcp_tools`, from the server's state)."""
     reject_unsupported(req)
     tools = template_tools(req)
+    client_tools = tools
+    if mcp is not None:
+        mcp.check_clash(tools, "tools")
+        tools = [*(tools or []), *mcp.functions()] or None
     kwargs = template_kwargs(state, req)
 
     prefill = _prefill(req.messages)
+    rendered: list[dict[str, Any]] = []
 
     async def render(history: list[Any]) -> list[int]:
         messages = template_messages(req.system, history)
+        rendered[:] = messages
         return await render_prompt(
             state,
             tokenizer,
@@ -391,8 +457,9 @@ async def _prompt(
     history = req.messages
     ids = await render(history)
     original = len(ids)
+    extra = {"messages": rendered, "client_tools": client_tools, "mcp": mcp, "kwargs": kwargs}
     if req.context_management is None:
-        return Prompt(ids, tools)
+        return Prompt(ids, tools, **extra)
     applied: list[dict[str, Any]] = []
     # Edits apply in order (Anthropic: clear_thinking first), each to the last one's result.
     for edit in req.context_management.edits:
@@ -410,7 +477,7 @@ async def _prompt(
             kind, count = "cleared_tool_uses", uses
         before, ids = len(ids), await render(history)
         applied.append({"type": edit.type, kind: count, "cleared_input_tokens": before - len(ids)})
-    return Prompt(ids, tools, applied, original)
+    return Prompt(ids, tools, applied, original, **extra)
 
 
 def _triggered(edit: ClearToolUses, history: list[Any], prompt_tokens: int) -> bool:
@@ -544,6 +611,8 @@ class BlockBuilder:
     _space: str = ""  # whitespace-only text, sent only if more text follows
     _args: str = ""
     _thought: str = ""  # the open thinking block's text, signed even when omitted
+    # With MCP tools: their calls become mcp_tool_use blocks (and their results follow).
+    loop: ToolLoop | None = None
 
     def feed(self, d: ParsedDelta) -> list[dict[str, Any]]:
         ev: list[dict[str, Any]] = []
@@ -568,7 +637,12 @@ class BlockBuilder:
         for c in d.calls:
             if c.name is not None:
                 self._space = ""
-                ev += self._open({"type": "tool_use", "id": c.id, "name": c.name, "input": {}})
+                block = {"type": "tool_use", "id": c.id, "name": c.name, "input": {}}
+                loop = self.loop
+                if loop is not None and loop.tools is not None and loop.owns(c.name):
+                    block["type"] = "mcp_tool_use"
+                    block["server_name"] = loop.tools.label(c.name)
+                ev += self._open(block)
                 self._args = ""
             if not c.arguments:
                 continue
@@ -584,7 +658,7 @@ class BlockBuilder:
         if self.kind == "thinking":
             block["signature"] = _signature(self._thought)
             ev.append(self._delta({"type": "signature_delta", "signature": block["signature"]}))
-        elif self.kind == "tool_use":
+        elif self.kind in ("tool_use", "mcp_tool_use"):
             try:
                 block["input"] = json.loads(self._args) if self._args else {}
             except ValueError:
@@ -592,6 +666,22 @@ class BlockBuilder:
         ev.append({"type": "content_block_stop", "index": len(self.blocks) - 1})
         self.kind = None
         return ev
+
+    def result(self, call: McpCall) -> list[dict[str, Any]]:
+        """An MCP call's result, as a whole block."""
+        assert call.result is not None
+        ev = self._open(
+            {
+                "type": "mcp_tool_result",
+                "tool_use_id": call.id,
+                "is_error": call.result.is_error,
+                "content": [{"type": "text", "text": call.result.output}],
+            }
+        )
+        return ev + self.close()
+
+    def client_called(self) -> bool:
+        return any(b["type"] == "tool_use" for b in self.blocks)
 
     def _open(self, block: dict[str, Any]) -> list[dict[str, Any]]:
         ev = self.close()
@@ -645,6 +735,8 @@ class MessageRun:
     context_management: dict[str, Any] | None = None
     omit_thinking: bool = False
     message_id: str = field(default_factory=lambda: "msg_" + uuid.uuid4().hex[:24])
+    # With MCP tools: the tool loop (else one turn of the same loop).
+    loop: ToolLoop | None = None
 
     def _head(self) -> dict[str, Any]:
         return {
@@ -654,43 +746,66 @@ class MessageRun:
             "model": self.model,
         }
 
-    def _steps(self, whole: bool = False) -> AsyncIterator[ParsedStep]:
-        engine = self.state.engine
-        assert engine is not None
-        parser = self.new_parser(whole)
-        return run_parsed(engine, self.prompt_ids, self.params, self.message_id, parser)
+    def _loop(self) -> ToolLoop:
+        if self.loop is None:
+            engine = self.state.engine
+            assert engine is not None
+            first = Turn(self.prompt_ids, self.params, self.new_parser)
+            self.loop = ToolLoop(engine, self.message_id, [], first, None)
+        return self.loop
+
+    def _stop(self, builder: BlockBuilder) -> tuple[str, str | None]:
+        loop = self._loop()
+        if loop.finish_reason == "length":
+            return "max_tokens", None
+        reason, seq = stop_fields(loop.last_step, builder.client_called())
+        if reason == "tool_use" and loop.tools is not None and not builder.client_called():
+            reason = "end_turn"  # only pippin's calls were made: the model answered
+        return reason, seq
+
+    def _usage(self) -> dict[str, Any]:
+        loop = self._loop()
+        prompt = loop.prompt_tokens or len(self.prompt_ids)
+        return usage_body(prompt, loop.cached_tokens, loop.completion_tokens)
+
+    def _feed(self, builder: BlockBuilder, ev: Any) -> list[dict[str, Any]]:
+        if isinstance(ev, ParsedStep):
+            return builder.feed(ev.parsed)
+        if isinstance(ev, CallStarted):
+            return builder.close()
+        if isinstance(ev, CallFinished):
+            return builder.result(ev.call)
+        return []
 
     async def collect(self) -> dict[str, Any]:
-        builder = BlockBuilder(self.omit_thinking)
-        last: ParsedStep | None = None
-        async with closing(self._steps(whole=True)) as steps:
-            async for step in steps:
-                builder.feed(step.parsed)
-                last = step
+        loop = self._loop()
+        builder = BlockBuilder(self.omit_thinking, loop=loop)
+        async with closing(loop.events(whole=True)) as events:
+            async for ev in events:
+                self._feed(builder, ev)
         builder.close()
-        reason, seq = stop_fields(last, any(b["type"] == "tool_use" for b in builder.blocks))
-        cached = last.cached_tokens if last else 0
-        out = last.completion_tokens if last else 0
+        reason, seq = self._stop(builder)
         body = {
             **self._head(),
             "content": builder.blocks,
             "stop_reason": reason,
             "stop_sequence": seq,
-            "usage": usage_body(len(self.prompt_ids), cached, out),
+            "usage": self._usage(),
         }
         if self.context_management is not None:
             body["context_management"] = self.context_management
         return body
 
     async def stream(self) -> AsyncIterator[str]:
-        builder = BlockBuilder(self.omit_thinking)
-        queue: asyncio.Queue[ParsedStep | BaseException | None] = asyncio.Queue()
+        loop = self._loop()
+        builder = BlockBuilder(self.omit_thinking, loop=loop)
+        queue: asyncio.Queue[Any] = asyncio.Queue()
 
         async def pump() -> None:
             try:
-                async with closing(self._steps()) as steps:
-                    async for step in steps:
-                        await queue.put(step)
+                async with closing(loop.events()) as events:
+                    async for ev in events:
+                        await queue.put(ev)
                 await queue.put(None)
             except BaseException as exc:  # noqa: BLE001 - handed to the stream
                 await queue.put(exc)
@@ -708,7 +823,6 @@ class MessageRun:
             }
             yield typed_sse({"type": "message_start", "message": start})
             yield typed_sse({"type": "ping"})
-            last: ParsedStep | None = None
             item: Any = first
             while True:
                 while item is _TIMEOUT:
@@ -718,22 +832,16 @@ class MessageRun:
                     break
                 if isinstance(item, BaseException):
                     raise item
-                last = item
-                for ev in builder.feed(item.parsed):
+                for ev in self._feed(builder, item):
                     yield typed_sse(ev)
                 item = await _get(queue, PING_SECONDS)
             for ev in builder.close():
                 yield typed_sse(ev)
-            reason, seq = stop_fields(last, any(b["type"] == "tool_use" for b in builder.blocks))
-            usage = usage_body(
-                len(self.prompt_ids),
-                last.cached_tokens if last else 0,
-                last.completion_tokens if last else 0,
-            )
+            reason, seq = self._stop(builder)
             final: dict[str, Any] = {
                 "type": "message_delta",
                 "delta": {"stop_reason": reason, "stop_sequence": seq},
-                "usage": usage,
+                "usage": self._usage(),
             }
             if self.context_management is not None:
                 final["context_management"] = self.context_management
@@ -774,9 +882,10 @@ async def create_message(request: Request) -> Any:
     check_model(state, req.model)
     if not req.messages:
         raise bad_request("messages: at least one message is required.", param="messages")
+    mcp = mcp_tools(state, req)
     state = await use_model(state, req.model)
     engine, loaded = require_engine(state)
-    prompt = await _prompt(state, loaded.tokenizer, req)
+    prompt = await _prompt(state, loaded.tokenizer, req, mcp)
     prompt_ids, tools = prompt.ids, prompt.tools
     params = sampling_params(state, req, len(prompt_ids))
     budget = None
@@ -816,6 +925,21 @@ async def create_message(request: Request) -> Any:
         prompt.context_management(),
         omit_thinking=omit,
     )
+    if prompt.mcp is not None:
+        run.loop = request_loop(
+            state,
+            engine,
+            loaded.tokenizer,
+            run.message_id,
+            prompt.messages,
+            Turn(prompt_ids, params, new_parser),
+            prompt.client_tools,
+            prompt.mcp,
+            prompt.kwargs,
+            thinking_budget=budget,
+            new_id=_tool_id,
+            one_call=bool(req.tool_choice and req.tool_choice.disable_parallel_tool_use),
+        )
     if req.stream:
         return StreamingResponse(run.stream(), media_type="text/event-stream", headers=SSE_HEADERS)
     return JSONResponse(await cancel_on_disconnect(request.receive, run.collect()))
@@ -828,9 +952,10 @@ async def count_tokens(request: Request) -> Any:
     req = await parse_request(CountTokensRequest, await request.body())
     state = get_state(request)
     check_model(state, req.model)
+    mcp = mcp_tools(state, req)
     state = await use_model(state, req.model)
     _, loaded = require_engine(state)
-    prompt = await _prompt(state, loaded.tokenizer, req)
+    prompt = await _prompt(state, loaded.tokenizer, req, mcp)
     body: dict[str, Any] = {"input_tokens": len(prompt.ids)}
     if prompt.applied_edits is not None:
         body["context_management"] = {"original_input_tokens": prompt.original_tokens}

@@ -65,6 +65,25 @@ class ToolResultBlock(_Strict):
     toolset_name: str | None = None
 
 
+class McpToolUseBlock(_Strict):
+    """A call pippin made to an MCP server's tool (sent back in a later turn)."""
+
+    type: Literal["mcp_tool_use"]
+    id: str
+    name: str
+    server_name: str
+    input: dict[str, Any]
+    cache_control: CacheControl | None = None
+
+
+class McpToolResultBlock(_Strict):
+    type: Literal["mcp_tool_result"]
+    tool_use_id: str
+    content: str | list[TextBlock] | None = None
+    is_error: bool | None = None
+    cache_control: CacheControl | None = None
+
+
 class ThinkingBlock(_Strict):
     type: Literal["thinking"]
     thinking: str
@@ -92,6 +111,8 @@ ContentBlock = Annotated[
         Annotated[ToolResultBlock, Tag("@tool_result")],
         Annotated[ThinkingBlock, Tag("@thinking")],
         Annotated[RedactedThinkingBlock, Tag("@redacted_thinking")],
+        Annotated[McpToolUseBlock, Tag("@mcp_tool_use")],
+        Annotated[McpToolResultBlock, Tag("@mcp_tool_result")],
     ],
     by_tag(
         "type",
@@ -102,6 +123,8 @@ ContentBlock = Annotated[
         "tool_result",
         "thinking",
         "redacted_thinking",
+        "mcp_tool_use",
+        "mcp_tool_result",
     ),
 ]
 
@@ -234,6 +257,22 @@ class Diagnostics(_Strict):
     previous_message_id: str | None = None
 
 
+class McpToolConfiguration(_Strict):
+    enabled: bool | None = None
+    allowed_tools: list[str] | None = None
+
+
+class McpServerDef(_Strict):
+    """`mcp_servers[]` (the mcp-client beta): a server pippin runs tools on for the model.
+    It must be one of `--mcp-config`'s: named by `name`, or by `url`."""
+
+    type: Literal["url"]
+    url: str
+    name: str
+    authorization_token: str | None = None
+    tool_configuration: McpToolConfiguration | None = None
+
+
 class Metadata(_Strict):
     user_id: str | None = Field(None, max_length=512)
 
@@ -263,7 +302,7 @@ class MessagesRequest(_Strict):
     workspace_id: str | None = None
     # Parsed so they can be refused by name.
     container: Any = None
-    mcp_servers: list[dict[str, Any]] | None = None
+    mcp_servers: list[McpServerDef] | None = None
     context_management: ContextManagement | None = None
     output_format: dict[str, Any] | None = None
 
@@ -277,6 +316,6 @@ class CountTokensRequest(_Strict):
     thinking: Thinking | None = None
     output_config: OutputConfig | None = None
     cache_control: CacheControl | None = None
-    mcp_servers: list[dict[str, Any]] | None = None
+    mcp_servers: list[McpServerDef] | None = None
     context_management: ContextManagement | None = None
     output_format: dict[str, Any] | None = None

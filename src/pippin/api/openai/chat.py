@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -15,6 +14,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from pippin.api.chat_pipeline import (
     NewParser,
+    ParsedStep,
+    arguments_for_template,
     effort_kwargs,
     engine_failure,
     output_parsing,
@@ -35,12 +36,23 @@ from pippin.api.errors import (
     unsupported_value,
 )
 from pippin.api.logprobs import TokenRenderer, clamp_logprob
+from pippin.api.mcp_loop import (
+    CallFinished,
+    McpTools,
+    ToolLoop,
+    Turn,
+    call_summary,
+    every_server_tools,
+    openai_mcp_tools,
+    request_loop,
+)
 from pippin.api.openai.protocol import (
     AssistantMessage,
     ChatCompletionRequest,
     CustomTool,
     DeveloperMessage,
     FunctionMessage,
+    McpTool,
     RefusalPart,
     SystemMessage,
     TextPart,
@@ -84,14 +96,6 @@ def _join_text(content: str | list[Any] | None, param: str) -> str:
             )
     # As vLLM joins text parts, so prompts match across the two servers.
     return "\n".join(texts)
-
-
-def arguments_for_template(raw: str) -> Any:
-    # HF chat templates expect tool-call arguments as a mapping (they `tojson` them).
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return raw
 
 
 def template_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
@@ -175,6 +179,8 @@ def template_tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
     forced_tool(choice, choice_param)  # refuses kinds that cannot be forced
     tools: list[dict[str, Any]] = []
     for j, t in enumerate(req.tools or []):
+        if isinstance(t, McpTool):
+            continue  # run by pippin: see `mcp_tools`
         if isinstance(t, CustomTool):
             raise unsupported_value(f"tools[{j}].type", "Custom tools are not supported.")
         tools.append({"type": "function", "function": t.function.model_dump(exclude_none=True)})
@@ -183,6 +189,23 @@ def template_tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
     if choice == "none":
         return None  # "the model will not call any tool": it is not shown any
     return tools or None
+
+
+def mcp_tools(req: ChatCompletionRequest, state: Any) -> McpTools | None:
+    """The MCP tools pippin runs for this request: its `mcp` tools (a pippin extension of
+    chat completions, shaped as the Responses API's), else every server's with --mcp-auto."""
+    specs = [(t, f"tools[{j}]") for j, t in enumerate(req.tools or []) if isinstance(t, McpTool)]
+    if req.tool_choice == "none" or req.function_call == "none":
+        return None
+    if specs:
+        tools = openai_mcp_tools(state, specs, approvals=False)
+    elif state.settings.mcp.auto and state.mcp is not None:
+        tools = every_server_tools(state)
+    else:
+        return None
+    if req.n is not None and req.n > 1:
+        raise unsupported_value("n", "MCP tools run for one choice only; 'n' must be 1.")
+    return tools
 
 
 def template_kwargs(
@@ -336,6 +359,9 @@ class ChatRun:
     service_tier: str | None = None
     metadata: dict[str, str] | None = None
     created: int = field(default_factory=lambda: int(time.time()))
+    # The MCP tool loop, when the request enabled MCP tools (one choice).
+    loop: ToolLoop | None = None
+    _mcp_index: dict[int, bool] = field(default_factory=dict)  # call index -> MCP's
 
     def header(self, obj: str) -> dict[str, Any]:
         head = {
@@ -350,6 +376,8 @@ class ChatRun:
         return head
 
     async def collect(self) -> dict[str, Any]:
+        if self.loop is not None:
+            return await self._collect_loop(self.loop)
         choices = [_Choice(self.new_parser(whole=True)) for _ in range(self.params.n)]
         prompt_tokens, cached = len(self.prompt_ids), 0
         gen = self.engine.generate(self.prompt_ids, self.params, self.request_id)
@@ -410,7 +438,78 @@ class ChatRun:
 
         return framed_stream(self._events(tally), usage)
 
+    async def _collect_loop(self, loop: ToolLoop) -> dict[str, Any]:
+        """One choice through the MCP loop: the text of every turn, the client's own
+        calls of the last, and pippin's calls in `mcp_calls`."""
+        parsed = ParsedDelta()
+        mcp_calls: list[dict[str, Any]] = []
+        async for ev in loop.events(whole=True):
+            if isinstance(ev, CallFinished):
+                mcp_calls.append(call_summary(ev.call))
+                parsed.calls = []  # the next turn's calls are numbered anew
+            elif not isinstance(ev, ParsedStep):
+                continue
+            else:
+                d = ev.parsed
+                parsed.merge(ParsedDelta(d.content, d.reasoning, self._client_calls(loop, d)))
+        parser = self.new_parser(whole=True)
+        msg = message_body(parsed, parser)
+        if mcp_calls:
+            msg["mcp_calls"] = mcp_calls
+        reason = loop.finish_reason or "stop"
+        if reason == "tool_calls" and "tool_calls" not in msg:
+            reason = "stop"  # only pippin's calls were made: the model answered
+        body = self.header("chat.completion")
+        body["choices"] = [{"index": 0, "message": msg, "logprobs": None, "finish_reason": reason}]
+        body["usage"] = usage_dict(loop.prompt_tokens, loop.completion_tokens, loop.cached_tokens)
+        if self.metadata is not None:
+            body["metadata"] = self.metadata
+        return body
+
+    def _client_calls(self, loop: ToolLoop, d: ParsedDelta) -> list[Any]:
+        """The call deltas of the client's own tools (MCP calls are pippin's to run)."""
+        out = []
+        for c in d.calls:
+            if c.name is not None:
+                self._mcp_index[c.index] = loop.owns(c.name)
+            if not self._mcp_index.get(c.index, False):
+                out.append(c)
+        return out
+
+    async def _loop_events(self, loop: ToolLoop, tally: dict[str, int]) -> AsyncIterator[str]:
+        first = {"role": "assistant", "content": ""}
+        yield self._chunk([{"index": 0, "delta": first, "logprobs": None, "finish_reason": None}])
+        client_called = False
+        async for ev in loop.events():
+            tally["prompt"], tally["cached"] = loop.prompt_tokens, loop.cached_tokens
+            tally["completion"] = loop.completion_tokens
+            if isinstance(ev, CallFinished):
+                self._mcp_index.clear()  # the next turn numbers its calls anew
+                delta = {"mcp_calls": [call_summary(ev.call)]}
+                yield self._chunk(
+                    [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]
+                )
+                continue
+            if not isinstance(ev, ParsedStep):
+                continue
+            d = ev.parsed
+            calls = self._client_calls(loop, d)
+            client_called = client_called or any(c.name is not None for c in calls)
+            delta = delta_body(ParsedDelta(d.content, d.reasoning, calls))
+            if delta:
+                yield self._chunk(
+                    [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]
+                )
+        reason = loop.finish_reason or "stop"
+        if reason == "tool_calls" and not client_called:
+            reason = "stop"
+        yield self._chunk([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}])
+
     async def _events(self, tally: dict[str, int]) -> AsyncIterator[str]:
+        if self.loop is not None:
+            async for chunk in self._loop_events(self.loop, tally):
+                yield chunk
+            return
         parsers = [self.new_parser() for _ in range(self.params.n)]
         for i in range(self.params.n):
             first = {"role": "assistant", "content": ""}
@@ -478,6 +577,11 @@ async def create_chat_completion(request: Request) -> Any:
     reject_unsupported(req)
     messages = template_messages(req)
     tools = template_tools(req)
+    client_tools = tools
+    mcp = mcp_tools(req, state)  # the server's MCP servers, before the model is chosen
+    if mcp is not None:
+        mcp.check_clash(tools, "tools")
+        tools = [*(tools or []), *mcp.functions()] or None
     state = await use_model(state, req.model)
     engine, loaded = require_engine(state)
     info = state.template
@@ -551,6 +655,20 @@ async def create_chat_completion(request: Request) -> Any:
         service_tier="default" if req.service_tier is not None else None,
         metadata=req.metadata,
     )
+    if mcp is not None:
+        run.loop = request_loop(
+            state,
+            engine,
+            loaded.tokenizer,
+            run.request_id,
+            messages,
+            Turn(prompt_ids, params, new_parser),
+            client_tools,
+            mcp,
+            kwargs,
+            thinking_budget=req.thinking_token_budget,
+            one_call=req.parallel_tool_calls is False,
+        )
     if req.stream:
         return StreamingResponse(run.stream(), media_type="text/event-stream", headers=SSE_HEADERS)
     # JSONResponse directly: FastAPI's generic encoder is slow on big logprobs bodies.

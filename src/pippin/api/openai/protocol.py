@@ -150,9 +150,41 @@ class CustomTool(Loose):
     type: Literal["custom"]
 
 
+class McpToolFilter(Strict):
+    tool_names: list[str] | None = None
+    read_only: bool | None = None
+
+
+class McpApprovalFilter(Strict):
+    always: McpToolFilter | None = None
+    never: McpToolFilter | None = None
+
+
+class McpTool(Strict):
+    """An MCP server's tools, run by pippin: the Responses API's `mcp` tool, also taken in
+    chat completions' `tools` (a pippin extension). The server must be configured
+    (`--mcp-config`): named by `server_label`, or by `server_url`."""
+
+    type: Literal["mcp"]
+    server_label: str
+    server_url: str | None = None
+    server_description: str | None = None
+    allowed_tools: list[str] | McpToolFilter | None = None
+    require_approval: Literal["always", "never"] | McpApprovalFilter | None = None
+    headers: dict[str, str] | None = None
+    authorization: str | None = None
+    # Parsed to be refused by name: OpenAI's connectors and tunnels do not exist here.
+    connector_id: str | None = None
+    tunnel_id: str | None = None
+    defer_loading: bool | None = None
+    allowed_callers: list[Literal["direct", "programmatic"]] | None = None
+
+
 Tool = Annotated[
-    Annotated[FunctionTool, Tag("@function")] | Annotated[CustomTool, Tag("@custom")],
-    by_tag("type", "function", "custom"),
+    Annotated[FunctionTool, Tag("@function")]
+    | Annotated[CustomTool, Tag("@custom")]
+    | Annotated[McpTool, Tag("@mcp")],
+    by_tag("type", "function", "custom", "mcp"),
 ]
 
 

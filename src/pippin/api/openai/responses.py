@@ -12,6 +12,7 @@ Stored responses live in memory (`ResponseStore`, least recently used first out)
 from __future__ import annotations
 
 import copy
+import json
 import secrets
 import time
 from collections import OrderedDict
@@ -25,10 +26,10 @@ from pydantic import TypeAdapter
 
 from pippin.api.chat_pipeline import (
     NewParser,
+    arguments_for_template,
     effort_kwargs,
     output_parsing,
     render_prompt,
-    run_parsed,
     tool_parser,
     verbosity_kwargs,
 )
@@ -46,7 +47,18 @@ from pippin.api.errors import (
     unsupported_param,
     unsupported_value,
 )
-from pippin.api.openai.chat import arguments_for_template
+from pippin.api.mcp_loop import (
+    ApprovalNeeded,
+    CallFinished,
+    CallStarted,
+    McpCall,
+    McpTools,
+    ToolLoop,
+    Turn,
+    error_body,
+    openai_mcp_tools,
+    request_loop,
+)
 from pippin.api.openai.protocol import SamplingFields
 from pippin.api.openai.responses_protocol import (
     BuiltinTool,
@@ -55,6 +67,11 @@ from pippin.api.openai.responses_protocol import (
     FunctionTool,
     InputItem,
     ItemReference,
+    McpApprovalRequestItem,
+    McpApprovalResponseItem,
+    McpCallItem,
+    McpListToolsItem,
+    McpTool,
     MessageItem,
     NamespaceTool,
     OtherItem,
@@ -222,6 +239,8 @@ def template_tools(req: ResponsesRequest) -> list[dict[str, Any]] | None:
     tools: list[dict[str, Any]] = []
     for j, t in enumerate(req.tools or []):
         p = f"tools[{j}]"
+        if isinstance(t, McpTool):
+            continue  # run by pippin: see `mcp_tools`
         if isinstance(t, BuiltinTool):
             raise unsupported_value(
                 f"{p}.type",
@@ -248,11 +267,28 @@ def _function_tool(t: FunctionTool, p: str) -> dict[str, Any]:
     return {"type": "function", "function": fn}
 
 
+def mcp_tools(req: ResponsesRequest, state: Any) -> McpTools | None:
+    """The tools of the request's `mcp` tools, which pippin runs (see api/mcp_loop.py)."""
+    specs = [(t, f"tools[{j}]") for j, t in enumerate(req.tools or []) if isinstance(t, McpTool)]
+    if not specs or req.tool_choice == "none":
+        return None
+    return openai_mcp_tools(state, specs, approvals=True)
+
+
+def _listed_tool(info: Any) -> dict[str, Any]:
+    return {
+        "name": info.name,
+        "description": info.description,
+        "input_schema": info.input_schema,
+        "annotations": info.annotations,
+    }
+
+
 def echo_tools(req: ResponsesRequest) -> list[dict[str, Any]]:
     """The request's tools as the response object lists them."""
     out: list[dict[str, Any]] = []
     for t in req.tools or []:
-        if isinstance(t, NamespaceTool):
+        if isinstance(t, NamespaceTool | McpTool):
             out.append(t.model_dump(exclude_none=True))
         elif isinstance(t, FunctionTool):
             out.append(
@@ -326,9 +362,69 @@ class _Messages:
     out: list[dict[str, Any]] = field(default_factory=list)
     reasoning: str | None = None  # for the next assistant message
     names: dict[str, str] = field(default_factory=dict)  # call_id -> function name
+    # MCP approvals: the requests by id, those approved, and those already run.
+    requests: dict[str, McpApprovalRequestItem] = field(default_factory=dict)
+    approved: list[McpApprovalRequestItem] = field(default_factory=list)
+    answered: set[str] = field(default_factory=set)
+    listed: set[str] = field(default_factory=set)  # server labels with an mcp_list_tools
+
+    def pending(self) -> list[McpCall]:
+        """Approved calls not run yet: the loop runs them before the model's turn."""
+        return [
+            McpCall(r.id, r.server_label, r.name, r.arguments, approval_request_id=r.id)
+            for r in self.approved
+            if r.id not in self.answered
+        ]
+
+    def _call(self, call_id: str, name: str, arguments: str, result: str) -> None:
+        last = self.out[-1] if self.out else None
+        if last is None or last["role"] != "assistant":
+            last = {"role": "assistant", "content": ""}
+            self.out.append(last)
+        self._take_reasoning(last)
+        call = {"name": name, "arguments": arguments_for_template(arguments)}
+        last.setdefault("tool_calls", []).append(
+            {"id": call_id, "type": "function", "function": call}
+        )
+        self.out.append({"role": "tool", "content": result, "tool_call_id": call_id, "name": name})
+
+    def add_mcp(self, item: Any, p: str) -> None:
+        if isinstance(item, McpListToolsItem):
+            self.listed.add(item.server_label)
+        elif isinstance(item, McpCallItem):
+            if item.approval_request_id is not None:
+                self.answered.add(item.approval_request_id)
+            if item.output is not None:
+                result = item.output
+            else:
+                err = item.error
+                text = err.get("message") or json.dumps(err) if isinstance(err, dict) else err
+                result = f"Error: {text or 'the call failed'}"
+            self._call(item.id, item.name, item.arguments, result)
+        elif isinstance(item, McpApprovalRequestItem):
+            self.requests[item.id] = item
+        else:
+            assert isinstance(item, McpApprovalResponseItem)
+            req = self.requests.get(item.approval_request_id)
+            if req is None:
+                raise bad_request(
+                    f"No mcp_approval_request with id '{item.approval_request_id}' precedes "
+                    "this response.",
+                    param=f"{p}.approval_request_id",
+                )
+            if item.approve:
+                self.approved.append(req)
+            else:
+                why = f" ({item.reason})" if item.reason else ""
+                self._call(req.id, req.name, req.arguments, f"The user declined this call{why}.")
+                self.answered.add(req.id)
 
     def add(self, item: Any, p: str) -> None:
-        if isinstance(item, ReasoningItem):
+        if isinstance(
+            item, McpListToolsItem | McpCallItem | McpApprovalRequestItem | McpApprovalResponseItem
+        ):
+            self.add_mcp(item, p)
+        elif isinstance(item, ReasoningItem):
             self.reasoning = _reasoning_text(item, p) or None
         elif isinstance(item, MessageItem):
             role = "system" if item.role == "developer" else item.role
@@ -367,15 +463,13 @@ class _Messages:
         self.reasoning = None
 
 
-def template_messages(
-    instructions: str | None, items: Sequence[tuple[Any, str]]
-) -> list[dict[str, Any]]:
+def template_messages(instructions: str | None, items: Sequence[tuple[Any, str]]) -> _Messages:
     conv = _Messages()
     if instructions:
         conv.out.append({"role": "system", "content": instructions})
     for item, p in items:
         conv.add(item, p)
-    return conv.out
+    return conv
 
 
 def template_kwargs(req: ResponsesRequest, defaults: dict[str, Any], state: Any) -> dict[str, Any]:
@@ -412,11 +506,13 @@ class _Output:
     the blank line between a model's thinking and its tool call makes no empty message.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, loop: ToolLoop | None = None) -> None:
         self.items: list[dict[str, Any]] = []
         self.open: _Open | None = None
         self.held: tuple[str, str] | None = None  # (kind, whitespace)
         self.calls: dict[int, dict[str, Any]] = {}  # parser call index -> item
+        self.loop = loop  # tells MCP calls (and those to approve) from the client's
+        self.mcp: dict[str, dict[str, Any]] = {}  # call id -> mcp_call item
 
     def feed(self, parsed: ParsedDelta) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
@@ -443,6 +539,16 @@ class _Output:
             events = [
                 {"type": "response.function_call_arguments.done", **where, "arguments": o.text}
             ]
+        elif o.kind == "mcp_call":
+            item["arguments"] = o.text
+            item["status"] = "in_progress" if status == "completed" else status
+            events = [{"type": "response.mcp_call_arguments.done", **where, "arguments": o.text}]
+            if status == "completed":
+                return events  # done once the call has run (`call_finished`)
+        elif o.kind == "mcp_approval_request":
+            item["arguments"] = o.text
+            del item["status"]
+            events = []
         else:
             part = _part(o.kind, o.text)
             item["content"] = [part]
@@ -477,7 +583,7 @@ class _Output:
                 "item": copy.deepcopy(item),
             }
         )
-        if kind != "function_call":
+        if kind in ("message", "reasoning"):
             events.append(
                 {
                     "type": "response.content_part.added",
@@ -496,6 +602,8 @@ class _Output:
         where = {"item_id": o.item["id"], "output_index": o.index}
         if o.kind == "function_call":
             return {"type": "response.function_call_arguments.delta", **where, "delta": text}
+        if o.kind == "mcp_call":
+            return {"type": "response.mcp_call_arguments.delta", **where, "delta": text}
         if o.kind == "reasoning":
             return {
                 "type": "response.reasoning_text.delta",
@@ -533,23 +641,108 @@ class _Output:
         if c.name is None:  # more of a call's arguments
             o = self.open
             if o is not None and o.item is self.calls.get(c.index):
+                if o.kind == "mcp_approval_request":
+                    o.text += c.arguments  # the item comes whole: no delta events
+                    return []
                 return [self._delta(c.arguments)]
             self.calls[c.index]["arguments"] += c.arguments  # never seen: calls come in order
             return []
         self.held = None
-        item = {
-            "id": _new_id("fc"),
-            "type": "function_call",
-            "status": "in_progress",
-            "arguments": "",
-            "call_id": c.id or random_call_id(),
-            "name": c.name,
-        }
+        call_id = c.id or random_call_id()
+        loop = self.loop
+        kind = "function_call"
+        item: dict[str, Any]
+        if loop is not None and loop.tools is not None and loop.owns(c.name):
+            label = loop.tools.label(c.name)
+            if loop.needs_approval(c.name):
+                # Its id is what the client's mcp_approval_response names.
+                kind = "mcp_approval_request"
+                item = {"id": call_id, "type": kind, "server_label": label, "name": c.name}
+            else:
+                kind = "mcp_call"
+                item = {"id": _new_id("mcp"), "type": kind, "server_label": label, "name": c.name}
+                item |= {"output": None, "error": None}
+                self.mcp[call_id] = item
+            item |= {"arguments": "", "status": "in_progress"}
+        else:
+            item = {
+                "id": _new_id("fc"),
+                "type": "function_call",
+                "status": "in_progress",
+                "arguments": "",
+                "call_id": call_id,
+                "name": c.name,
+            }
         self.calls[c.index] = item
-        events = self._start("function_call", item)
+        events = self._start(kind, item)
         if c.arguments:
-            events.append(self._delta(c.arguments))
+            events += self._call(CallDelta(c.index, arguments=c.arguments))
         return events
+
+    # MCP: the tools listed, and each call as pippin runs it.
+
+    def list_tools(self, label: str, tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        events = self.close("completed")
+        index = len(self.items)
+        item = {"id": _new_id("mcpl"), "type": "mcp_list_tools", "server_label": label}
+        where = {"item_id": item["id"], "output_index": index}
+        added = {"type": "response.output_item.added", "output_index": index}
+        added["item"] = {**item, "tools": []}
+        item["tools"] = tools
+        self.items.append(item)
+        return [
+            *events,
+            added,
+            {"type": "response.mcp_list_tools.in_progress", **where},
+            {"type": "response.mcp_list_tools.completed", **where},
+            {
+                "type": "response.output_item.done",
+                "output_index": index,
+                "item": copy.deepcopy(item),
+            },
+        ]
+
+    def call_started(self, call: McpCall) -> list[dict[str, Any]]:
+        events = self.close("completed")
+        self.calls = {}  # the next turn numbers its calls anew
+        item = self.mcp.get(call.id)
+        if item is None:  # an approved call, run before the model's turn
+            item = {"id": _new_id("mcp"), "type": "mcp_call", "server_label": call.label}
+            item |= {"name": call.name, "arguments": call.arguments, "output": None}
+            item |= {"error": None, "approval_request_id": call.approval_request_id}
+            item["status"] = "in_progress"
+            self.mcp[call.id] = item
+            self.items.append(item)
+            events.append(
+                {
+                    "type": "response.output_item.added",
+                    "output_index": len(self.items) - 1,
+                    "item": copy.deepcopy(item),
+                }
+            )
+        where = {"item_id": item["id"], "output_index": self.items.index(item)}
+        events.append({"type": "response.mcp_call.in_progress", **where})
+        return events
+
+    def call_finished(self, call: McpCall) -> list[dict[str, Any]]:
+        item = self.mcp[call.id]
+        result = call.result
+        assert result is not None
+        if result.is_error:
+            item["error"], item["status"] = error_body(result), "failed"
+        else:
+            item["output"], item["status"] = result.output, "completed"
+        index = self.items.index(item)
+        where = {"item_id": item["id"], "output_index": index}
+        kind = "failed" if result.is_error else "completed"
+        return [
+            {"type": f"response.mcp_call.{kind}", **where},
+            {
+                "type": "response.output_item.done",
+                "output_index": index,
+                "item": copy.deepcopy(item),
+            },
+        ]
 
 
 # --- the run -----------------------------------------------------------------------
@@ -583,6 +776,9 @@ class ResponseRun:
     created_at: int = field(default_factory=lambda: int(time.time()))
     usage: dict[str, Any] | None = None
     output: _Output | None = None
+    # With MCP tools: the tool loop, and the (server label, tools) to list first.
+    loop: ToolLoop | None = None
+    list_tools: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)
 
     def body(self, status: str, **extra: Any) -> dict[str, Any]:
         out = self.output
@@ -608,20 +804,35 @@ class ResponseRun:
         Engine failures raise (as OpenAIError)."""
         yield {"type": "response.created", "response": self.body("in_progress")}
         yield {"type": "response.in_progress", "response": self.body("in_progress")}
-        out = self.output = _Output()
-        parser = self.new_parser(whole)
-        thinking, reasoning_tokens, finish = parser.in_reasoning, 0, None
-        async for step in run_parsed(self.engine, self.prompt_ids, self.params, self.id, parser):
-            if thinking:  # a token generated inside the reasoning section
-                reasoning_tokens += len(step.output.token_ids)
-            thinking = parser.in_reasoning
-            self.usage = usage_body(
-                step.prompt_tokens, step.cached_tokens, step.completion_tokens, reasoning_tokens
-            )
-            for event in out.feed(step.parsed):
+        loop = self.loop or ToolLoop(
+            self.engine,
+            self.id,
+            [],
+            Turn(self.prompt_ids, self.params, self.new_parser),
+            None,
+        )
+        out = self.output = _Output(loop)
+        for label, tools in self.list_tools:
+            for event in out.list_tools(label, tools):
                 yield event
-            finish = step.finish_reason or finish
-        incomplete = finish == "length"
+        async for ev in loop.events(whole):
+            if isinstance(ev, CallStarted):
+                events = out.call_started(ev.call)
+            elif isinstance(ev, CallFinished):
+                events = out.call_finished(ev.call)
+            elif isinstance(ev, ApprovalNeeded):
+                events = out.close("completed")
+            else:
+                self.usage = usage_body(
+                    loop.prompt_tokens,
+                    loop.cached_tokens,
+                    loop.completion_tokens,
+                    loop.reasoning_tokens,
+                )
+                events = out.feed(ev.parsed)
+            for event in events:
+                yield event
+        incomplete = loop.finish_reason == "length"
         for event in out.close("incomplete" if incomplete else "completed"):
             yield event
         if incomplete:
@@ -759,9 +970,21 @@ async def create_response(request: Request) -> Any:
     # Everything that can be refused without the model is refused first.
     reject_unsupported(req)
     tools = template_tools(req)
+    client_tools = tools
+    mcp = mcp_tools(req, state)
+    if mcp is not None:
+        mcp.check_clash(tools, "tools")
+        tools = [*(tools or []), *mcp.functions()] or None
     store = get_store(request)
     conversation, items = _conversation(req, store)
-    messages = template_messages(req.instructions, conversation)
+    conv = template_messages(req.instructions, conversation)
+    messages = conv.out
+    pending = conv.pending()
+    if pending and mcp is None:
+        raise bad_request(
+            "Approved MCP calls run with the request's 'mcp' tools; name their server in 'tools'.",
+            param="tools",
+        )
     if not messages:
         raise bad_request("Missing required parameter: 'input'.", param="input")
     state = await use_model(state, req.model)
@@ -803,6 +1026,28 @@ async def create_response(request: Request) -> Any:
         store=store if req.store is not False else None,
         obfuscate=bool(req.stream_options and req.stream_options.include_obfuscation),
     )
+    if mcp is not None:
+        run.loop = request_loop(
+            state,
+            engine,
+            loaded.tokenizer,
+            run.id,
+            messages,
+            Turn(prompt_ids, params, new_parser),
+            client_tools,
+            mcp,
+            kwargs,
+            max_calls=req.max_tool_calls,
+            pending=pending,
+            one_call=req.parallel_tool_calls is False,
+            messages_param="input",
+        )
+        # As OpenAI: a server's tools are listed once in a conversation.
+        run.list_tools = [
+            (label, [_listed_tool(t) for t in mcp.listed(label)])
+            for label in mcp.servers
+            if label not in conv.listed
+        ]
     if req.stream:
         return StreamingResponse(run.stream(), media_type="text/event-stream", headers=SSE_HEADERS)
     return JSONResponse(await cancel_on_disconnect(request.receive, run.collect()))

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, Tag
 
 from pippin.api.common import Loose, Strict, by_tag
-from pippin.api.openai.protocol import CacheBreakpoint
+from pippin.api.openai.protocol import CacheBreakpoint, McpTool
 
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
 Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
@@ -126,6 +126,42 @@ class ItemReference(Strict):
     id: str
 
 
+class McpListToolsItem(Strict):
+    type: Literal["mcp_list_tools"]
+    server_label: str
+    tools: list[dict[str, Any]]
+    id: str | None = None
+    error: str | dict[str, Any] | None = None
+
+
+class McpApprovalRequestItem(Strict):
+    type: Literal["mcp_approval_request"]
+    id: str
+    server_label: str
+    name: str
+    arguments: str
+
+
+class McpApprovalResponseItem(Strict):
+    type: Literal["mcp_approval_response"]
+    approval_request_id: str
+    approve: bool
+    id: str | None = None
+    reason: str | None = None
+
+
+class McpCallItem(Strict):
+    type: Literal["mcp_call"]
+    id: str
+    server_label: str
+    name: str
+    arguments: str
+    output: str | None = None
+    error: str | dict[str, Any] | None = None
+    approval_request_id: str | None = None
+    status: Literal["in_progress", "completed", "incomplete", "calling", "failed"] | None = None
+
+
 class OtherItem(Loose):
     """Calls of built-in tools and their outputs: refused by the handler."""
 
@@ -152,10 +188,6 @@ UNSUPPORTED_ITEM_TYPES = (
     "shell_call_output",
     "apply_patch_call",
     "apply_patch_call_output",
-    "mcp_list_tools",
-    "mcp_approval_request",
-    "mcp_approval_response",
-    "mcp_call",
     "custom_tool_call",
     "custom_tool_call_output",
     "program",
@@ -167,6 +199,10 @@ _ITEM_TYPES = (
     "function_call_output",
     "reasoning",
     "item_reference",
+    "mcp_list_tools",
+    "mcp_approval_request",
+    "mcp_approval_response",
+    "mcp_call",
     *UNSUPPORTED_ITEM_TYPES,
 )
 
@@ -188,6 +224,10 @@ InputItem = Annotated[
     | Annotated[FunctionCallOutputItem, Tag("@function_call_output")]
     | Annotated[ReasoningItem, Tag("@reasoning")]
     | Annotated[ItemReference, Tag("@item_reference")]
+    | Annotated[McpListToolsItem, Tag("@mcp_list_tools")]
+    | Annotated[McpApprovalRequestItem, Tag("@mcp_approval_request")]
+    | Annotated[McpApprovalResponseItem, Tag("@mcp_approval_response")]
+    | Annotated[McpCallItem, Tag("@mcp_call")]
     | Annotated[OtherItem, Tag("@other")],
     Discriminator(
         _item_tag,
@@ -233,7 +273,6 @@ BUILTIN_TOOL_TYPES = (
     "web_search_2025_08_26",
     "web_search_preview",
     "web_search_preview_2025_03_11",
-    "mcp",
     "code_interpreter",
     "programmatic_tool_calling",
     "image_generation",
@@ -251,18 +290,19 @@ def _tool_tag(v: Any) -> str | None:
         return None
     if kind in BUILTIN_TOOL_TYPES:
         return "@builtin"
-    return {"function": "@function", "namespace": "@namespace"}.get(kind)
+    return {"function": "@function", "namespace": "@namespace", "mcp": "@mcp"}.get(kind)
 
 
 ResponsesTool = Annotated[
     Annotated[FunctionTool, Tag("@function")]
     | Annotated[NamespaceTool, Tag("@namespace")]
+    | Annotated[McpTool, Tag("@mcp")]
     | Annotated[BuiltinTool, Tag("@builtin")],
     Discriminator(
         _tool_tag,
         custom_error_type="invalid_tag_type",
         custom_error_message="'type' must be one of "
-        + ", ".join(f"'{t}'" for t in ("function", "namespace", *BUILTIN_TOOL_TYPES)),
+        + ", ".join(f"'{t}'" for t in ("function", "namespace", "mcp", *BUILTIN_TOOL_TYPES)),
     ),
 ]
 
