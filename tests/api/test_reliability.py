@@ -278,8 +278,9 @@ def test_request_timeout_ends_requests_with_the_apis_error(limited: Server) -> N
     assert r.status_code == 504, r.text
     assert r.json()["error"]["code"] == "request_timeout"
     assert 3.5 < time.monotonic() - t0 < 30
-    # (Anthropic has no ignore_eos: a random model rarely writes its end token.)
-    body = {k: v for k, v in long.items() if k != "ignore_eos"}
+    # Anthropic has no ignore_eos; greedy, this model does not write its end token in 30k
+    # tokens (sampled, it can end after ~2k: before the timeout on a fast machine).
+    body = {k: v for k, v in long.items() if k != "ignore_eos"} | {"temperature": 0}
     a = _post(limited, "sk-free", "/v1/messages", body)
     assert a.status_code == 504 and a.json()["type"] == "error", a.text
     # In a stream: an error event, no finish reason.
@@ -327,28 +328,35 @@ def test_drain_finishes_in_flight_requests_and_refuses_new_ones(
         str(tmp_path / "ssd"),
     ) as s:
         results: list[Any] = []
+        started = threading.Semaphore(0)
 
         def streamer(n: int) -> None:
-            chunks = list(
-                s.client().chat.completions.create(
-                    model="tiny",
-                    messages=MSG,
-                    max_tokens=n,
-                    stream=True,
-                    extra_body={"ignore_eos": True},
-                )
-            )
+            chunks = []
+            for chunk in s.client().chat.completions.create(
+                model="tiny",
+                messages=MSG,
+                max_tokens=n,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            ):
+                if not chunks:
+                    started.release()
+                chunks.append(chunk)
             results.append(chunks[-1].choices[0].finish_reason)
 
-        threads = [threading.Thread(target=streamer, args=(300 + 50 * i,)) for i in range(4)]
+        # Long enough to be in flight after SIGTERM on a fast machine (~1k tokens/s here).
+        threads = [threading.Thread(target=streamer, args=(3000 + 50 * i,)) for i in range(4)]
         for t in threads:
             t.start()
-        time.sleep(1.0)
+        for _ in threads:
+            assert started.acquire(timeout=60)
         os.kill(s.proc.pid, signal.SIGTERM)
-        time.sleep(0.3)
+        deadline = time.monotonic() + 10
+        while s.http().get("/health").status_code != 503 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert s.http().get("/health").status_code == 503
         r = s.http().post("/v1/chat/completions", json={"model": "tiny", "messages": MSG})
         assert r.status_code == 503 and "retry-after" in r.headers
-        assert s.http().get("/health").status_code == 503
         a = s.http().post("/v1/messages", json={"model": "tiny", "messages": MSG, "max_tokens": 2})
         assert a.status_code == 529 and a.json()["error"]["type"] == "overloaded_error"
         for t in threads:
