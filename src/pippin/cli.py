@@ -30,6 +30,7 @@ from pippin.engine.config import (
 from pippin.kernels.config import KernelConfig
 from pippin.mcp.config import McpConfigError, McpSettings, load_config
 from pippin.obs.logs import LOG_FORMATS
+from pippin.vision.media import add_media_flags, limits_from_args
 
 log = logging.getLogger("pippin.cli")
 
@@ -690,6 +691,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_serve_args(bench_serve)
     _add_embed_args(serve)
     _add_admission_args(serve)
+    add_media_flags(serve)
     return parser
 
 
@@ -837,6 +839,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         api_keys=_api_keys(args.api_keys),
         drain_timeout_s=args.drain_timeout,
         mcp=mcp_settings(args),
+        media=limits_from_args(args),
     )
 
 

@@ -11,6 +11,7 @@ from pippin.api.model_specs import ModelSpec
 from pippin.embed.config import EmbedSettings
 from pippin.engine.config import EngineConfig
 from pippin.mcp.config import McpSettings
+from pippin.vision.media import MediaLimits
 
 MIB = 1024 * 1024
 
@@ -61,6 +62,9 @@ class ServerSettings:
     memory_budget: int | None = None
     # --model-load-timeout: how long a request waits for its model to load.
     model_load_timeout: float = 300.0
+    # --limit-mm-per-prompt, --allowed-local-media-path and friends: what images and
+    # videos a request may bring and where from (pippin.vision.media).
+    media: MediaLimits = field(default_factory=MediaLimits)
 
     def model_specs(self) -> list[ModelSpec]:
         """The chat models: ``models``, else the one model (loaded at start-up)."""

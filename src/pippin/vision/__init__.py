@@ -1,0 +1,1 @@
+"""Vision: images and videos in requests (`media`), and the vision-language models."""

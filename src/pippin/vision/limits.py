@@ -1,0 +1,217 @@
+"""`MediaLimits`: what images and videos a request may bring, from `pippin serve`'s flags.
+
+Standard library only: the server's settings hold a `MediaLimits` on a core install too,
+where Pillow and OpenCV (the `vision` extra) are absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MIB = 1024 * 1024
+
+
+class MediaError(ValueError):
+    """An image or video that cannot be used; the message says what is wrong with it, the
+    caller adds which content part it was (the API answers 400 with both)."""
+
+
+@dataclass(frozen=True)
+class MediaLimits:
+    """Caps on the media of one request. ``MediaLimits()`` is the safe default: remote
+    media from public addresses only, no local files."""
+
+    # Images and videos in one request (--limit-mm-per-prompt, vLLM's flag).
+    max_images: int = 8
+    max_videos: int = 1
+    # Bytes of one encoded image (also a data: URL's decoded bytes) and of one video.
+    max_image_bytes: int = 20 * MIB
+    # Decoded images with more pixels are downscaled (aspect kept) to fit; video frames too.
+    max_pixels: int = 2048 * 2048
+    # Videos longer than this are refused; frames are sampled at video_fps up to
+    # max_video_frames (spread evenly over the clip when the cap is hit).
+    max_video_seconds: float = 60.0
+    max_video_frames: int = 32
+    video_fps: float = 2.0
+    # One remote fetch, redirects included, gets this long and this many redirects.
+    fetch_timeout_s: float = 15.0
+    max_redirects: int = 5
+    # file:// URLs and plain paths are served only from under this folder (None: never).
+    allowed_local_media_path: Path | None = None
+    # When set, remote media only from these host names (every redirect hop too).
+    allowed_domains: tuple[str, ...] | None = None
+    # Images (or video frames) with more source pixels are refused, not downscaled: a
+    # decompression bomb costs its full size in memory before it can be shrunk.
+    # Anthropic refuses images over 8000 px a side; this is the same area.
+    max_source_pixels: int = 8000 * 8000
+    max_video_bytes: int = 64 * MIB
+    # Tests only (never set from the command line): fetch from loopback and private
+    # addresses, so the fetch path can be exercised against a local server.
+    allow_private_for_tests: bool = False
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def parse_mm_limits(text: str) -> dict[str, int]:
+    """vLLM's `--limit-mm-per-prompt`: '{"image": 4, "video": 1}'; a modality may also be
+    given as {"count": N} (vLLM's newer form, whose size hints pippin does not use)."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError('must be a JSON object such as {"image": 4, "video": 1}')
+    out: dict[str, int] = {}
+    for key, item in value.items():
+        if key not in ("image", "video"):
+            raise argparse.ArgumentTypeError(
+                f"unknown modality {key!r}: pippin takes images and videos ('image', 'video')"
+            )
+        count: Any = item.get("count") if isinstance(item, dict) else item
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise argparse.ArgumentTypeError(f"{key}: must be a count of 0 or more, got {item!r}")
+        out[key] = count
+    return out
+
+
+def _local_folder(text: str) -> Path:
+    path = Path(text).expanduser()
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"not a folder: {text}")
+    return path.resolve()
+
+
+def add_media_flags(parser: argparse.ArgumentParser) -> None:
+    """The media flags of `pippin serve` (vLLM's names where vLLM has the setting)."""
+    d = MediaLimits()
+    g = parser.add_argument_group(
+        "images and video",
+        "what media a request may bring (vision models); see docs/reliability.md for the "
+        "fetching rules",
+    )
+    g.add_argument(
+        "--limit-mm-per-prompt",
+        type=parse_mm_limits,
+        default={},
+        metavar="JSON",
+        help=f'images and videos per request, e.g. \'{{"image": 4, "video": 1}}\' '
+        f"(default: {d.max_images} images, {d.max_videos} video)",
+    )
+    g.add_argument(
+        "--allowed-local-media-path",
+        type=_local_folder,
+        metavar="DIR",
+        help="let requests name local files (file:// URLs or paths) under this folder; "
+        "never outside it, also not through '..' or symlinks (default: no local files)",
+    )
+    g.add_argument(
+        "--allowed-media-domains",
+        nargs="+",
+        metavar="HOST",
+        help="fetch remote media only from these host names (exact match, also after "
+        "redirects; space- or comma-separated); private addresses stay refused",
+    )
+    g.add_argument(
+        "--max-image-mb",
+        type=_positive_float,
+        default=d.max_image_bytes / MIB,
+        help="largest encoded image, in MiB (default: %(default)s)",
+    )
+    g.add_argument(
+        "--max-image-pixels",
+        type=_positive_int,
+        default=d.max_pixels,
+        help="larger images (and video frames) are downscaled to this many pixels, aspect "
+        "kept (default: %(default)s)",
+    )
+    g.add_argument(
+        "--max-source-image-pixels",
+        type=_positive_int,
+        default=d.max_source_pixels,
+        help="images with more pixels than this are refused rather than decoded "
+        "(default: %(default)s, 8000x8000)",
+    )
+    g.add_argument(
+        "--max-video-mb",
+        type=_positive_float,
+        default=d.max_video_bytes / MIB,
+        help="largest video file, in MiB (default: %(default)s)",
+    )
+    g.add_argument(
+        "--max-video-seconds",
+        type=_positive_float,
+        default=d.max_video_seconds,
+        help="longer videos are refused (default: %(default)s)",
+    )
+    g.add_argument(
+        "--max-video-frames",
+        type=_positive_int,
+        default=d.max_video_frames,
+        help="frames sampled from one video at most (default: %(default)s)",
+    )
+    g.add_argument(
+        "--video-fps",
+        type=_positive_float,
+        default=d.video_fps,
+        help="frames sampled per second of video (default: %(default)s)",
+    )
+    g.add_argument(
+        "--media-fetch-timeout",
+        type=_positive_float,
+        default=d.fetch_timeout_s,
+        help="seconds one remote image or video may take to fetch (default: %(default)s)",
+    )
+    g.add_argument(
+        "--media-max-redirects",
+        type=_non_negative_int,
+        default=d.max_redirects,
+        help="redirects followed when fetching media (default: %(default)s)",
+    )
+
+
+def limits_from_args(args: argparse.Namespace) -> MediaLimits:
+    """The `MediaLimits` that `add_media_flags`' flags ask for."""
+    per_prompt: dict[str, int] = args.limit_mm_per_prompt or {}
+    d = MediaLimits()
+    domains = None
+    if args.allowed_media_domains is not None:
+        names = [n.strip().lower() for a in args.allowed_media_domains for n in a.split(",")]
+        domains = tuple(dict.fromkeys(n.rstrip(".") for n in names if n))
+    return MediaLimits(
+        max_images=per_prompt.get("image", d.max_images),
+        max_videos=per_prompt.get("video", d.max_videos),
+        max_image_bytes=int(args.max_image_mb * MIB),
+        max_pixels=args.max_image_pixels,
+        max_video_seconds=args.max_video_seconds,
+        max_video_frames=args.max_video_frames,
+        video_fps=args.video_fps,
+        fetch_timeout_s=args.media_fetch_timeout,
+        max_redirects=args.media_max_redirects,
+        allowed_local_media_path=args.allowed_local_media_path,
+        allowed_domains=domains,
+        max_source_pixels=args.max_source_image_pixels,
+        max_video_bytes=int(args.max_video_mb * MIB),
+    )
