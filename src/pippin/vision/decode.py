@@ -19,7 +19,8 @@ from pippin.vision.limits import MediaError, MediaLimits
 # What the OpenAI and Anthropic APIs take (PNG, JPEG, GIF, WebP), BMP, and MPO (the JPEG
 # variant of phone cameras). Never every format Pillow knows: EPS would run Ghostscript,
 # and the rarer decoders are where image-library bugs live.
-FORMATS = ("PNG", "JPEG", "MPO", "GIF", "WEBP", "BMP")
+# (Pillow opens MPO through its JPEG opener: it is no opener of its own.)
+FORMATS = ("PNG", "JPEG", "GIF", "WEBP", "BMP")
 FORMAT_NAMES = "PNG, JPEG, GIF, WebP or BMP"
 MEDIA_TYPES = {
     "image/png": ("PNG",),
@@ -116,8 +117,9 @@ def decode_image(data: bytes, limits: MediaLimits, media_type: str | None = None
         formats = MEDIA_TYPES[declared]
     kind = "image"
     with warnings.catch_warnings():
-        # Pillow warns (rather than raising) between its own bomb limit and twice it.
-        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        # Pillow only warns between its own bomb limit and twice it: the pixel check
+        # right after opening decides (past twice it, Pillow refuses on its own).
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         try:
             with Image.open(io.BytesIO(data), formats=FORMATS) as probe:
                 kind = f"{probe.format} image"
@@ -137,7 +139,10 @@ def decode_image(data: bytes, limits: MediaLimits, media_type: str | None = None
             raise MediaError(
                 f"not an image, or not one of the accepted formats ({FORMAT_NAMES})"
             ) from None
-        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-            raise MediaError(f"the image has too many pixels to decode: {e}") from None
+        except Image.DecompressionBombError:
+            raise MediaError(
+                "the image has more pixels than this server decodes "
+                f"({limits.max_source_pixels:,} pixels); send a smaller one"
+            ) from None
         except _DECODE_ERRORS as e:
             raise MediaError(f"the {kind} is corrupt or truncated ({e})") from None

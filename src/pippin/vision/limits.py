@@ -49,9 +49,11 @@ class MediaLimits:
     # Anthropic refuses images over 8000 px a side; this is the same area.
     max_source_pixels: int = 8000 * 8000
     max_video_bytes: int = 64 * MIB
-    # Tests only (never set from the command line): fetch from loopback and private
-    # addresses, so the fetch path can be exercised against a local server.
+    # Tests only, never set from the command line: fetch from any address (a local test
+    # server), or treat these host names as public whatever they resolve to (so a test can
+    # redirect from a "public" name on 127.0.0.1 to a refused address).
     allow_private_for_tests: bool = False
+    public_hosts_for_tests: frozenset[str] = frozenset()
 
 
 def _positive_int(text: str) -> int:

@@ -105,12 +105,14 @@ def read_local(url: str, limits: MediaLimits, cap: int, what: str) -> bytes:
         raise MediaError("no such file under the allowed media folder") from None
     except OSError as e:
         raise MediaError(f"cannot open the file ({e.strerror})") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise MediaError("not a regular file")
+    if info.st_size > cap:
+        os.close(fd)
+        raise _too_big(what, info.st_size, cap)
     with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise MediaError("not a regular file")
-        if info.st_size > cap:
-            raise _too_big(what, info.st_size, cap)
         data = f.read(cap + 1)
     if len(data) > cap:
         raise _too_big(what, len(data), cap)

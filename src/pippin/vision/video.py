@@ -74,7 +74,9 @@ def sample_frames(
         raise MediaError("the video is empty (0 bytes)")
     if container_of(data) is None:
         raise MediaError(f"not a video, or not one of the accepted formats ({FORMAT_NAMES})")
-    capture = cv2.VideoCapture(io.BytesIO(data), cv2.CAP_FFMPEG, [])
+    # OpenCV keeps no reference to the stream it reads: it must outlive `capture`.
+    stream = io.BytesIO(data)
+    capture = cv2.VideoCapture(stream, cv2.CAP_FFMPEG, [])
     try:
         if not capture.isOpened():
             raise MediaError("the video is corrupt or its codec is not supported")
@@ -112,5 +114,6 @@ def sample_frames(
             raise MediaError("the video is corrupt: no frame could be decoded")
     finally:
         capture.release()
+        stream.close()
     sampled = len(frames) / duration if duration > 0 else fps
     return VideoClip(tuple(frames), tuple(times), min(fps, sampled), duration)

@@ -1,0 +1,156 @@
+"""Pictures, videos and a local HTTP server for the media tests."""
+
+from __future__ import annotations
+
+import base64
+import io
+import struct
+import threading
+import time
+import zlib
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from PIL import Image
+
+
+def picture(
+    size: tuple[int, int] = (64, 48), color: tuple[int, ...] = (200, 30, 30)
+) -> Image.Image:
+    """A picture with some structure (a gradient square), so resizing changes pixels."""
+    mode = "RGBA" if len(color) == 4 else "RGB"
+    image = Image.new(mode, size, color)
+    for x in range(min(size) // 2):
+        image.putpixel(
+            (x, x), (x * 4 % 256, 255 - x * 4 % 256, 0) + ((255,) if mode == "RGBA" else ())
+        )
+    return image
+
+
+def encode(image: Image.Image, fmt: str = "PNG") -> bytes:
+    out = io.BytesIO()
+    image.save(out, fmt)
+    return out.getvalue()
+
+
+def data_url(data: bytes, media_type: str = "image/png") -> str:
+    return f"data:{media_type};base64,{base64.b64encode(data).decode()}"
+
+
+def png_claiming(width: int, height: int) -> bytes:
+    """A tiny PNG whose header claims ``width`` x ``height`` (a decompression bomb's
+    shape, without the memory to make a real one)."""
+    data = bytearray(encode(Image.new("L", (1, 1))))
+    ihdr = data.index(b"IHDR")
+    data[ihdr + 4 : ihdr + 12] = struct.pack(">II", width, height)
+    crc = zlib.crc32(bytes(data[ihdr : ihdr + 17]))
+    data[ihdr + 17 : ihdr + 21] = struct.pack(">I", crc)
+    return bytes(data)
+
+
+def video_bytes(
+    tmp: Path, seconds: float = 3.0, fps: int = 10, size: tuple[int, int] = (32, 24)
+) -> bytes:
+    """An MP4 (MPEG-4 part 2, which OpenCV's FFmpeg writes everywhere) whose frame i is
+    a flat colour with red = 8 * i, so a sampled frame tells its index."""
+    import cv2
+    import numpy as np
+
+    path = tmp / "clip.mp4"
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, size)
+    assert writer.isOpened()
+    for i in range(round(seconds * fps)):
+        frame = np.zeros((size[1], size[0], 3), np.uint8)
+        frame[:, :] = (0, 60, min(255, 8 * i))  # BGR
+        writer.write(frame)
+    writer.release()
+    return path.read_bytes()
+
+
+class TestServer:
+    """An HTTP server on 127.0.0.1 with routes for the fetcher's cases; counts hits."""
+
+    def __init__(self, png: bytes) -> None:
+        self.png = png
+        self.hits: Counter[str] = Counter()
+        self.hosts: list[str] = []
+        self.redirect_to = ""
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802
+                path = self.path.split("?")[0]
+                server.hits[path] += 1
+                server.hosts.append(self.headers.get("Host", ""))
+                if path == "/img.png":
+                    self._send(200, server.png, "image/png")
+                elif path == "/redirect":
+                    self._redirect("/img.png")
+                elif path == "/redirect-away":
+                    self._redirect(server.redirect_to)
+                elif path == "/loop":
+                    self._redirect("/loop")
+                elif path == "/big":  # no Content-Length: the cap must stop the stream
+                    self.send_response(200)
+                    self.send_header("Content-Type", "image/png")
+                    self.end_headers()
+                    try:
+                        for _ in range(64):
+                            self.wfile.write(b"\0" * 65536)
+                    except OSError:
+                        pass
+                elif path == "/big-declared":
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(50 * 1024 * 1024))
+                    self.end_headers()
+                elif path == "/slow":
+                    self.send_response(200)
+                    self.end_headers()
+                    try:
+                        for _ in range(50):
+                            self.wfile.write(b"\0")
+                            self.wfile.flush()
+                            time.sleep(0.1)
+                    except OSError:
+                        pass
+                else:
+                    self._send(404, b"not found", "text/plain")
+
+            def _redirect(self, location: str) -> None:
+                self.send_response(302)
+                self.send_header("Location", location)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def _send(self, status: int, body: bytes, kind: str) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+
+    def url(self, path: str, host: str = "127.0.0.1") -> str:
+        return f"http://{host}:{self.port}{path}"
+
+
+@contextmanager
+def serving(png: bytes) -> Iterator[TestServer]:
+    server = TestServer(png)
+    thread = threading.Thread(target=server.httpd.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.httpd.shutdown()
+        server.httpd.server_close()
+        thread.join(5)
