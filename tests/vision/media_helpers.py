@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import base64
 import io
+import ssl
 import struct
+import subprocess
 import threading
 import time
 import zlib
@@ -73,7 +75,7 @@ def video_bytes(
 class TestServer:
     """An HTTP server on 127.0.0.1 with routes for the fetcher's cases; counts hits."""
 
-    def __init__(self, png: bytes) -> None:
+    def __init__(self, png: bytes, tls: ssl.SSLContext | None = None) -> None:
         self.png = png
         self.hits: Counter[str] = Counter()
         self.hosts: list[str] = []
@@ -138,14 +140,18 @@ class TestServer:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
+        self.scheme = "http"
+        if tls is not None:
+            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
+            self.scheme = "https"
 
     def url(self, path: str, host: str = "127.0.0.1") -> str:
-        return f"http://{host}:{self.port}{path}"
+        return f"{self.scheme}://{host}:{self.port}{path}"
 
 
 @contextmanager
-def serving(png: bytes) -> Iterator[TestServer]:
-    server = TestServer(png)
+def serving(png: bytes, tls: ssl.SSLContext | None = None) -> Iterator[TestServer]:
+    server = TestServer(png, tls)
     thread = threading.Thread(target=server.httpd.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
@@ -154,3 +160,16 @@ def serving(png: bytes) -> Iterator[TestServer]:
         server.httpd.shutdown()
         server.httpd.server_close()
         thread.join(5)
+
+
+def self_signed(tmp: Path, name: str) -> tuple[Path, Path]:
+    """(certificate, key) for ``name`` only (no IP address in it), made by openssl."""
+    cert, key = tmp / "cert.pem", tmp / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-days", "2", "-subj", f"/CN={name}", "-addext", f"subjectAltName=DNS:{name}",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return cert, key

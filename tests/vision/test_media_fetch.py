@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import shutil
 import socket
+import ssl
+from pathlib import Path
 from typing import Any
 
 import httpcore
@@ -16,7 +19,8 @@ import pytest
 
 pytest.importorskip("PIL")
 
-from media_helpers import encode, picture, serving  # noqa: E402
+import httpx  # noqa: E402
+from media_helpers import encode, picture, self_signed, serving  # noqa: E402
 
 from pippin.vision import fetch  # noqa: E402
 from pippin.vision.fetch import BlockedAddress, refused_reason, resolve_public  # noqa: E402
@@ -212,6 +216,43 @@ def test_connects_to_the_checked_address_with_one_lookup(
     # http.server closes each connection: two connections, two look-ups, not four.
     assert asked == ["pinned.example"] * 2
     assert only_loopback_connections == ["127.0.0.1"] * 2
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_https_sends_the_name_and_verifies_the_certificate_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, only_loopback_connections: list[str]
+) -> None:
+    """Connected to the checked address, TLS still uses the name: SNI carries it and the
+    certificate must be valid for it (a self-signed one is refused; trusted, it passes
+    although it names no IP address)."""
+    cert, key = self_signed(tmp_path, "pinned.example")
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(cert, key)
+    names: list[str | None] = []
+
+    def record(_sock: ssl.SSLObject, name: str | None, _ctx: ssl.SSLContext) -> None:
+        names.append(name)
+
+    server_ctx.sni_callback = record  # type: ignore[assignment]
+    fake_dns(monkeypatch, {"pinned.example": ["127.0.0.1"]})
+    limits = MediaLimits(public_hosts_for_tests=frozenset({"pinned.example"}))
+    with serving(PNG, server_ctx) as server:
+        url = server.url("/img.png", "pinned.example")
+        with pytest.raises(MediaError, match="CERTIFICATE_VERIFY_FAILED|certificate verify"):
+            asyncio.run(load_image(url, limits))
+        assert names == ["pinned.example"] and server.hits["/img.png"] == 0
+
+        real = httpx.create_ssl_context
+
+        def trusting(*args: Any, **kwargs: Any) -> ssl.SSLContext:
+            ctx = real(*args, **kwargs)
+            ctx.load_verify_locations(cert)
+            return ctx
+
+        monkeypatch.setattr(httpx, "create_ssl_context", trusting)
+        got = asyncio.run(load_image(url, limits))
+        assert got.image.size == (64, 48) and server.hits["/img.png"] == 1
+    assert set(only_loopback_connections) == {"127.0.0.1"}
 
 
 def test_a_redirect_to_loopback_is_refused(

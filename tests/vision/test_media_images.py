@@ -41,6 +41,14 @@ def test_equal_pictures_hash_equal_whatever_the_encoding() -> None:
     assert len(png.sha256) == 64
 
 
+def test_a_data_url_needs_an_image_type_but_not_the_exact_one() -> None:
+    jpeg = encode(picture((10, 10)), "JPEG")
+    assert load(data_url(jpeg, "image/png")).image.size == (10, 10)
+    assert load("data:;base64," + data_url(jpeg).split(",")[1]).image.size == (10, 10)
+    with pytest.raises(MediaError, match="'text/plain' is not an image type"):
+        load(data_url(jpeg, "text/plain"))
+
+
 def test_percent_encoded_data_url() -> None:
     raw = encode(picture((8, 8)))
     got = load("data:image/png," + quote_from_bytes(raw))
@@ -139,3 +147,35 @@ def test_animated_gif_gives_its_first_frame() -> None:
     got = load(data_url(out.getvalue(), "image/gif"))
     red, green, blue = got.image.getpixel((9, 0))
     assert red > 200 and blue < 50
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG", "GIF", "WEBP", "BMP"])
+def test_damaged_files_give_media_errors_only(fmt: str) -> None:
+    """Bytes flipped, cut or repeated anywhere: an image or a MediaError, nothing else."""
+    import random
+
+    rng = random.Random(fmt)
+    good = encode(picture((48, 40)), fmt)
+    for _ in range(60):
+        data = bytearray(good)
+        for _ in range(rng.randint(1, 8)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        if rng.random() < 0.3:
+            data = data[: rng.randrange(1, len(data))]
+        try:
+            got = load(data_url(bytes(data), "image/png"))
+        except MediaError:
+            continue
+        assert got.image.mode == "RGB"
+
+
+def test_exif_orientation_is_applied() -> None:
+    """A phone's portrait photo is stored landscape with an Orientation tag: the model
+    sees it upright, as a browser shows it."""
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise to display
+    from io import BytesIO
+
+    out = BytesIO()
+    picture((20, 10)).save(out, "JPEG", exif=exif)
+    assert load(data_url(out.getvalue(), "image/jpeg")).image.size == (10, 20)

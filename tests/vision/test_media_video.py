@@ -109,3 +109,18 @@ def test_frame_indices() -> None:
     assert frame_indices(30, 10.0, 10.0, 1) == [0]
     assert frame_indices(5, 10.0, 2.0, 32) == [0]  # shorter than one sampling step
     assert frame_indices(3, 30.0, 60.0, 32) == [0, 1, 2]  # faster than the video: each frame once
+
+
+def test_damaged_videos_give_media_errors_only(clip: bytes) -> None:
+    import random
+
+    rng = random.Random(7)
+    for _ in range(25):
+        data = bytearray(clip)
+        for _ in range(rng.randint(1, 16)):
+            data[rng.randrange(8, len(data))] = rng.randrange(256)
+        try:
+            frames = asyncio.run(load_video(data_url(bytes(data), "video/mp4"), MediaLimits()))
+        except MediaError:
+            continue
+        assert all(f.image.mode == "RGB" for f in frames)

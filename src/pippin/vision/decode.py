@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import math
 import struct
 import warnings
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from pippin.vision.limits import MediaError, MediaLimits
+
+log = logging.getLogger("pippin.vision")
 
 # What the OpenAI and Anthropic APIs take (PNG, JPEG, GIF, WebP), BMP, and MPO (the JPEG
 # variant of phone cameras). Never every format Pillow knows: EPS would run Ghostscript,
@@ -146,3 +149,6 @@ def decode_image(data: bytes, limits: MediaLimits, media_type: str | None = None
             ) from None
         except _DECODE_ERRORS as e:
             raise MediaError(f"the {kind} is corrupt or truncated ({e})") from None
+        except Exception as e:  # untrusted bytes: a decoder bug is still the file's 400
+            log.debug("image decoding failed", exc_info=True)
+            raise MediaError(f"the {kind} cannot be decoded ({type(e).__name__})") from None

@@ -82,8 +82,12 @@ def _decoder() -> ModuleType:
 async def load_image(url: str, limits: MediaLimits) -> LoadedImage:
     """An image from an http(s) URL, a data: URL or (when allowed) a local file."""
     media_type, data = await media_bytes(url, limits, limits.max_image_bytes, "image")
+    if media_type is not None and not media_type.startswith("image/"):
+        raise MediaError(f"the data: URL's type {media_type!r} is not an image type")
     decode = _decoder()
-    return await asyncio.to_thread(decode.decode_image, data, limits, media_type)
+    # The bytes say what they are: a data: URL's image type is not held against them
+    # (clients label JPEGs image/png), unlike Anthropic's base64 media_type below.
+    return await asyncio.to_thread(decode.decode_image, data, limits)
 
 
 async def image_from_base64(data: str, media_type: str | None, limits: MediaLimits) -> LoadedImage:

@@ -10,6 +10,7 @@ playlist or any format that could make FFmpeg open other URLs or files.
 from __future__ import annotations
 
 import io
+import logging
 import math
 from dataclasses import dataclass
 
@@ -18,6 +19,8 @@ from PIL import Image
 
 from pippin.vision.decode import LoadedImage, check_source_pixels, finish
 from pippin.vision.limits import MediaError, MediaLimits
+
+log = logging.getLogger("pippin.vision")
 
 FORMAT_NAMES = "MP4, MOV, WebM, MKV or AVI"
 
@@ -74,6 +77,16 @@ def sample_frames(
         raise MediaError("the video is empty (0 bytes)")
     if container_of(data) is None:
         raise MediaError(f"not a video, or not one of the accepted formats ({FORMAT_NAMES})")
+    try:
+        return _sample(data, limits, fps, max_frames)
+    except MediaError:
+        raise
+    except Exception as e:  # untrusted bytes: a decoder error is still the file's 400
+        log.debug("video decoding failed", exc_info=True)
+        raise MediaError(f"the video cannot be decoded ({type(e).__name__})") from None
+
+
+def _sample(data: bytes, limits: MediaLimits, fps: float, max_frames: int) -> VideoClip:
     # OpenCV keeps no reference to the stream it reads: it must outlive `capture`.
     stream = io.BytesIO(data)
     capture = cv2.VideoCapture(stream, cv2.CAP_FFMPEG, [])
