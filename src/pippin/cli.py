@@ -17,6 +17,11 @@ from dataclasses import replace
 from typing import Any
 
 from pippin import __version__, envs
+from pippin.argtypes import json_object as _json_object
+from pippin.argtypes import non_negative_float as _non_negative_float
+from pippin.argtypes import non_negative_int as _non_negative_int
+from pippin.argtypes import positive_float as _positive_float
+from pippin.argtypes import positive_int as _positive_int
 from pippin.bench.cli import add_bench_args, add_bench_serve_args
 from pippin.embed.config import EmbedSettings
 from pippin.engine.config import (
@@ -38,20 +43,6 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
-    return value
-
-
 def _port(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 65535:
@@ -67,13 +58,6 @@ def _memory_share(text: str) -> float:
     return value if value <= 1 else value / 100
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return value
-
-
 def _name_list(text: str) -> list[str]:
     """A JSON list of strings, as vLLM takes them ('["https://a.example"]'), or a,b,c."""
     if not text.lstrip().startswith("["):
@@ -84,16 +68,6 @@ def _name_list(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise argparse.ArgumentTypeError("must be a JSON list of strings")
-    return value
-
-
-def _json_object(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("must be a JSON object")
     return value
 
 
@@ -227,13 +201,6 @@ def _add_admission_args(p: argparse.ArgumentParser) -> None:
         help="on SIGTERM, how long requests in flight may take to finish while new ones get "
         "503; then they end with an error (default: %(default)s)",
     )
-
-
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
-    return value
 
 
 def _add_serve_args(p: argparse.ArgumentParser) -> None:

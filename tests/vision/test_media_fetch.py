@@ -250,6 +250,7 @@ def test_https_sends_the_name_and_verifies_the_certificate_for_it(
             return ctx
 
         monkeypatch.setattr(httpx, "create_ssl_context", trusting)
+        monkeypatch.setattr(fetch, "_ssl_context", None)  # made again, trusting the cert
         got = asyncio.run(load_image(url, limits))
         assert got.image.size == (64, 48) and server.hits["/img.png"] == 1
     assert set(only_loopback_connections) == {"127.0.0.1"}
@@ -348,5 +349,6 @@ def test_no_proxy_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_guarded_pool_is_the_transports() -> None:
-    transport = fetch.GuardedTransport(MediaLimits())
+    transport = fetch.GuardedTransport(MediaLimits(), asyncio.run(fetch.shared_ssl_context()))
     assert isinstance(transport._pool._network_backend, fetch.GuardedBackend)
+    assert asyncio.run(fetch.shared_ssl_context()) is asyncio.run(fetch.shared_ssl_context())

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+import ssl
 from collections.abc import Iterable
 from typing import Any
 
@@ -176,13 +177,25 @@ class GuardedTransport(httpx.AsyncHTTPTransport):
     """httpx's transport over a connection pool whose every connection goes through
     `GuardedBackend`; no proxy (an environment's proxy would connect for us, unchecked)."""
 
-    def __init__(self, limits: MediaLimits) -> None:
-        super().__init__(trust_env=False)
+    def __init__(self, limits: MediaLimits, ssl_context: ssl.SSLContext) -> None:
+        super().__init__(verify=ssl_context, trust_env=False)
         self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=httpx.create_ssl_context(trust_env=False),
+            ssl_context=ssl_context,
             max_connections=4,
             network_backend=GuardedBackend(limits),
         )
+
+
+_ssl_context: ssl.SSLContext | None = None
+
+
+async def shared_ssl_context() -> ssl.SSLContext:
+    """One TLS context for every fetch: making one reads the CA bundle (~100 ms), which
+    must not happen per request, nor on the event loop."""
+    global _ssl_context
+    if _ssl_context is None:
+        _ssl_context = await asyncio.to_thread(httpx.create_ssl_context, trust_env=False)
+    return _ssl_context
 
 
 def check_url(url: httpx.URL, limits: MediaLimits) -> None:
@@ -208,9 +221,14 @@ async def _fetch(url: str, limits: MediaLimits, cap: int, what: str) -> tuple[st
         current = httpx.URL(url)
     except (httpx.InvalidURL, ValueError) as e:
         raise MediaError(f"not a valid URL ({e})") from None
-    headers = {"User-Agent": f"pippin/{__version__}", "Accept": "image/*, video/*, */*;q=0.5"}
+    headers = {
+        "User-Agent": f"pippin/{__version__}",
+        "Accept": "image/*, video/*, */*;q=0.5",
+        # Media is compressed already; and no gzip bomb to inflate chunk by chunk.
+        "Accept-Encoding": "identity",
+    }
     async with httpx.AsyncClient(
-        transport=GuardedTransport(limits),
+        transport=GuardedTransport(limits, await shared_ssl_context()),
         follow_redirects=False,
         trust_env=False,
         timeout=limits.fetch_timeout_s,

@@ -7,10 +7,11 @@ where Pillow and OpenCV (the `vision` extra) are absent.
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from pippin.argtypes import json_object, non_negative_int, positive_float, positive_int
 
 MIB = 1024 * 1024
 
@@ -56,36 +57,10 @@ class MediaLimits:
     public_hosts_for_tests: frozenset[str] = frozenset()
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return value
-
-
 def parse_mm_limits(text: str) -> dict[str, int]:
     """vLLM's `--limit-mm-per-prompt`: '{"image": 4, "video": 1}'; a modality may also be
     given as {"count": N} (vLLM's newer form, whose size hints pippin does not use)."""
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError('must be a JSON object such as {"image": 4, "video": 1}')
+    value = json_object(text)
     out: dict[str, int] = {}
     for key, item in value.items():
         if key not in ("image", "video"):
@@ -138,57 +113,66 @@ def add_media_flags(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--max-image-mb",
-        type=_positive_float,
+        metavar="MB",
+        type=positive_float,
         default=d.max_image_bytes / MIB,
         help="largest encoded image, in MiB (default: %(default)s)",
     )
     g.add_argument(
         "--max-image-pixels",
-        type=_positive_int,
+        metavar="N",
+        type=positive_int,
         default=d.max_pixels,
         help="larger images (and video frames) are downscaled to this many pixels, aspect "
         "kept (default: %(default)s)",
     )
     g.add_argument(
         "--max-source-image-pixels",
-        type=_positive_int,
+        metavar="N",
+        type=positive_int,
         default=d.max_source_pixels,
         help="images with more pixels than this are refused rather than decoded "
         "(default: %(default)s, 8000x8000)",
     )
     g.add_argument(
         "--max-video-mb",
-        type=_positive_float,
+        metavar="MB",
+        type=positive_float,
         default=d.max_video_bytes / MIB,
         help="largest video file, in MiB (default: %(default)s)",
     )
     g.add_argument(
         "--max-video-seconds",
-        type=_positive_float,
+        metavar="S",
+        type=positive_float,
         default=d.max_video_seconds,
         help="longer videos are refused (default: %(default)s)",
     )
     g.add_argument(
         "--max-video-frames",
-        type=_positive_int,
+        metavar="N",
+        type=positive_int,
         default=d.max_video_frames,
         help="frames sampled from one video at most (default: %(default)s)",
     )
     g.add_argument(
         "--video-fps",
-        type=_positive_float,
+        metavar="FPS",
+        type=positive_float,
         default=d.video_fps,
         help="frames sampled per second of video (default: %(default)s)",
     )
     g.add_argument(
         "--media-fetch-timeout",
-        type=_positive_float,
+        metavar="S",
+        type=positive_float,
         default=d.fetch_timeout_s,
         help="seconds one remote image or video may take to fetch (default: %(default)s)",
     )
     g.add_argument(
         "--media-max-redirects",
-        type=_non_negative_int,
+        metavar="N",
+        type=non_negative_int,
         default=d.max_redirects,
         help="redirects followed when fetching media (default: %(default)s)",
     )

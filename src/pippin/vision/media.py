@@ -57,8 +57,8 @@ async def media_bytes(
         raise MediaError(f"the {what} URL is empty")
     url = url.strip()
     scheme = scheme_of(url)
-    if scheme == "data":
-        return parse_data_url(url, cap, what)
+    if scheme == "data":  # decoding megabytes of base64 is blocking work too
+        return await asyncio.to_thread(parse_data_url, url, cap, what)
     if scheme in ("http", "https"):
         from pippin.vision.fetch import fetch_bytes
 
@@ -95,7 +95,7 @@ async def image_from_base64(data: str, media_type: str | None, limits: MediaLimi
     ``media_type`` must match what the bytes are."""
     if not isinstance(data, str) or not data:
         raise MediaError("the image data is empty")
-    raw = b64decode(data, limits.max_image_bytes, "image")
+    raw = await asyncio.to_thread(b64decode, data, limits.max_image_bytes, "image")
     decode = _decoder()
     return await asyncio.to_thread(decode.decode_image, raw, limits, media_type)
 
