@@ -54,15 +54,20 @@ def png_claiming(width: int, height: int) -> bytes:
 
 
 def video_bytes(
-    tmp: Path, seconds: float = 3.0, fps: int = 10, size: tuple[int, int] = (32, 24)
+    tmp: Path,
+    seconds: float = 3.0,
+    fps: int = 10,
+    size: tuple[int, int] = (32, 24),
+    name: str = "clip.mp4",
+    codec: str = "mp4v",
 ) -> bytes:
-    """An MP4 (MPEG-4 part 2, which OpenCV's FFmpeg writes everywhere) whose frame i is
-    a flat colour with red = 8 * i, so a sampled frame tells its index."""
+    """A video (by default MP4 in MPEG-4 part 2, which OpenCV's FFmpeg writes everywhere)
+    whose frame i is a flat colour with red = 8 * i, so a sampled frame tells its index."""
     import cv2
     import numpy as np
 
-    path = tmp / "clip.mp4"
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, size)
+    path = tmp / name
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*codec), fps, size)
     assert writer.isOpened()
     for i in range(round(seconds * fps)):
         frame = np.zeros((size[1], size[0], 3), np.uint8)

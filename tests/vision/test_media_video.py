@@ -103,6 +103,16 @@ def test_a_truncated_video_is_refused_or_short(clip: bytes) -> None:
     assert 0 < len(frames) <= 6
 
 
+@pytest.mark.parametrize(
+    "name, codec",
+    [("clip.avi", "MJPG"), ("clip.mkv", "MJPG"), ("clip.webm", "VP80"), ("clip.mov", "mp4v")],
+)
+def test_other_containers(name: str, codec: str, tmp_path: Path) -> None:
+    data = video_bytes(tmp_path, seconds=2.0, name=name, codec=codec)
+    frames = asyncio.run(load_video(data_url(data, "video/x"), MediaLimits(), fps=1))
+    assert [frame_number(f.image.getpixel((5, 5))[0]) for f in frames] == [0, 10]
+
+
 def test_frame_indices() -> None:
     assert frame_indices(30, 10.0, 2.0, 32) == [0, 5, 10, 15, 20, 25]
     assert frame_indices(30, 10.0, 10.0, 4) == [0, 10, 19, 29]
