@@ -303,6 +303,17 @@ def test_a_redirect_off_the_allowed_domains_is_refused(monkeypatch: pytest.Monke
         assert server.hits["/img.png"] == 1
 
 
+def test_allowed_domains_match_international_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_dns(monkeypatch, {"xn--bcher-kva.example": ["127.0.0.1"]})
+    limits = MediaLimits(
+        allowed_domains=("xn--bcher-kva.example",),
+        public_hosts_for_tests=frozenset({"xn--bcher-kva.example"}),
+    )
+    with serving(PNG) as server:
+        got = asyncio.run(load_image(server.url("/img.png", "bücher.example"), limits))
+    assert got.image.size == (64, 48)
+
+
 def test_redirects_are_capped() -> None:
     limits = MediaLimits(allow_private_for_tests=True, max_redirects=3)
     with serving(PNG) as server:

@@ -28,6 +28,7 @@ def test_every_flag_reaches_the_limits(tmp_path: Path) -> None:
         "--limit-mm-per-prompt", '{"image": 2, "video": {"count": 0}}',
         "--allowed-local-media-path", str(tmp_path),
         "--allowed-media-domains", "IMG.example.com,cdn.example", "upload.example.",
+        "bücher.example",
         "--max-image-mb", "2.5",
         "--max-image-pixels", "1000000",
         "--max-source-image-pixels", "4000000",
@@ -49,7 +50,12 @@ def test_every_flag_reaches_the_limits(tmp_path: Path) -> None:
         fetch_timeout_s=3.0,
         max_redirects=0,
         allowed_local_media_path=tmp_path.resolve(),
-        allowed_domains=("img.example.com", "cdn.example", "upload.example"),
+        allowed_domains=(
+            "img.example.com",
+            "cdn.example",
+            "upload.example",
+            "xn--bcher-kva.example",
+        ),
         max_source_pixels=4_000_000,
         max_video_bytes=10 * MIB,
     )

@@ -201,7 +201,8 @@ async def shared_ssl_context() -> ssl.SSLContext:
 def check_url(url: httpx.URL, limits: MediaLimits) -> None:
     if url.scheme not in ("http", "https"):
         raise MediaError(f"only http(s) URLs are fetched, not {url.scheme or 'this'}:")
-    check_host_name(url.host, limits)
+    # The ASCII (IDNA) form: what the connection resolves, and how the allow-list is kept.
+    check_host_name(url.raw_host.decode("ascii"), limits)
 
 
 async def fetch_bytes(

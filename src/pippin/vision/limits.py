@@ -74,6 +74,21 @@ def parse_mm_limits(text: str) -> dict[str, int]:
     return out
 
 
+def host_names(text: str) -> list[str]:
+    """Comma-separated host names in their ASCII (IDNA) form, as URLs are resolved:
+    'bücher.example' is 'xn--bcher-kva.example'."""
+    out = []
+    for name in text.split(","):
+        name = name.strip().rstrip(".").lower()
+        if not name:
+            continue
+        try:
+            out.append(name.encode("idna").decode("ascii"))
+        except UnicodeError:
+            raise argparse.ArgumentTypeError(f"not a host name: {name!r}") from None
+    return out
+
+
 def _local_folder(text: str) -> Path:
     path = Path(text).expanduser()
     if not path.is_dir():
@@ -106,6 +121,7 @@ def add_media_flags(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--allowed-media-domains",
+        type=host_names,
         nargs="+",
         metavar="HOST",
         help="fetch remote media only from these host names (exact match, also after "
@@ -184,8 +200,7 @@ def limits_from_args(args: argparse.Namespace) -> MediaLimits:
     d = MediaLimits()
     domains = None
     if args.allowed_media_domains is not None:
-        names = [n.strip().lower() for a in args.allowed_media_domains for n in a.split(",")]
-        domains = tuple(dict.fromkeys(n.rstrip(".") for n in names if n))
+        domains = tuple(dict.fromkeys(n for names in args.allowed_media_domains for n in names))
     return MediaLimits(
         max_images=per_prompt.get("image", d.max_images),
         max_videos=per_prompt.get("video", d.max_videos),
