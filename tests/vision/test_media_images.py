@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("PIL")
 
-from media_helpers import data_url, encode, picture, png_claiming  # noqa: E402
+from media_helpers import blank_png, data_url, encode, picture, png_claiming  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from pippin.vision.media import MediaError, MediaLimits, image_from_base64, load_image  # noqa: E402
@@ -77,8 +77,16 @@ def test_accepted_formats(fmt: str, media: str) -> None:
 
 
 def test_a_10000_square_image_is_refused_before_decoding() -> None:
-    with pytest.raises(MediaError, match="10000x10000 pixels, more than this server decodes"):
-        load(data_url(png_claiming(10_000, 10_000)))
+    real = blank_png(10_000, 10_000)  # ~0.4 MB of file, 100 MB of pixels
+    assert len(real) < 1024 * 1024
+    for data in (real, png_claiming(10_000, 10_000)):
+        with pytest.raises(MediaError, match="10000x10000 pixels, more than this server decodes"):
+            load(data_url(data))
+
+
+def test_a_picture_under_the_source_cap_is_decoded_and_shrunk() -> None:
+    got = load(data_url(blank_png(3000, 2000)), MediaLimits(max_pixels=600 * 400))
+    assert got.image.size == (600, 400) and got.image.getpixel((0, 0)) == (0, 0, 0)
 
 
 def test_a_corrupt_png_is_refused() -> None:

@@ -242,7 +242,10 @@ async def _fetch(url: str, limits: MediaLimits, cap: int, what: str) -> tuple[st
                     if response.status_code in REDIRECTS:
                         location = response.headers.get("location")
                         if not location:
-                            raise MediaError(f"HTTP {response.status_code} with no Location")
+                            raise MediaError(
+                                f"fetching the {what} failed: HTTP {response.status_code} "
+                                "with no Location"
+                            )
                         try:
                             current = current.join(location)
                         except (httpx.InvalidURL, ValueError) as e:
