@@ -19,6 +19,12 @@ from pippin.vision.limits import MediaError, MediaLimits
 
 log = logging.getLogger("pippin.vision")
 
+# Pillow warns (rather than raising) about images between its own bomb limit and twice it;
+# pippin checks every image's pixel count itself (`check_source_pixels`, right after the
+# header is read), so the warning says nothing. Set once here: `warnings.catch_warnings`
+# per call is not thread-safe, and decoding runs in worker threads.
+warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+
 # What the OpenAI and Anthropic APIs take (PNG, JPEG, GIF, WebP), BMP, and MPO (the JPEG
 # variant of phone cameras). Never every format Pillow knows: EPS would run Ghostscript,
 # and the rarer decoders are where image-library bugs live.
@@ -109,7 +115,7 @@ def decode_image(data: bytes, limits: MediaLimits, media_type: str | None = None
     the client named one) within the pixel limit, and decodes its first frame."""
     if not data:
         raise MediaError("the image is empty (0 bytes)")
-    formats = FORMATS
+    wanted = FORMATS
     if media_type is not None:
         declared = media_type.split(";")[0].strip().lower()
         if declared not in MEDIA_TYPES:
@@ -117,38 +123,33 @@ def decode_image(data: bytes, limits: MediaLimits, media_type: str | None = None
                 f"unsupported image media type {media_type!r}; send image/png, image/jpeg, "
                 "image/gif, image/webp or image/bmp"
             )
-        formats = MEDIA_TYPES[declared]
+        wanted = MEDIA_TYPES[declared]
     kind = "image"
-    with warnings.catch_warnings():
-        # Pillow only warns between its own bomb limit and twice it: the pixel check
-        # right after opening decides (past twice it, Pillow refuses on its own).
-        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-        try:
-            with Image.open(io.BytesIO(data), formats=FORMATS) as probe:
-                kind = f"{probe.format} image"
-                if probe.format not in formats:
-                    raise MediaError(
-                        f"the data is a {probe.format} image, not the declared {media_type}"
-                    )
-                check_source_pixels(*probe.size, limits, kind)
-                probe.verify()  # the whole file: checksums, truncation
-            with Image.open(io.BytesIO(data), formats=FORMATS) as image:
-                image = ImageOps.exif_transpose(image) or image  # as a browser shows it
-                image.load()
-                return finish(image, limits)
-        except MediaError:
-            raise
-        except UnidentifiedImageError:
-            raise MediaError(
-                f"not an image, or not one of the accepted formats ({FORMAT_NAMES})"
-            ) from None
-        except Image.DecompressionBombError:
-            raise MediaError(
-                "the image has more pixels than this server decodes "
-                f"({limits.max_source_pixels:,} pixels); send a smaller one"
-            ) from None
-        except _DECODE_ERRORS as e:
-            raise MediaError(f"the {kind} is corrupt or truncated ({e})") from None
-        except Exception as e:  # untrusted bytes: a decoder bug is still the file's 400
-            log.debug("image decoding failed", exc_info=True)
-            raise MediaError(f"the {kind} cannot be decoded ({type(e).__name__})") from None
+    try:
+        with Image.open(io.BytesIO(data), formats=FORMATS) as probe:
+            kind = f"{probe.format} image"
+            if probe.format not in wanted:
+                raise MediaError(
+                    f"the data is a {probe.format} image, not the declared {media_type}"
+                )
+            check_source_pixels(*probe.size, limits, kind)
+            probe.verify()  # the whole file: checksums, truncation
+        with Image.open(io.BytesIO(data), formats=FORMATS) as image:
+            upright = ImageOps.exif_transpose(image)  # as a browser shows it (and loaded)
+            return finish(upright, limits)
+    except MediaError:
+        raise
+    except UnidentifiedImageError:
+        raise MediaError(
+            f"not an image, or not one of the accepted formats ({FORMAT_NAMES})"
+        ) from None
+    except Image.DecompressionBombError:
+        raise MediaError(
+            "the image has more pixels than this server decodes "
+            f"({limits.max_source_pixels:,} pixels); send a smaller one"
+        ) from None
+    except _DECODE_ERRORS as e:
+        raise MediaError(f"the {kind} is corrupt or truncated ({e})") from None
+    except Exception as e:  # untrusted bytes: a decoder bug is still the file's 400
+        log.debug("image decoding failed", exc_info=True)
+        raise MediaError(f"the {kind} cannot be decoded ({type(e).__name__})") from None
