@@ -101,6 +101,7 @@ class TestServer:
         self.hits: Counter[str] = Counter()
         self.hosts: list[str] = []
         self.redirect_to = ""
+        self.files: dict[str, tuple[bytes, str]] = {}  # more paths to serve: (body, type)
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -113,6 +114,8 @@ class TestServer:
                 server.hosts.append(self.headers.get("Host", ""))
                 if path == "/img.png":
                     self._send(200, server.png, "image/png")
+                elif path in server.files:
+                    self._send(200, *server.files[path])
                 elif path == "/redirect":
                     self._redirect("/img.png")
                 elif path == "/redirect-away":

@@ -72,6 +72,22 @@ def test_a_large_video_is_refused(clip: bytes) -> None:
         asyncio.run(load_video(data_url(clip, "video/mp4"), MediaLimits(max_video_bytes=100)))
 
 
+def test_video_over_http(clip: bytes) -> None:
+    from media_helpers import encode, picture, serving
+
+    with serving(encode(picture())) as server:
+        server.files["/clip.mp4"] = (clip, "video/mp4")
+        url = server.url("/clip.mp4")
+        with pytest.raises(MediaError, match="loopback"):
+            asyncio.run(load_video(url, MediaLimits()))
+        limits = MediaLimits(allow_private_for_tests=True)
+        assert len(asyncio.run(load_video(url, limits, fps=1))) == 3
+        with pytest.raises(MediaError, match="over this server's"):
+            asyncio.run(
+                load_video(url, MediaLimits(allow_private_for_tests=True, max_video_bytes=500))
+            )
+
+
 def test_video_from_a_local_file(clip: bytes, tmp_path: Path) -> None:
     (tmp_path / "clip.mp4").write_bytes(clip)
     limits = MediaLimits(allowed_local_media_path=tmp_path)
