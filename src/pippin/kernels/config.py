@@ -20,6 +20,9 @@ class KernelConfig:
     fused_proj: bool = True
     head_rows: bool = True
     compile: str = "auto"  # the decode step as one compiled graph: auto | 0 | 1
+    # Quantised layers: inputs of at least `dense_quant_rows` rows as a dense product.
+    dense_quant: str = "auto"  # auto (CUDA) | 0 | 1
+    dense_quant_rows: int = 32  # the crossing measured by bench/gpu/quant_matmul.py
 
     @classmethod
     def from_env(cls) -> KernelConfig:
@@ -31,4 +34,6 @@ class KernelConfig:
             fused_proj=envs.PIPPIN_FUSED_PROJ,
             head_rows=envs.PIPPIN_HEAD_ROWS,
             compile=envs.PIPPIN_COMPILE,
+            dense_quant=envs.PIPPIN_DENSE_QUANT,
+            dense_quant_rows=envs.PIPPIN_DENSE_QUANT_ROWS,
         )

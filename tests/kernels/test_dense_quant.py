@@ -1,0 +1,123 @@
+"""Quantised layers run prompt chunks as a dense product of the unpacked weight
+(`kernels.dense_quant`, installed by `patches.dense_prompt_chunks`): the same logits as
+MLX's quantised matmul within rounding, decode rows untouched, and `undo` takes it back."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from engine_runs import _config, _loaded, _prompts, _run
+
+from pippin.engine.core import EngineCore
+from pippin.engine.types import SamplingParams
+from pippin.kernels import dense_quant, patches
+from pippin.kernels.config import KernelConfig
+
+OFF = KernelConfig(dense_quant="0")
+
+
+def _quantised(bits: int, bias: bool, dtype: mx.Dtype) -> nn.QuantizedLinear:
+    mx.random.seed(bits)
+    lin = nn.Linear(128, 192, bias=bias)
+    lin.set_dtype(dtype)
+    return nn.QuantizedLinear.from_linear(lin, group_size=64, bits=bits)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bias", [False, True])
+def test_dense_product_matches_the_quantised_one(bits: int, bias: bool) -> None:
+    q = _quantised(bits, bias, mx.float32)
+    x = mx.random.normal((3, 17, 128))
+    # float32: the unpacked weight is the quantised values exactly; only summation order differs.
+    assert np.allclose(np.array(dense_quant.dense(q, x)), np.array(q(x)), atol=1e-4)
+    # bf16: as far from the exact product (float32) as MLX's quantised matmul is, give or
+    # take the rounding of the unpacked weight.
+    qb = _quantised(bits, bias, mx.bfloat16)
+    xb = x.astype(mx.bfloat16)
+    exact = np.array(_as_float32(qb)(xb.astype(mx.float32)))
+    dense_err = np.abs(np.array(dense_quant.dense(qb, xb).astype(mx.float32)) - exact).max()
+    quant_err = np.abs(np.array(qb(xb).astype(mx.float32)) - exact).max()
+    assert dense_err <= 2 * quant_err + 0.01 * np.abs(exact).max()
+
+
+def _as_float32(q: nn.QuantizedLinear) -> nn.QuantizedLinear:
+    """`q` with float32 scales, biases and bias: the same quantised values, exact sums."""
+    out = nn.QuantizedLinear(
+        q.weight.shape[1] * 32 // q.bits, q.weight.shape[0], "bias" in q, q.group_size, q.bits
+    )
+    out.update({k: v.astype(mx.float32) if v.dtype != mx.uint32 else v for k, v in q.items()})
+    return out
+
+
+def _quantised_model(tiny_models, bits: int = 4):  # type: ignore[no-untyped-def]
+    loaded = _loaded(tiny_models("llama"))
+    nn.quantize(loaded.model, group_size=64, bits=bits)
+    mx.eval(loaded.model.parameters())
+    return loaded
+
+
+def _dense_layers(model: nn.Module) -> int:
+    return sum(
+        isinstance(m, dense_quant.subclass("_pippin_base")) for _, m in model.named_modules()
+    )
+
+
+def test_patched_model_gives_the_same_logits_and_undo_restores_it(tiny_models) -> None:
+    loaded = _quantised_model(tiny_models)
+    model = loaded.model
+    tokens = mx.array([_prompts(model.args.vocab_size, 1, seed=4)[0][:12]])
+    before = np.array(model(tokens))
+
+    # Few rows (decode): MLX's quantised product untouched, bit for bit.
+    patched = patches.apply(model, KernelConfig(dense_quant="1", dense_quant_rows=13), {}, {}, None)
+    assert patched.dense_quant == _dense_layers(model) > 0
+    assert np.array_equal(np.array(model(tokens)), before)
+    patches.undo(model)
+
+    # Many rows (a prompt chunk): the dense product, the same logits within rounding.
+    patched = patches.apply(model, KernelConfig(dense_quant="1", dense_quant_rows=12), {}, {}, None)
+    assert patched.dense_quant > 0
+    assert np.allclose(np.array(model(tokens)), before, atol=1e-4)
+    patches.undo(model)
+    assert _dense_layers(model) == 0
+    assert not any(hasattr(m, dense_quant.ROWS_ATTR) for _, m in model.named_modules())
+    assert np.array_equal(np.array(model(tokens)), before)
+
+    # The one switch: nothing changed at all.
+    assert patches.apply(model, KernelConfig(enabled=False), {}, {}, None).dense_quant == 0
+    assert _dense_layers(model) == 0
+
+
+def _greedy(loaded, kernels: KernelConfig) -> dict:  # type: ignore[no-untyped-def]
+    core = EngineCore(loaded, _config(kernels=kernels))
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    for i, p in enumerate(_prompts(loaded.model.args.vocab_size, 3, seed=5)):
+        core.add_request(str(i), p, params)
+    return {rid: r["ids"][0] for rid, r in _run(core).items()}
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_engine_decodes_the_same_with_dense_prompt_chunks(tiny_models, bits: int) -> None:
+    loaded = _quantised_model(tiny_models, bits)
+    off = _greedy(loaded, OFF)
+    assert _dense_layers(loaded.model) == 0
+    on = _greedy(loaded, KernelConfig(dense_quant="1", dense_quant_rows=4))
+    assert _dense_layers(loaded.model) > 0
+    assert on == off
+    patches.undo(loaded.model)
+
+
+@pytest.mark.cuda
+def test_on_by_default_on_cuda_and_agrees_in_bf16(tiny_models) -> None:
+    loaded = _quantised_model(tiny_models)
+    model = loaded.model
+    model.set_dtype(mx.bfloat16)  # the scales and biases, as mlx-community ships them
+    tokens = mx.array([_prompts(model.args.vocab_size, 1, seed=6)[0][:64]])
+    before = np.array(model(tokens).astype(mx.float32))
+    assert patches.apply(model, KernelConfig(), {}, {}, None).dense_quant > 0
+    after = np.array(model(tokens).astype(mx.float32))
+    patches.undo(model)
+    assert np.abs(after - before).max() <= 0.05 * np.abs(before).max()
+    assert (after.argmax(-1) == before.argmax(-1)).mean() > 0.9
