@@ -214,7 +214,7 @@ def llama3_tokenizer(out: Path) -> int:
         "bos_token": "<|begin_of_text|>",
         "eos_token": "<|eot_id|>",
         "model_max_length": 131072,
-        "clean_up_tokenization_spaces": True,
+        "clean_up_tokenization_spaces": False,
         "chat_template": LLAMA3_TEMPLATE,
     }
     (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
