@@ -103,8 +103,8 @@ VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
         "the unpacked weight; 0: always MLX's quantised matmul; 1: everywhere.",
     ),
     "PIPPIN_DENSE_QUANT_ROWS": (
-        lambda: int(os.environ.get("PIPPIN_DENSE_QUANT_ROWS") or 32),
-        "The fewest rows (tokens of a step) that take that dense product (default 32).",
+        lambda: int(os.environ.get("PIPPIN_DENSE_QUANT_ROWS") or 128),
+        "The fewest rows (tokens of a step) that take that dense product (default 128).",
     ),
     "PIPPIN_COMPILE": (
         _flag("PIPPIN_COMPILE", "auto"),
