@@ -8,18 +8,17 @@ from pathlib import Path
 import mlx.nn as nn
 import pytest
 from mlx_lm.utils import load
+from tiny_models import tiny_config
 
 from pippin.bench import models
 from pippin.bench.workload import load_workload, words_per_token
 
+# The 8B's configuration at the tests' tiny sizes (the Llama 3 vocabulary kept).
+_SIZES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+_TINY = tiny_config("llama", vocab_size=128256, eos_token_id=128009, pad_token_id=128004)
 TINY_LLAMA = {
     **models.CONFIGS["llama-3.1-8b"],
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
+    **{k: _TINY[k] for k in (*_SIZES, "num_key_value_heads", "head_dim")},
 }
 
 
