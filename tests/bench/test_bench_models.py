@@ -60,5 +60,6 @@ def test_real_tokenizer_workload() -> None:
     w = load_workload("real-tokenizer")
     assert (w.tokenizer, w.prompt_tokens.args, w.output_tokens.args) == ("llama3", (512,), (256,))
     assert "llama3 tokens" in w.describe()
+    assert load_workload("long-context").prompt_tokens.args == (16384,)
     # Common English words are about a Llama 3 token each (the small BPE's differ).
     assert 0.8 < words_per_token("llama3") <= 1.2

@@ -145,6 +145,8 @@ BUILTIN: dict[str, dict[str, Any]] = {
     "chat-sessions": {"prompt_tokens": 128, "output_tokens": 64, "turns": 4},
     # The GPU benchmarks' load (issue 29), its lengths in Llama 3's real tokens.
     "real-tokenizer": {"prompt_tokens": 512, "output_tokens": 256, "tokenizer": "llama3"},
+    # Decode at a long context (issue 29, goal 3); --prompt-tokens 65536 for the longer one.
+    "long-context": {"prompt_tokens": 16384, "output_tokens": 256, "tokenizer": "llama3"},
 }
 
 
