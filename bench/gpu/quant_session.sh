@@ -16,6 +16,8 @@ OUT=${OUT:-.tmp/gpu}
 ROOT=/tmp/pippin-gpu-models
 mkdir -p "$OUT"
 [ -n "${ROWS:-}" ] && export PIPPIN_DENSE_QUANT_ROWS=$ROWS
+# Off by default until measured: the "after" runs turn it on (the "before" ones set 0).
+export PIPPIN_DENSE_QUANT=${PIPPIN_DENSE_QUANT:-auto}
 M8=random:llama-3.1-8b
 
 bench() {  # NAME CONCURRENCY KV_MB SERVER_SPECS...

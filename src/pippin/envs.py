@@ -98,9 +98,10 @@ VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
         "0: the LM head on every position of a prompt chunk, not just the sampled ones.",
     ),
     "PIPPIN_DENSE_QUANT": (
-        _flag("PIPPIN_DENSE_QUANT", "auto"),
-        "auto: on CUDA, quantised layers run prompt chunks (many rows) as a dense product of "
-        "the unpacked weight; 0: always MLX's quantised matmul; 1: everywhere.",
+        _flag("PIPPIN_DENSE_QUANT", "0"),
+        "1: quantised layers run prompt chunks (many rows) as a dense product of the unpacked "
+        "weight; auto: on CUDA only; 0 (the default until measured on a GPU): always MLX's "
+        "quantised matmul.",
     ),
     "PIPPIN_DENSE_QUANT_ROWS": (
         lambda: int(os.environ.get("PIPPIN_DENSE_QUANT_ROWS") or 128),

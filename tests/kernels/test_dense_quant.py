@@ -112,7 +112,7 @@ def test_engine_decodes_the_same_with_dense_prompt_chunks(tiny_models, bits: int
 
 
 @pytest.mark.cuda
-def test_on_by_default_on_cuda_and_as_close_to_exact_in_bf16(tiny_models) -> None:
+def test_auto_is_on_on_cuda_and_as_close_to_exact_in_bf16(tiny_models) -> None:
     loaded = _quantised_model(tiny_models)
     model = loaded.model
     model.set_dtype(mx.bfloat16)  # the scales and biases, as mlx-community ships them
@@ -121,8 +121,7 @@ def test_on_by_default_on_cuda_and_as_close_to_exact_in_bf16(tiny_models) -> Non
     exact = np.array(model(tokens))
     model.set_dtype(mx.bfloat16)
     quantised = np.array(model(tokens).astype(mx.float32))
-    # dense_quant left at its default (auto): on, on CUDA.
-    kernels = KernelConfig(dense_quant_rows=16)
+    kernels = KernelConfig(dense_quant="auto", dense_quant_rows=16)  # auto: on, on CUDA
     assert patches.apply(model, kernels, {}, {}, None).dense_quant > 0
     dense = np.array(model(tokens).astype(mx.float32))
     patches.undo(model)
