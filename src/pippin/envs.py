@@ -97,6 +97,16 @@ VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
         _on("PIPPIN_HEAD_ROWS"),
         "0: the LM head on every position of a prompt chunk, not just the sampled ones.",
     ),
+    "PIPPIN_DENSE_QUANT": (
+        _flag("PIPPIN_DENSE_QUANT", "0"),
+        "1: quantised layers run prompt chunks (many rows) as a dense product of the unpacked "
+        "weight; auto: on CUDA only; 0 (the default until measured on a GPU): always MLX's "
+        "quantised matmul.",
+    ),
+    "PIPPIN_DENSE_QUANT_ROWS": (
+        lambda: int(os.environ.get("PIPPIN_DENSE_QUANT_ROWS") or 128),
+        "The fewest rows (tokens of a step) that take that dense product (default 128).",
+    ),
     "PIPPIN_COMPILE": (
         _flag("PIPPIN_COMPILE", "auto"),
         "auto: decode steps as one compiled MLX graph on CUDA only; 0: never; 1: always.",

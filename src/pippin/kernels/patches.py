@@ -16,6 +16,9 @@ a loaded model's live objects (never mlx-lm's source), in this order:
 4. `fuse_layers`: their transformer blocks' class likewise, with `fused_layer.call`.
 5. `select_head_rows`: the final norm's class becomes one that keeps only the positions
    that sample, so the LM head skips the others (`head_rows`).
+6. `dense_prompt_chunks`: affine `nn.QuantizedLinear`s (the fused ones too) become a
+   subclass that runs inputs of many rows (prompt chunks) through the unpacked weight
+   and a dense matmul, few rows (decode) through the quantised product (`dense_quant`).
 
 `apply` makes the changes a `KernelConfig` allows; with ``enabled=False`` (`pippin serve
 --no-kernels`) it makes none, and the model runs exactly as mlx-lm ships it (the paged
@@ -36,6 +39,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from pippin.kernels import (
+    dense_quant,
     fused_attention,
     fused_layer,
     fused_proj,
@@ -46,7 +50,7 @@ from pippin.kernels import (
 from pippin.kernels.config import KernelConfig
 
 # The attribute each class swap leaves on a module, and on its subclass the base class.
-_PLAN_ATTRS = ("_pippin_fused", "_pippin_plan")
+_PLAN_ATTRS = ("_pippin_fused", "_pippin_plan", dense_quant.ROWS_ATTR)
 _BASE = "_pippin_base"
 _ORIGINAL = "_pippin_original"  # on a wrapped function: mlx-lm's own
 
@@ -59,6 +63,7 @@ class Patched:
     fused_attention: bool = False
     fused_layer: bool = False
     head: head_rows.HeadRows | None = None
+    dense_quant: int = 0  # quantised layers whose prompt chunks take the dense product
 
 
 def apply(
@@ -93,6 +98,8 @@ def apply(
             fused_layer.warm(model)
     if config.head_rows:
         out.head = select_head_rows(model)
+    if dense_quant.wanted(config.dense_quant):
+        out.dense_quant = dense_prompt_chunks(model, config.dense_quant_rows)
     return out
 
 
@@ -271,3 +278,19 @@ def select_head_rows(model: nn.Module) -> head_rows.HeadRows | None:
 
     norm.__class__ = type(base.__name__, (base,), {"__call__": __call__, _BASE: base})
     return holder
+
+
+# --- 6. quantised prompt chunks --------------------------------------------------------
+
+
+def dense_prompt_chunks(model: nn.Module, rows: int) -> int:
+    """Run inputs of at least `rows` rows through every affine quantised linear layer of
+    `model` as a dense product (`dense_quant`); how many layers."""
+    cls = dense_quant.subclass(_BASE)
+    count = 0
+    for _, m in model.named_modules():
+        if type(m) in (nn.QuantizedLinear, cls) and dense_quant.applies(m):
+            setattr(m, dense_quant.ROWS_ATTR, rows)
+            m.__class__ = cls
+            count += 1
+    return count

@@ -1,0 +1,89 @@
+"""One projection of the 8B shape at a range of rows: MLX's quantised matmul against
+dequantise + dense matmul (`pippin.kernels.dense_quant`) against the bf16 matmul.
+
+Prints a table of milliseconds per product and, for each bit width, the fewest rows from
+which the dense path is faster at every measured size (`PIPPIN_DENSE_QUANT_ROWS`); writes
+the figures to `--out` as JSON. Usage (bench/gpu/README.md):
+
+    python3 bench/gpu/quant_matmul.py --out $OUT/quant_matmul.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import checkout  # noqa: F401  (src/ on the path, MLX settings)
+import mlx.core as mx
+import mlx.nn as nn
+
+from pippin.kernels import dense_quant
+
+
+def timed(fn, reps: int) -> float:  # type: ignore[no-untyped-def]
+    """Median milliseconds of `fn()` evaluated, after warm-up."""
+    for _ in range(3):
+        mx.eval(fn())
+    mx.synchronize()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        mx.eval(fn())
+        mx.synchronize()
+        times.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--k", type=int, default=4096, help="input width")
+    ap.add_argument("--n", type=int, default=14336, help="output width")
+    ap.add_argument("--rows", default="1,8,16,32,64,128,256,512,2048")
+    ap.add_argument("--bits", default="4,8")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    mx.random.seed(0)
+    dense_layer = nn.Linear(args.k, args.n, bias=False)
+    dense_layer.set_dtype(mx.bfloat16)
+    mx.eval(dense_layer.parameters())
+    rows = [int(r) for r in args.rows.split(",")]
+    res: dict = {"k": args.k, "n": args.n, "device": str(mx.default_device()), "bits": {}}
+    print(f"{args.k}x{args.n}, ms per product (median of {args.reps})")
+    print(f"{'bits':>4} {'rows':>6} {'quantized':>10} {'dequant+mm':>11} {'bf16':>8}")
+    for bits in [int(b) for b in args.bits.split(",")]:
+        q = nn.QuantizedLinear.from_linear(dense_layer, group_size=64, bits=bits)
+        mx.eval(q.parameters())
+        table = {}
+        for m in rows:
+            x = mx.random.normal((m, args.k)).astype(mx.bfloat16)
+            mx.eval(x)
+            t = {
+                "quantized": timed(lambda: q(x), args.reps),  # noqa: B023
+                "dense": timed(lambda: dense_quant.dense(q, x), args.reps),  # noqa: B023
+                "bf16": timed(lambda: dense_layer(x), args.reps),  # noqa: B023
+            }
+            table[m] = t
+            print(
+                f"{bits:>4} {m:>6} {t['quantized']:>10.3f} {t['dense']:>11.3f} {t['bf16']:>8.3f}",
+                flush=True,
+            )
+        # The fewest rows from which dense wins at every larger measured size.
+        cross = next(
+            (m for i, m in enumerate(rows) if all(
+                table[r]["dense"] < table[r]["quantized"] for r in rows[i:]
+            )),
+            None,
+        )  # fmt: skip
+        print(f"CROSSING bits={bits} rows={cross}", flush=True)
+        res["bits"][bits] = {"rows": table, "crossing": cross}
+    if args.out:
+        args.out.write_text(json.dumps(res, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,71 @@
+"""Prompt chunks through quantised projections as one dense product.
+
+MLX's CUDA `quantized_matmul` suits a few rows (decode): it reads each packed weight once.
+For many rows (prompt chunks) it is far slower than cuBLAS on the same weights unpacked
+(issue 29: one 4096x14336 product at 256 rows took 3.7x the bf16 time, growing with the
+rows), so a quantised 8B model's prompts ran at a twentieth of the bf16 model's speed.
+
+Here each affine `nn.QuantizedLinear` becomes a subclass that, for an input of at least
+`rows` rows, unpacks its weight with `mx.dequantize` (into the model's dtype, a temporary
+that MLX's allocator reuses layer after layer, so the model keeps its quantised size) and
+runs a dense matmul; fewer rows keep the quantised product. Plain MLX ops, so the same
+path runs (and is tested) on the CPU; the results differ from the quantised product only
+by the rounding of the unpacked weight to the model's dtype.
+
+Installed by `patches.dense_prompt_chunks` (on CUDA by default; `PIPPIN_DENSE_QUANT`,
+`PIPPIN_DENSE_QUANT_ROWS`) and taken back by `patches.undo`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from pippin.kernels.device import on_cuda
+
+ROWS_ATTR = "_pippin_dense_rows"
+MODES = ("affine",)
+
+
+def wanted(mode: str) -> bool:
+    """`KernelConfig.dense_quant`: auto (CUDA only), 1 (everywhere) or 0."""
+    return mode == "1" or (mode == "auto" and on_cuda())
+
+
+def applies(m: nn.Module) -> bool:
+    return isinstance(m, nn.QuantizedLinear) and getattr(m, "mode", "affine") in MODES
+
+
+def dense(layer: nn.QuantizedLinear, x: mx.array) -> mx.array:
+    """`layer(x)` through the unpacked weight."""
+    w = mx.dequantize(
+        layer["weight"],
+        layer["scales"],
+        layer.get("biases"),
+        group_size=layer.group_size,
+        bits=layer.bits,
+        mode=getattr(layer, "mode", "affine"),
+    )
+    if "bias" in layer:
+        return mx.addmm(layer["bias"], x, w.T)
+    return x @ w.T
+
+
+def call(self: nn.QuantizedLinear, x: mx.array) -> mx.array:
+    rows = x.size // x.shape[-1] if x.ndim else 0
+    if rows >= getattr(self, ROWS_ATTR):
+        return dense(self, x)
+    return nn.QuantizedLinear.__call__(self, x)
+
+
+@functools.cache
+def subclass(base_attr: str) -> type:
+    """`nn.QuantizedLinear` with `call`; `base_attr` names the attribute that records the
+    base class (so that `patches.undo` restores it)."""
+    return type(
+        "DenseChunkQuantizedLinear",
+        (nn.QuantizedLinear,),
+        {"__call__": call, base_attr: nn.QuantizedLinear},
+    )
