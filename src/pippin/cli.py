@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from pippin import __version__, envs
@@ -168,6 +169,24 @@ def _add_embed_args(p: argparse.ArgumentParser) -> None:
         metavar="N",
         default=EmbedSettings.max_batch_size,
         help="most inputs in one embedding/rerank forward pass (default: %(default)s)",
+    )
+
+
+def _add_tts_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "text to speech", "an optional model served on /v1/audio/speech (pip install 'pippin[audio]')"
+    )
+    g.add_argument(
+        "--tts-model",
+        metavar="PATH",
+        help="text-to-speech model for /v1/audio/speech: a local folder mlx-audio loads "
+        "(Kokoro, KittenTTS, ...: config.json, safetensors weights, and its voices)",
+    )
+    g.add_argument(
+        "--tts-served-model-name",
+        nargs="+",
+        metavar="NAME",
+        help="name(s) of the TTS model in the 'model' field; default: its folder name",
     )
 
 
@@ -657,6 +676,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_bench_serve_args(bench_serve)
     _add_embed_args(serve)
+    _add_tts_args(serve)
     _add_admission_args(serve)
     add_media_flags(serve)
     return parser
@@ -807,6 +827,8 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         drain_timeout_s=args.drain_timeout,
         mcp=mcp_settings(args),
         media=limits_from_args(args),
+        tts_model=args.tts_model,
+        tts_names=list(args.tts_served_model_name or []),
     )
 
 
@@ -842,6 +864,15 @@ def _api_keys(path: str | None) -> list[Any]:
         raise SystemExit(f"pippin serve: --api-keys: {e}") from None
 
 
+def _tts_problem(path: str) -> str | None:
+    """Why --tts-model cannot be served, found before the server starts (None: it can)."""
+    if importlib.util.find_spec("mlx_audio") is None or importlib.util.find_spec("av") is None:
+        return "text to speech needs the audio extra: pip install 'pippin[audio]'"
+    if not (Path(path) / "config.json").is_file():
+        return f"{path} is not a model folder (no config.json)"
+    return None
+
+
 def serve(args: argparse.Namespace) -> int:
     if args.offline:
         os.environ["HF_HUB_OFFLINE"] = "1"  # read by huggingface_hub when it is imported
@@ -875,6 +906,11 @@ def serve(args: argparse.Namespace) -> int:
     except ModelLoadError as e:
         print(f"pippin serve: cannot load {what}: {e}", file=sys.stderr)
         return 3
+    if args.tts_model:
+        problem = _tts_problem(args.tts_model)
+        if problem:
+            print(f"pippin serve: cannot load the TTS model: {problem}", file=sys.stderr)
+            return 3
     from pippin.api.model_specs import SpecError
 
     try:

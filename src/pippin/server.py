@@ -30,6 +30,7 @@ from pippin.api.ollama import models as ollama_models
 from pippin.api.openai import chat as openai_chat
 from pippin.api.openai import completions as openai_completions
 from pippin.api.openai import embeddings as openai_embeddings
+from pippin.api.openai import speech as openai_speech
 from pippin.api.openai import models as openai_models
 from pippin.api.openai import responses as openai_responses
 from pippin.api.openapi import install_openapi, openai_route
@@ -208,6 +209,29 @@ async def start_mcp(state: ServerState) -> None:
         log.info("MCP server %s: %s", conn.name, conn.state)
 
 
+async def start_tts(state: ServerState) -> None:
+    """Load the --tts-model on its worker thread and name it (its folder name by default)."""
+    from pippin.audio.tts import TTSWorker
+    from pippin.store.loader import ModelLoadError
+
+    s = state.settings
+    assert s.tts_model is not None
+    worker = TTSWorker(s.tts_model, s.tts_names[0] if s.tts_names else None)
+    await worker.start()
+    state.tts = worker
+    assert worker.model is not None and state.registry is not None
+    names = list(s.tts_names) or [worker.model.name]
+    taken = {n for e in state.registry.entries() for n in e.names}
+    taken.update(n for ns in state.extra_names.values() for n in ns)
+    clash = taken.intersection(names)
+    if clash:
+        raise ModelLoadError(
+            f"the TTS model's name {sorted(clash)[0]!r} is already taken by another model; "
+            "give it one with --tts-served-model-name"
+        )
+    state.extra_names["speech"] = names
+
+
 def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
     """The ASGI app. With ``load_model=False`` no model is loaded (routes answer 503),
     which is how request validation is tested without an engine."""
@@ -227,6 +251,8 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
                 await state.registry.start()
                 if settings.embed.enabled:
                     await start_extra_models(state)
+                if settings.tts_model:
+                    await start_tts(state)
                 if settings.mcp.enabled:
                     await start_mcp(state)
                 if settings.warm_prompts:
@@ -240,6 +266,8 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
                 await state.mcp.stop()
             if state.embed is not None:
                 await state.embed.stop()
+            if state.tts is not None:
+                await state.tts.stop()
             await state.registry.stop()
 
     app = FastAPI(title="pippin", version=__version__, lifespan=lifespan)
@@ -254,6 +282,7 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
         anthropic_messages.router,
         openai_responses.router,
         openai_embeddings.router,
+        openai_speech.router,
         rerank.router,
         ollama_chat.router,
         ollama_embed.router,

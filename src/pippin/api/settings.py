@@ -65,6 +65,9 @@ class ServerSettings:
     # --limit-mm-per-prompt, --allowed-local-media-path and friends: what images and
     # videos a request may bring and where from (pippin.vision.media).
     media: MediaLimits = field(default_factory=MediaLimits)
+    # --tts-model: a text-to-speech model for /v1/audio/speech (mlx-audio), and its names.
+    tts_model: str | None = None
+    tts_names: list[str] = field(default_factory=list)
 
     def model_specs(self) -> list[ModelSpec]:
         """The chat models: ``models``, else the one model (loaded at start-up)."""

@@ -46,6 +46,8 @@ class ServerState:
     embed: Any = None
     # The MCP servers' manager (pippin.mcp.manager.McpManager), when any are configured.
     mcp: Any = None
+    # The text-to-speech worker (pippin.audio.tts.TTSWorker), with --tts-model.
+    tts: Any = None
     extra_names: dict[str, list[str]] = field(default_factory=dict)
 
     def engine_stats(self) -> dict[str, dict[str, int]]:

@@ -1,0 +1,1 @@
+"""Audio: text to speech (mlx-audio models), sentence splitting and encoding."""
