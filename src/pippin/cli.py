@@ -174,7 +174,8 @@ def _add_embed_args(p: argparse.ArgumentParser) -> None:
 
 def _add_tts_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
-        "text to speech", "an optional model served on /v1/audio/speech (pip install 'pippin[audio]')"
+        "text to speech",
+        "an optional model served on /v1/audio/speech (pip install 'pippin[audio]')",
     )
     g.add_argument(
         "--tts-model",

@@ -30,9 +30,9 @@ from pippin.api.ollama import models as ollama_models
 from pippin.api.openai import chat as openai_chat
 from pippin.api.openai import completions as openai_completions
 from pippin.api.openai import embeddings as openai_embeddings
-from pippin.api.openai import speech as openai_speech
 from pippin.api.openai import models as openai_models
 from pippin.api.openai import responses as openai_responses
+from pippin.api.openai import speech as openai_speech
 from pippin.api.openapi import install_openapi, openai_route
 from pippin.api.registry import LeaseMiddleware, ModelRegistry
 from pippin.api.state import MIB, ServerSettings, ServerState

@@ -114,8 +114,12 @@ class TTSWorker:
 
     async def start(self) -> None:
         self.model = await self.run(TTSModel, self.path, self.name)
-        log.info("TTS model '%s' ready (%s, %d Hz)", self.model.name, self.model.model_type,
-                 self.model.sample_rate)
+        log.info(
+            "TTS model '%s' ready (%s, %d Hz)",
+            self.model.name,
+            self.model.model_type,
+            self.model.sample_rate,
+        )
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)

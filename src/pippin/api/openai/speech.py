@@ -101,7 +101,9 @@ async def create_speech(request: Request) -> StreamingResponse:
         )
     texts = pieces(req.input)
     if not texts:
-        raise bad_request("'input' must contain text to speak.", param="input", code="invalid_value")
+        raise bad_request(
+            "'input' must contain text to speak.", param="input", code="invalid_value"
+        )
 
     async def synth(text: str):  # -> Speech
         return await worker.run(model.synthesize, text, voice, req.speed, req.instructions)
