@@ -104,7 +104,9 @@ class AudioEncoder:
 
             container, codec = _AV_FORMATS[fmt]
             self._file: io.IOBase = _Sink() if streaming else io.BytesIO()
-            self._container = av.open(self._file, mode="w", format=container)
+            # Ogg holds a page for a second by default: a page per 100 ms streams sooner.
+            options = {"page_duration": "100000"} if container == "ogg" else {}
+            self._container = av.open(self._file, mode="w", format=container, options=options)
             rate = sample_rate
             if fmt == "opus" and rate not in _OPUS_RATES:
                 rate = 48000

@@ -1,0 +1,69 @@
+"""A tiny random-weight KittenTTS model built with mlx-audio's own classes.
+
+KittenTTS rather than Kokoro for the tests: its text front end is espeak-ng through
+``phonemizer`` (offline, English), its voices are a local ``voices.npz``, and its decoder's
+widths are configurable, so a model runs in about a second on CPU. Kokoro's English G2P
+(misaki) needs a spaCy model that no reachable registry ships, and its decoder has fixed
+1024-channel layers (58M parameters even when everything else is tiny: minutes per sentence
+on a shared CPU).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+VOICES = ("expr-voice-2-f", "expr-voice-5-m")
+CONFIG = {
+    "model_type": "kitten_tts",
+    "hidden_dim": 16,
+    "max_conv_dim": 16,
+    "max_dur": 10,
+    "n_layer": 1,
+    "n_mels": 80,
+    "n_token": 178,
+    "style_dim": 128,  # fixed: voices are 256 wide, split at 128
+    "text_encoder_kernel_size": 3,
+    "asr_res_dim": 8,
+    "decoder_out_dim": 16,
+    "plbert": {
+        "num_hidden_layers": 1,
+        "num_attention_heads": 1,
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "max_position_embeddings": 512,
+        "embedding_size": 16,
+    },
+    "istftnet": {
+        "resblock_kernel_sizes": [3],
+        "upsample_rates": [10, 6],
+        "upsample_initial_channel": 16,
+        "resblock_dilation_sizes": [[1, 3, 5]],
+        "upsample_kernel_sizes": [20, 12],
+        "gen_istft_n_fft": 20,
+        "gen_istft_hop_size": 5,
+    },
+}
+
+
+def build_kitten(path: Path, seed: int = 0) -> Path:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_audio.tts.models.kitten_tts.kitten_tts import Model, ModelConfig
+
+    mx.random.seed(seed)
+    model = Model(ModelConfig.from_dict(CONFIG))
+    weights = dict(tree_flatten(model.parameters()))
+    for k in weights:
+        # The generator's last conv feeds exp(): random weights would overflow it to inf.
+        if "conv_post" in k:
+            weights[k] = weights[k] * 1e-3
+    path.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(path / "model.safetensors"), weights)
+    (path / "config.json").write_text(json.dumps(CONFIG))
+    rng = np.random.default_rng(seed)
+    voices = {v: (rng.normal(size=(400, 256)) * 0.1).astype(np.float32) for v in VOICES}
+    np.savez(path / "voices.npz", **voices)
+    return path
