@@ -48,7 +48,11 @@ CONFIG = {
 }
 
 
-def build_kitten(path: Path, seed: int = 0) -> Path:
+def build_kitten(path: Path, seed: int = 0, *, deterministic: bool = False) -> Path:
+    """The model in ``path``. Its generator mixes in random noise (as the real one does), so
+    two runs agree only under the same MLX seed; ``deterministic`` zeroes the generator's
+    last conv, which makes the audio a function of the predicted durations alone (for the
+    tests over HTTP, where the server's seed is not the test's)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_audio.tts.models.kitten_tts.kitten_tts import Model, ModelConfig
@@ -59,7 +63,7 @@ def build_kitten(path: Path, seed: int = 0) -> Path:
     for k in weights:
         # The generator's last conv feeds exp(): random weights would overflow it to inf.
         if "conv_post" in k:
-            weights[k] = weights[k] * 1e-3
+            weights[k] = weights[k] * (0.0 if deterministic and k.endswith("weight_g") else 1e-3)
     path.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(str(path / "model.safetensors"), weights)
     (path / "config.json").write_text(json.dumps(CONFIG))
