@@ -215,3 +215,41 @@ def test_unknown_field_and_a_good_request_after(server: Server) -> None:
 def test_models_lists_the_tts_model(server: Server) -> None:
     ids = [m.id for m in server.client().models.list()]
     assert NAME in ids
+
+
+def test_nulls_are_defaults(server: Server) -> None:
+    body = {
+        "model": NAME,
+        "input": "Hello.",
+        "voice": VOICES[0],
+        "response_format": None,
+        "speed": None,
+        "stream_format": None,
+        "instructions": None,
+    }
+    with server.http() as http:
+        r = http.post("/v1/audio/speech", json=body)
+    assert r.status_code == 200 and r.headers["content-type"] == "audio/mpeg"
+    rate, n = decode(r.content)
+    assert rate == RATE and n > 0
+
+
+def test_concurrent_requests_each_get_their_own_audio(
+    server: Server, reference: dict[float, np.ndarray]
+) -> None:
+    """Two clients at once take turns on the model sentence by sentence; each gets exactly
+    its own audio."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    client = server.client()
+
+    def speak(speed: float) -> bytes:
+        return client.audio.speech.create(
+            model=NAME, input=TEXT, voice=VOICES[0], response_format="pcm", speed=speed
+        ).content
+
+    with ThreadPoolExecutor(4) as pool:
+        speeds = [1.0, 2.0, 1.0, 2.0]
+        results = list(pool.map(speak, speeds))
+    for speed, data in zip(speeds, results, strict=True):
+        np.testing.assert_array_equal(np.frombuffer(data, "<i2"), to_int16(reference[speed]))

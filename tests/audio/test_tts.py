@@ -99,3 +99,34 @@ def test_every_format_decodes_to_its_length(fmt: str, streaming: bool) -> None:
     assert abs(seconds - 1.3) < 0.08, seconds
     if fmt in ("wav", "flac"):  # lossless
         np.testing.assert_array_equal(samples.astype(np.int16), to_int16(tone))
+
+
+def test_kokoro_equals_mlx_audio_generate(tmp_path: Path) -> None:
+    """Kokoro through pippin: voices from its voices/ folder, the G2P language from the
+    voice's first letter (Kokoro's naming), audio equal to mlx-audio's own generate."""
+    pytest.importorskip("misaki")
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_audio.tts.utils import load_model
+    from tts_models import KOKORO_VOICES, build_kokoro
+
+    from pippin.audio.tts import TTSModel
+
+    path = build_kokoro(tmp_path / "kokoro")
+    ours = TTSModel(path)
+    assert ours.voices == sorted(KOKORO_VOICES)
+    assert ours.sample_rate == RATE and ours.takes_speed and not ours.takes_instructions
+    ref = load_model(path, strict=True)
+    # The weights went through Kokoro's sanitize back to what was built.
+    ref_params = dict(tree_flatten(ref.parameters()))
+    for k, v in tree_flatten(ours.model.parameters()):
+        assert mx.array_equal(v, ref_params[k]), k
+    text = "Hola, ¿cómo estás?"
+    mx.random.seed(3)
+    got = ours.synthesize(text, "ef_dora", 1.0, None)
+    mx.random.seed(3)
+    want = np.concatenate(
+        [np.array(r.audio).reshape(-1) for r in ref.generate(text, voice="ef_dora", lang_code="e")]
+    )
+    assert got.samples.size > 0
+    np.testing.assert_array_equal(got.samples, want)

@@ -16,7 +16,7 @@ import base64
 import logging
 import math
 from collections.abc import AsyncIterator
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
@@ -28,6 +28,9 @@ from pippin.api.openapi import openai_route
 from pippin.api.state import ServerState, check_model, get_state
 from pippin.audio.encode import MEDIA_TYPES, AudioEncoder
 from pippin.audio.sentences import pieces
+
+if TYPE_CHECKING:
+    from pippin.audio.tts import Speech, TTSModel, TTSWorker
 
 log = logging.getLogger("pippin.audio")
 
@@ -48,12 +51,13 @@ class SpeechRequest(Strict):
     input: str = Field(max_length=MAX_INPUT_CHARS)
     voice: str | VoiceId
     instructions: str | None = Field(None, max_length=MAX_INPUT_CHARS)
-    response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = "mp3"
-    speed: float = Field(1.0, ge=0.25, le=4.0)
-    stream_format: Literal["sse", "audio"] = "audio"
+    # null is the same as leaving a field out (the defaults are OpenAI's).
+    response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] | None = None
+    speed: float | None = Field(None, ge=0.25, le=4.0)
+    stream_format: Literal["sse", "audio"] | None = None
 
 
-def _tts(state: ServerState, name: str):  # -> tuple[TTSWorker, TTSModel]
+def _tts(state: ServerState, name: str) -> tuple[TTSWorker, TTSModel]:
     names = state.extra_names.get("speech", [])
     if not names:
         raise OpenAIError(
@@ -66,6 +70,7 @@ def _tts(state: ServerState, name: str):  # -> tuple[TTSWorker, TTSModel]
     worker = state.tts
     if worker is None or not worker.ready:
         raise server_error("The TTS model is not ready; try again shortly.", "model_not_ready", 503)
+    assert worker.model is not None
     return worker, worker.model
 
 
@@ -87,6 +92,8 @@ def _voice(req: SpeechRequest, voices: list[str] | None) -> str:
 @router.post("/v1/audio/speech", response_model=None, **openai_route(SpeechRequest, stream=True))
 async def create_speech(request: Request) -> StreamingResponse:
     req = await parse_request(SpeechRequest, await request.body())
+    fmt = req.response_format or "mp3"
+    speed = 1.0 if req.speed is None else req.speed
     worker, model = _tts(get_state(request), req.model)
     voice = _voice(req, model.voices)
     if req.instructions is not None and not model.takes_instructions:
@@ -95,7 +102,7 @@ async def create_speech(request: Request) -> StreamingResponse:
             f"The model '{req.model}' ({model.model_type}) does not take 'instructions'; "
             "leave the field out.",
         )
-    if req.speed != 1.0 and not model.takes_speed:
+    if speed != 1.0 and not model.takes_speed:
         raise unsupported_value(
             "speed", f"The model '{req.model}' ({model.model_type}) cannot change 'speed'."
         )
@@ -105,15 +112,15 @@ async def create_speech(request: Request) -> StreamingResponse:
             "'input' must contain text to speak.", param="input", code="invalid_value"
         )
 
-    async def synth(text: str):  # -> Speech
-        return await worker.run(model.synthesize, text, voice, req.speed, req.instructions)
+    async def synth(text: str) -> Speech:
+        return await worker.run(model.synthesize, text, voice, speed, req.instructions)
 
     try:
         first = await synth(texts[0])
     except Exception as e:  # noqa: BLE001 - the model's own failure on this input
         log.warning("speech synthesis failed: %s", e)
         raise server_error(f"The model failed to synthesise the input: {e}") from None
-    encoder = AudioEncoder(req.response_format, model.sample_rate, streaming=True)
+    encoder = AudioEncoder(fmt, model.sample_rate, streaming=True)
 
     async def audio() -> AsyncIterator[tuple[bytes, int, int]]:
         """(encoded bytes, input tokens, samples) per sentence, then the encoder's tail."""
@@ -158,4 +165,4 @@ async def create_speech(request: Request) -> StreamingResponse:
 
     if req.stream_format == "sse":
         return StreamingResponse(events(), media_type="text/event-stream")
-    return StreamingResponse(raw(), media_type=MEDIA_TYPES[req.response_format])
+    return StreamingResponse(raw(), media_type=MEDIA_TYPES[fmt])
