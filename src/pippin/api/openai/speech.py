@@ -89,7 +89,11 @@ def _voice(req: SpeechRequest, voices: list[str] | None) -> str:
     return voice
 
 
-@router.post("/v1/audio/speech", response_model=None, **openai_route(SpeechRequest, stream=True))
+@router.post(
+    "/v1/audio/speech",
+    response_model=None,
+    **openai_route(SpeechRequest, media=(*MEDIA_TYPES.values(), "text/event-stream")),
+)
 async def create_speech(request: Request) -> StreamingResponse:
     req = await parse_request(SpeechRequest, await request.body())
     fmt = req.response_format or "mp3"
