@@ -49,6 +49,9 @@ def _extra_card(state: ServerState, name: str) -> dict[str, Any]:
     extra = state.extra_model(name)
     if extra is not None:
         card["max_model_len"] = extra.max_len
+    tts = state.tts
+    if name in state.extra_names.get("speech", []) and tts is not None and tts.model is not None:
+        card["voices"] = tts.model.voices  # None: the model does not list them
     return card
 
 

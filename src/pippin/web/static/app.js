@@ -177,7 +177,82 @@ async function refreshModels() {
     select.appendChild(o);
   }
   if (chosen) select.value = chosen;
+  showSpeech(data.filter((m) => "voices" in m));
 }
+
+// --- speech (/v1/audio/speech) -------------------------------------------------------
+let speechModels = [];
+
+function showSpeech(models) {
+  speechModels = models;
+  $("speech").hidden = models.length === 0;
+  const select = $("speech-model"), chosen = select.value;
+  select.replaceChildren();
+  for (const m of models) {
+    const o = document.createElement("option");
+    o.value = o.textContent = m.id;
+    select.appendChild(o);
+  }
+  if (chosen && models.some((m) => m.id === chosen)) select.value = chosen;
+  showVoices();
+}
+
+function showVoices() {
+  const m = speechModels.find((x) => x.id === $("speech-model").value);
+  const select = $("speech-voice"), chosen = select.value;
+  select.replaceChildren();
+  for (const v of (m && m.voices) || []) {
+    const o = document.createElement("option");
+    o.value = o.textContent = v;
+    select.appendChild(o);
+  }
+  if (chosen && m && (m.voices || []).includes(chosen)) select.value = chosen;
+}
+
+async function speak(text) {
+  const meta = $("speech-meta");
+  meta.classList.remove("error");
+  meta.textContent = "…";
+  $("speech-send").disabled = true;
+  const t0 = performance.now();
+  try {
+    const r = await api("/v1/audio/speech", {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({
+        model: $("speech-model").value,
+        voice: $("speech-voice").value,
+        input: text,
+        speed: Number($("speech-speed").value) || 1,
+        response_format: "mp3",
+      }),
+    });
+    if (!r.ok) {
+      const body = await r.json().catch(() => ({}));
+      throw new Error((body.error && body.error.message) || `HTTP ${r.status}`);
+    }
+    const blob = await r.blob();
+    const audio = $("speech-audio");
+    if (audio.src) URL.revokeObjectURL(audio.src);
+    audio.src = URL.createObjectURL(blob);
+    audio.hidden = false;
+    audio.play().catch(() => { /* autoplay refused: the controls are there */ });
+    const secs = (performance.now() - t0) / 1000;
+    meta.textContent = `${(blob.size / 1024).toFixed(1)} KiB mp3 · ${secs.toFixed(2)} s`;
+  } catch (e) {
+    meta.textContent = "error: " + e.message;
+    meta.classList.add("error");
+  } finally {
+    $("speech-send").disabled = false;
+  }
+}
+
+$("speech-model").addEventListener("change", showVoices);
+$("speech-form").addEventListener("submit", (e) => {
+  e.preventDefault();
+  const text = $("speech-input").value.trim();
+  if (text) speak(text);
+});
 
 // --- chat ---------------------------------------------------------------------------
 function addMessage(role, text) {
