@@ -212,9 +212,11 @@ def test_unknown_field_and_a_good_request_after(server: Server) -> None:
     assert rate == RATE and n > 0
 
 
-def test_models_lists_the_tts_model(server: Server) -> None:
-    ids = [m.id for m in server.client().models.list()]
-    assert NAME in ids
+def test_models_lists_the_tts_model_with_its_voices(server: Server) -> None:
+    cards = {m.id: m for m in server.client().models.list()}
+    assert cards[NAME].voices == sorted(VOICES)  # type: ignore[attr-defined]
+    with server.http() as http:
+        assert http.get(f"/v1/models/{NAME}").json()["voices"] == sorted(VOICES)
 
 
 def test_nulls_are_defaults(server: Server) -> None:
