@@ -255,3 +255,20 @@ def test_concurrent_requests_each_get_their_own_audio(
         results = list(pool.map(speak, speeds))
     for speed, data in zip(speeds, results, strict=True):
         np.testing.assert_array_equal(np.frombuffer(data, "<i2"), to_int16(reference[speed]))
+
+
+def test_a_missing_tts_model_is_one_line_and_exit_3(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from server_utils import SRC_DIR
+
+    r = subprocess.run(
+        [sys.executable, "-m", "pippin.cli", "serve", "--tts-model", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(SRC_DIR), "PATH": "/usr/bin:/bin"},
+        timeout=120,
+    )
+    assert r.returncode == 3, r.stderr
+    assert "cannot load the TTS model" in r.stderr and "no config.json" in r.stderr
