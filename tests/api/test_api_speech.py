@@ -272,3 +272,21 @@ def test_a_missing_tts_model_is_one_line_and_exit_3(tmp_path: Path) -> None:
     )
     assert r.returncode == 3, r.stderr
     assert "cannot load the TTS model" in r.stderr and "no config.json" in r.stderr
+
+
+def test_a_client_that_leaves_mid_stream_disturbs_no_one(
+    server: Server, reference: dict[float, np.ndarray]
+) -> None:
+    client = server.client()
+    long_text = " ".join(f"Sentence number {i} is here." for i in range(40))
+    with client.audio.speech.with_streaming_response.create(
+        model=NAME, input=long_text, voice=VOICES[0], response_format="opus"
+    ) as resp:
+        first = next(resp.iter_bytes())
+        assert first.startswith(b"OggS")
+    # Gone after the first chunk: the next request still gets exactly its audio.
+    data = client.audio.speech.create(
+        model=NAME, input=TEXT, voice=VOICES[0], response_format="pcm"
+    ).content
+    np.testing.assert_array_equal(np.frombuffer(data, "<i2"), to_int16(reference[1.0]))
+    assert "Traceback" not in server.log()
