@@ -40,6 +40,9 @@ def reference(model_dir: Path) -> dict[float, np.ndarray]:
     """What mlx-audio's generate makes for TEXT's sentences, one call each, by speed."""
     from mlx_audio.tts.utils import load_model
 
+    from pippin.audio.tts import find_espeak
+
+    find_espeak()  # as the server does
     model = load_model(model_dir, strict=True)
     sentences = ["Hello world.", "This is pippin speaking!", "A third sentence, here."]
     return {

@@ -38,12 +38,30 @@ class Speech:
     tokens: int
 
 
+def find_espeak() -> None:
+    """Point phonemizer (KittenTTS's G2P, and misaki's espeak one) at the espeak-ng library
+    that ``espeakng-loader`` ships when the system has none, so the audio extra alone
+    suffices; a system espeak-ng is left in use."""
+    import ctypes.util
+
+    try:
+        import espeakng_loader
+        from phonemizer.backend.espeak.wrapper import EspeakWrapper
+    except ImportError:
+        return
+    if ctypes.util.find_library("espeak-ng") or ctypes.util.find_library("espeak"):
+        return
+    EspeakWrapper.set_library(espeakng_loader.get_library_path())
+    EspeakWrapper.set_data_path(espeakng_loader.get_data_path())
+
+
 class TTSModel:
     """One loaded mlx-audio TTS model. Call its methods on the worker's thread only."""
 
     def __init__(self, path: str | Path, name: str | None = None) -> None:
         from mlx_audio.tts.utils import load_model
 
+        find_espeak()
         self.path = Path(path)
         if not (self.path / "config.json").is_file():
             raise TTSLoadError(f"{self.path} has no config.json")
