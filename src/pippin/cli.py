@@ -23,6 +23,7 @@ from pippin.argtypes import non_negative_float as _non_negative_float
 from pippin.argtypes import non_negative_int as _non_negative_int
 from pippin.argtypes import positive_float as _positive_float
 from pippin.argtypes import positive_int as _positive_int
+from pippin.audio.config import SttSettings
 from pippin.bench.cli import add_bench_args, add_bench_serve_args
 from pippin.embed.config import EmbedSettings
 from pippin.engine.config import (
@@ -188,6 +189,42 @@ def _add_tts_args(p: argparse.ArgumentParser) -> None:
         nargs="+",
         metavar="NAME",
         help="name(s) of the TTS model in the 'model' field; default: its folder name",
+    )
+
+
+def _add_stt_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "speech to text",
+        "a Whisper model on /v1/audio/transcriptions and /v1/audio/translations "
+        "(needs the 'audio' extra: pip install 'pippin[audio]')",
+    )
+    g.add_argument(
+        "--stt-model",
+        metavar="PATH",
+        help="Whisper model folder: MLX layout (config.json + safetensors, as mlx-community "
+        "publishes) or CTranslate2 (model.bin, as faster-whisper uses; converted once into "
+        "the cache folder)",
+    )
+    g.add_argument(
+        "--stt-served-model-name",
+        nargs="+",
+        metavar="NAME",
+        help="name(s) of the Whisper model in the 'model' field; default: its folder name "
+        "and whisper-1",
+    )
+    g.add_argument(
+        "--stt-max-mb",
+        type=_positive_float,
+        metavar="MB",
+        default=SttSettings.max_bytes / (1024 * 1024),
+        help="largest audio upload in MiB (default: %(default)g, OpenAI's 25 MB)",
+    )
+    g.add_argument(
+        "--stt-max-seconds",
+        type=_positive_float,
+        metavar="S",
+        default=SttSettings.max_seconds,
+        help="longest audio accepted, in seconds (default: %(default)g)",
     )
 
 
@@ -678,6 +715,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_serve_args(bench_serve)
     _add_embed_args(serve)
     _add_tts_args(serve)
+    _add_stt_args(serve)
     _add_admission_args(serve)
     add_media_flags(serve)
     return parser
@@ -815,6 +853,12 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             max_batch_tokens=args.embedding_batch_tokens,
             max_batch_size=args.embedding_batch_size,
         ),
+        stt=SttSettings(
+            model=args.stt_model,
+            names=list(args.stt_served_model_name or []),
+            max_bytes=int(args.stt_max_mb * MIB),
+            max_seconds=args.stt_max_seconds,
+        ),
         warm_prompts=args.warm_prompts,
         cors=CorsSettings(
             tuple(args.allowed_origins),
@@ -904,6 +948,9 @@ def serve(args: argparse.Namespace) -> int:
             if spec:
                 what = f"the {kind} model"
                 resolve_served(spec, kind, settings.revision)
+        if args.stt_model and not Path(args.stt_model).expanduser().is_dir():
+            what = "the speech-to-text model"
+            raise ModelLoadError(f"{args.stt_model}: not a model folder")
     except ModelLoadError as e:
         print(f"pippin serve: cannot load {what}: {e}", file=sys.stderr)
         return 3

@@ -33,6 +33,7 @@ from pippin.api.openai import embeddings as openai_embeddings
 from pippin.api.openai import models as openai_models
 from pippin.api.openai import responses as openai_responses
 from pippin.api.openai import speech as openai_speech
+from pippin.api.openai import transcriptions as openai_transcriptions
 from pippin.api.openapi import install_openapi, openai_route
 from pippin.api.registry import LeaseMiddleware, ModelRegistry
 from pippin.api.state import MIB, ServerSettings, ServerState
@@ -133,17 +134,21 @@ class BodyLimitMiddleware:
     counting the bytes as they arrive (chunked uploads), so a huge body is never
     held in memory."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, per_path: dict[str, int] | None = None
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.per_path = per_path or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        max_bytes = self.per_path.get(scope.get("path", ""), self.max_bytes)
         length = Headers(scope=scope).get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
-            await _too_large(self.max_bytes).response(scope["path"])(scope, receive, send)
+        if length is not None and (not length.isdigit() or int(length) > max_bytes):
+            await _too_large(max_bytes).response(scope["path"])(scope, receive, send)
             return
         seen = 0
 
@@ -152,9 +157,9 @@ class BodyLimitMiddleware:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
+                if seen > max_bytes:
                     # Raised inside the route's body read; the error handler answers 413.
-                    raise _too_large(self.max_bytes)
+                    raise _too_large(max_bytes)
             return message
 
         await self.app(scope, counted, send)
@@ -194,6 +199,24 @@ async def start_extra_models(state: ServerState) -> None:
         taken.update(names)
         state.extra_names[kind] = names
         log.info("%s model '%s' ready (max %d tokens)", kind, names[0], model.max_len)
+
+
+async def start_stt(state: ServerState) -> None:
+    """Load the Whisper model onto its worker thread (a CTranslate2 one is converted once,
+    into the cache folder)."""
+    from pathlib import Path
+
+    from pippin.audio.stt import SttWorker
+    from pippin.store.gguf_loader import cache_root
+
+    s = state.settings.stt
+    assert s.model is not None
+    path = Path(s.model).expanduser()
+    names = s.names or [path.name, "whisper-1"]  # the name OpenAI's clients default to
+    worker = SttWorker(path, names[0], cache_root())
+    await worker.start()
+    state.stt = worker
+    state.extra_names["speech-to-text"] = names
 
 
 async def start_mcp(state: ServerState) -> None:
@@ -253,6 +276,8 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
                     await start_extra_models(state)
                 if settings.tts_model:
                     await start_tts(state)
+                if settings.stt.enabled:
+                    await start_stt(state)
                 if settings.mcp.enabled:
                     await start_mcp(state)
                 if settings.warm_prompts:
@@ -268,6 +293,8 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
                 await state.embed.stop()
             if state.tts is not None:
                 await state.tts.stop()
+            if state.stt is not None:
+                await state.stt.stop()
             await state.registry.stop()
 
     app = FastAPI(title="pippin", version=__version__, lifespan=lifespan)
@@ -283,6 +310,7 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
         openai_responses.router,
         openai_embeddings.router,
         openai_speech.router,
+        openai_transcriptions.router,
         rerank.router,
         ollama_chat.router,
         ollama_embed.router,
@@ -302,7 +330,15 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
 
     # Added last = runs first: unauthenticated requests are refused before any body is read.
     app.add_middleware(AdmissionMiddleware, admission=state.admission)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_body_bytes)
+    # Audio uploads have their own cap (--stt-max-bytes), plus room for the other fields.
+    audio_cap = max(settings.max_request_body_bytes, settings.stt.max_bytes + MIB)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_bytes=settings.max_request_body_bytes,
+        per_path={p: audio_cap for p in ("/v1/audio/transcriptions", "/v1/audio/translations")}
+        if settings.stt.enabled
+        else None,
+    )
     app.add_middleware(
         ApiKeyMiddleware,
         api_key=settings.api_key,

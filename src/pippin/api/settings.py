@@ -8,6 +8,7 @@ from typing import Any
 from pippin.api.admission import ApiKey
 from pippin.api.http_limits import CorsSettings, HeadLimits
 from pippin.api.model_specs import ModelSpec
+from pippin.audio.config import SttSettings
 from pippin.embed.config import EmbedSettings
 from pippin.engine.config import EngineConfig
 from pippin.mcp.config import McpSettings
@@ -40,6 +41,8 @@ class ServerSettings:
     metrics: bool = True
     # Optional embedding and rerank models served beside the chat model.
     embed: EmbedSettings = field(default_factory=EmbedSettings)
+    # --stt-model and its limits: speech to text on /v1/audio/transcriptions.
+    stt: SttSettings = field(default_factory=SttSettings)
     # --warm-prompts: a JSON file of prompts prefilled before the server turns ready.
     warm_prompts: str | None = None
     # --allowed-origins etc.: browsers on other origins may call the API (off by default).

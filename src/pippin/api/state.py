@@ -48,6 +48,8 @@ class ServerState:
     mcp: Any = None
     # The text-to-speech worker (pippin.audio.tts.TTSWorker), with --tts-model.
     tts: Any = None
+    # The speech-to-text worker (pippin.audio.stt.SttWorker), with --stt-model.
+    stt: Any = None
     extra_names: dict[str, list[str]] = field(default_factory=dict)
 
     def engine_stats(self) -> dict[str, dict[str, int]]:
