@@ -63,14 +63,22 @@ def decode_audio(data: bytes, *, max_seconds: float | None = None) -> np.ndarray
     samples = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
     if samples.size == 0:
         raise AudioError("the file holds no audio samples (empty or truncated)")
-    if declared is not None and samples.size < 0.5 * declared * SAMPLE_RATE - SAMPLE_RATE:
-        raise AudioError(
-            f"the audio is truncated: {samples.size / SAMPLE_RATE:.1f} s of the "
-            f"{declared:.1f} s its header declares"
-        )
+    _check_riff_size(data)
     if limit is not None and samples.size > limit:
         raise AudioTooLong(max_seconds or 0.0, samples.size / SAMPLE_RATE)
     return samples.astype(np.float32, copy=False)
+
+
+def _check_riff_size(data: bytes) -> None:
+    """A WAV whose RIFF header declares more bytes than arrived was cut off in transfer
+    (FFmpeg would quietly decode the part that is there)."""
+    if data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        return
+    declared = int.from_bytes(data[4:8], "little") + 8
+    if declared not in (8, 0xFFFFFFFF + 8) and declared > len(data):  # 0, ~0: size unknown
+        raise AudioError(
+            f"the audio is truncated: {len(data)} of the {declared} bytes its header declares"
+        )
 
 
 def _declared_seconds(container: object, stream: object) -> float | None:
