@@ -28,9 +28,7 @@ def encode(fmt: str, codec: str, seconds: float = SECONDS, rate: int = RATE) -> 
         stream.layout = "stereo"
         frame = av.AudioFrame.from_ndarray(stereo, format="fltp", layout="stereo")
         frame.sample_rate = rate
-        resampler = av.AudioResampler(
-            format=stream.format.name, layout="stereo", rate=stream.rate
-        )
+        resampler = av.AudioResampler(format=stream.format.name, layout="stereo", rate=stream.rate)
         for f in [*resampler.resample(frame), *resampler.resample(None)]:
             for packet in stream.encode(f):
                 out.mux(packet)
