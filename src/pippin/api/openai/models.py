@@ -46,6 +46,8 @@ def _extra_card(state: ServerState, name: str) -> dict[str, Any]:
         "created": state.created,
         "owned_by": "pippin",
     }
+    # Not a chat model: what it is for ("embedding", "rerank", "speech", "speech-to-text").
+    card["kind"] = next(k for k, names in state.extra_names.items() if name in names)
     extra = state.extra_model(name)
     if extra is not None:
         card["max_model_len"] = extra.max_len

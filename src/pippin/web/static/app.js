@@ -168,16 +168,21 @@ async function refreshModels() {
   const list = $("models"), select = $("chat-model"), chosen = select.value;
   list.replaceChildren();
   select.replaceChildren();
+  sttModel = null;
   for (const m of data) {
     const li = document.createElement("li");
-    li.textContent = m.id + (m.max_model_len ? ` — context ${m.max_model_len} tokens` : "");
+    li.textContent = m.id + (m.max_model_len ? ` — context ${m.max_model_len} tokens` : "")
+      + (m.kind ? ` (${m.kind})` : "");
     list.appendChild(li);
+    if (m.kind === "speech-to-text") sttModel = sttModel || m.id;
+    if (m.kind) continue; // not a chat model
     const o = document.createElement("option");
     o.value = o.textContent = m.id;
     select.appendChild(o);
   }
   if (chosen) select.value = chosen;
   showSpeech(data.filter((m) => "voices" in m));
+  $("transcribe").hidden = !sttModel;
 }
 
 // --- speech (/v1/audio/speech) -------------------------------------------------------
@@ -364,6 +369,66 @@ $("chat-input").addEventListener("keydown", (e) => {
 });
 $("chat-stop").addEventListener("click", () => controller && controller.abort());
 $("chat-clear").addEventListener("click", () => { conversation.length = 0; $("chat-log").replaceChildren(); });
+
+// --- speech to text: an uploaded file or a recording, to /v1/audio/transcriptions -----
+let sttModel = null;
+let recorder = null;
+
+function sttStatus(text, isError) {
+  $("stt-status").textContent = text;
+  $("stt-status").classList.toggle("error", !!isError);
+}
+
+async function transcribe(blob, name) {
+  const form = new FormData();
+  form.append("file", blob, name);
+  form.append("model", sttModel);
+  sttStatus("transcribing…");
+  $("stt-text").textContent = "";
+  $("stt-send").disabled = true;
+  try {
+    const r = await api("/v1/audio/transcriptions", { method: "POST", body: form });
+    const body = await r.json();
+    if (!r.ok) throw new Error((body.error || {}).message || r.statusText);
+    $("stt-text").textContent = body.text;
+    sttStatus(body.usage ? `${body.usage.seconds} s of audio` : "");
+  } catch (e) {
+    sttStatus("error: " + e.message, true);
+  } finally {
+    $("stt-send").disabled = false;
+  }
+}
+
+$("stt-form").addEventListener("submit", (e) => {
+  e.preventDefault();
+  const file = $("stt-file").files[0];
+  if (!file) { sttStatus("Choose an audio file, or record one.", true); return; }
+  transcribe(file, file.name);
+});
+
+$("stt-record").addEventListener("click", async () => {
+  if (recorder) { recorder.stop(); return; }
+  let stream;
+  try {
+    stream = await navigator.mediaDevices.getUserMedia({ audio: true });
+  } catch (e) {
+    sttStatus("no microphone: " + e.message, true);
+    return;
+  }
+  const chunks = [];
+  recorder = new MediaRecorder(stream);
+  recorder.ondataavailable = (ev) => chunks.push(ev.data);
+  recorder.onstop = () => {
+    stream.getTracks().forEach((t) => t.stop());
+    const type = recorder.mimeType || "audio/webm";
+    recorder = null;
+    $("stt-record").textContent = "Record";
+    transcribe(new Blob(chunks, { type }), type.includes("ogg") ? "recording.ogg" : "recording.webm");
+  };
+  recorder.start();
+  $("stt-record").textContent = "Stop";
+  sttStatus("recording…");
+});
 
 if (apiKey) $("key-change").hidden = false;
 refreshModels();
