@@ -141,6 +141,19 @@ def test_stream_events(server: Server, clips: dict[str, bytes]) -> None:
     assert _wer(SENTENCES[1], events[-1].text) <= MAX_WER
 
 
+def test_long_stream_sends_a_delta_per_piece(server: Server, clips: dict[str, bytes]) -> None:
+    """Over 28 s, the audio is transcribed in pieces cut at pauses, each sent when done."""
+    events = list(
+        server.client().audio.transcriptions.create(
+            file=("long.wav", clips["long"]), model="whisper-1", stream=True
+        )
+    )
+    deltas = [e.delta for e in events if e.type == "transcript.text.delta"]
+    assert len(deltas) >= 2 and events[-1].type == "transcript.text.done"
+    assert "".join(deltas) == events[-1].text
+    assert _wer(" ".join(SENTENCES), events[-1].text) <= MAX_WER, events[-1].text
+
+
 def test_translation_of_english_speech(server: Server, clips: dict[str, bytes]) -> None:
     text = server.client().audio.translations.create(
         file=("s.wav", clips["short"]), model="whisper-1", response_format="text"

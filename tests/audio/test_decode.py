@@ -85,3 +85,19 @@ def test_too_long_is_refused_before_decoding_it_all() -> None:
     assert e.value.limit_s == 2.0
     # Within the cap it decodes.
     assert decode_audio(encode("flac", "flac"), max_seconds=3.0).size > 0
+
+
+def test_quiet_cuts_fall_in_pauses() -> None:
+    from pippin.audio.stt import quiet_cuts
+
+    rng = np.random.default_rng(0)
+    # 70 s of noise with silent half-seconds at 25 s and 50 s.
+    audio = (0.3 * rng.standard_normal(70 * SAMPLE_RATE)).astype(np.float32)
+    for at in (25, 50):
+        audio[at * SAMPLE_RATE : at * SAMPLE_RATE + SAMPLE_RATE // 2] = 0
+    cuts = quiet_cuts(audio)
+    assert cuts[0] == 0 and cuts[-1] == audio.size and len(cuts) == 4
+    for cut, at in zip(cuts[1:-1], (25, 50)):
+        assert at * SAMPLE_RATE <= cut <= at * SAMPLE_RATE + SAMPLE_RATE // 2
+    assert all(b - a <= 28 * SAMPLE_RATE for a, b in zip(cuts, cuts[1:]))
+    assert quiet_cuts(audio[: 10 * SAMPLE_RATE]) == [0, 10 * SAMPLE_RATE]

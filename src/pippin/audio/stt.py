@@ -7,14 +7,20 @@ times from cross-attention (DTW). It takes one file at a time and keeps its stat
 local variables, so the encoder cannot batch several clients' windows through it:
 requests are served one after another on a single thread that owns all of the model's
 MLX work (MLX streams are thread-affine), never on the event loop.
+
+A streamed request is transcribed in pieces of at most 28 s cut at quiet moments
+(`quiet_cuts`), each sent when done; a file of one piece streams the same text as it
+would answer whole.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +104,28 @@ class SttModel:
         )
 
 
+# A stream is transcribed in pieces of at most this long, cut at the quietest tenth of a
+# second of the last SEARCH_S before the limit, so each piece's text can be sent as soon as
+# it is done (Whisper's own windows are 30 s; below that a piece is one window).
+PIECE_S = 28.0
+SEARCH_S = 8.0
+
+
+def quiet_cuts(
+    audio: np.ndarray, piece_s: float = PIECE_S, search_s: float = SEARCH_S
+) -> list[int]:
+    """Sample offsets [0, ..., len] cutting ``audio`` into pieces of at most ``piece_s``,
+    each cut at the lowest-energy 0.1 s in the ``search_s`` before its limit."""
+    hop, longest = SAMPLE_RATE // 10, int(piece_s * SAMPLE_RATE)
+    cuts = [0]
+    while audio.size - cuts[-1] > longest:
+        hi = cuts[-1] + longest
+        lo = hi - int(search_s * SAMPLE_RATE)
+        frames = audio[lo : lo + (hi - lo) // hop * hop].reshape(-1, hop)
+        cuts.append(lo + int(np.argmin((frames**2).mean(axis=1))) * hop + hop // 2)
+    return [*cuts, audio.size]
+
+
 class SttWorker:
     """Owns the Whisper model on one thread; `transcribe` queues a request to it."""
 
@@ -127,6 +155,45 @@ class SttWorker:
         assert model is not None
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, model.transcribe, audio, opts)
+
+    async def stream(self, audio: np.ndarray, opts: TranscribeOptions) -> AsyncIterator[str]:
+        """The text of each piece (`quiet_cuts`) as soon as it is transcribed; a piece after
+        the first is prompted with the text before it, as Whisper's windows are."""
+        model = self.model
+        assert model is not None
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[str, object]] = asyncio.Queue()
+        stop = threading.Event()
+
+        def run() -> None:
+            try:
+                prompt = opts.prompt
+                cuts = quiet_cuts(audio)
+                for start, end in zip(cuts, cuts[1:]):
+                    if stop.is_set():
+                        return
+                    piece = replace(opts, prompt=prompt)
+                    text = model.transcribe(audio[start:end], piece).text
+                    prompt = text or prompt
+                    loop.call_soon_threadsafe(queue.put_nowait, ("text", text))
+                loop.call_soon_threadsafe(queue.put_nowait, ("end", None))
+            except Exception as e:  # handed to the stream, which sends an error event
+                loop.call_soon_threadsafe(queue.put_nowait, ("error", e))
+
+        work = loop.run_in_executor(self._pool, run)
+        try:
+            while True:
+                kind, item = await queue.get()
+                if kind == "end":
+                    return
+                if kind == "error":
+                    assert isinstance(item, Exception)
+                    raise item
+                if item:
+                    yield str(item)
+        finally:
+            stop.set()  # a client that left: the pieces not yet begun are skipped
+            work.cancel()
 
     async def stop(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -266,22 +266,19 @@ def _respond(t: Transcript, req: SttRequest) -> Response:
     return Response(json.dumps(body, ensure_ascii=False), media_type="application/json")
 
 
-async def _events(work: asyncio.Future[Transcript]) -> AsyncIterator[str]:
-    """`transcript.text.delta` per segment, then `transcript.text.done`. The deltas come
-    once the model has finished (mlx-audio's transcribe has no per-window hook)."""
+async def _events(worker: SttWorker, audio: Any, opts: TranscribeOptions) -> AsyncIterator[str]:
+    """`transcript.text.delta` per piece of the audio as it is transcribed, then
+    `transcript.text.done` with the whole text and `[DONE]`; a failure is an error event."""
+    text = ""
     try:
-        t = await work
-    except asyncio.CancelledError:
-        raise
-    except Exception as e:  # an error after the stream began is sent as an error event
+        async for piece in worker.stream(audio, opts):
+            delta = f" {piece}" if text else piece
+            text += delta
+            yield sse({"type": "transcript.text.delta", "delta": delta})
+    except Exception as e:  # after the stream began: sent as an error event
         yield sse({"type": "error", "error": {"message": str(e), "type": "server_error"}})
         return
-    text = ""
-    for seg in t.segments:
-        delta = seg["text"] if text else seg["text"].lstrip()
-        text += delta
-        yield sse({"type": "transcript.text.delta", "delta": delta})
-    yield sse({"type": "transcript.text.done", "text": t.text})
+    yield sse({"type": "transcript.text.done", "text": text})
     yield sse("[DONE]")
 
 
@@ -289,16 +286,7 @@ async def _serve(request: Request, task: str) -> Response:
     worker, req = await _parse(request, task)
     audio = await _decode(request, req.audio)
     if req.stream:
-        work = asyncio.ensure_future(worker.transcribe(audio, req.opts))
-
-        async def body() -> AsyncIterator[str]:
-            try:
-                async for chunk in _events(work):
-                    yield chunk
-            finally:
-                work.cancel()
-
-        return StreamingResponse(body(), media_type="text/event-stream")
+        return StreamingResponse(_events(worker, audio, req.opts), media_type="text/event-stream")
     t = await cancel_on_disconnect(request.receive, worker.transcribe(audio, req.opts))
     return _respond(t, req)
 
