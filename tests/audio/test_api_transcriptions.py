@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import io
 import re
+import time
 import wave
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import openai
@@ -142,12 +145,33 @@ def test_stream_events(server: Server, clips: dict[str, bytes]) -> None:
 
 
 def test_long_stream_sends_a_delta_per_piece(server: Server, clips: dict[str, bytes]) -> None:
-    """Over 28 s, the audio is transcribed in pieces cut at pauses, each sent when done."""
-    events = list(
-        server.client().audio.transcriptions.create(
+    """Over 28 s, the audio is transcribed in pieces cut at pauses, each sent when done;
+    meanwhile the chat model answers (transcription runs off the event loop)."""
+    order: list[str] = []
+
+    def transcribe() -> list[object]:
+        stream = server.client().audio.transcriptions.create(
             file=("long.wav", clips["long"]), model="whisper-1", stream=True
         )
-    )
+        got = []
+        for event in stream:
+            got.append(event)
+            if len(got) == 1:
+                order.append("first delta")
+        order.append("transcript done")
+        return got
+
+    with ThreadPoolExecutor(1) as pool:
+        work = pool.submit(transcribe)
+        time.sleep(1.0)  # the upload is sent and its transcription under way
+        server.client().chat.completions.create(
+            model=server.client().models.list().data[0].id,
+            messages=[{"role": "user", "content": "Say hi."}],
+            max_tokens=4,
+        )
+        order.append("chat answered")
+        events: list[Any] = work.result()
+    assert order.index("chat answered") < order.index("transcript done"), order
     deltas = [e.delta for e in events if e.type == "transcript.text.delta"]
     assert len(deltas) >= 2 and events[-1].type == "transcript.text.done"
     assert "".join(deltas) == events[-1].text
