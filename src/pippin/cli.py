@@ -34,6 +34,9 @@ from pippin.engine.config import (
     default_batched_tokens,
     default_engine_process,
 )
+from pippin.engine.tp.config import BACKENDS as TP_BACKENDS
+from pippin.engine.tp.config import DEFAULT_TIMEOUT_S as TP_TIMEOUT_S
+from pippin.engine.tp.config import TPConfig
 from pippin.kernels.config import KernelConfig
 from pippin.mcp.config import McpConfigError, McpSettings, load_config
 from pippin.obs.logs import LOG_FORMATS
@@ -43,6 +46,37 @@ log = logging.getLogger("pippin.cli")
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+def _tensor_parallel(args: argparse.Namespace) -> TPConfig | None:
+    """--tensor-parallel / --hostfile into a `TPConfig` (None: one device)."""
+    size = args.tensor_parallel
+    if args.hostfile is not None:
+        from pippin.engine.tp.launch import read_hosts
+
+        try:
+            hosts, _, _ = read_hosts(TPConfig(size or 1, hostfile=args.hostfile))
+        except ValueError as e:
+            raise SystemExit(f"pippin serve: {e}") from None
+        if size is not None and size != len(hosts):
+            raise SystemExit(
+                f"pippin serve: --tensor-parallel {size}, but the hostfile lists "
+                f"{len(hosts)} hosts"
+            )
+        size = len(hosts)
+    if size is None or size == 1:
+        return None
+    if args.ssd_cache_dir:
+        raise SystemExit(
+            "pippin serve: --ssd-cache-dir does not run with --tensor-parallel yet"
+        )
+    return TPConfig(
+        size,
+        backend=args.distributed_backend,
+        hostfile=args.hostfile,
+        timeout_s=args.tp_timeout,
+        port=args.tp_port,
+    )
 
 
 def _port(text: str) -> int:
@@ -562,6 +596,56 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         help="accepted for vllm-mlx compatibility; pippin's KV cache is always paged",
     )
 
+    tp = p.add_argument_group(
+        "tensor parallel (docs/deployment.md)",
+        "one model over several GPUs or hosts on MLX's distributed layer; rank 0 runs "
+        "the scheduler and speaks HTTP",
+    )
+    tp.add_argument(
+        "--tensor-parallel",
+        "--tensor-parallel-size",
+        "-tp",
+        dest="tensor_parallel",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="shard the model over N ranks as mlx-lm shards it (the families with "
+        "mlx-lm's shard(): Llama, Qwen2, Qwen3, Qwen3-MoE, DeepSeek V2/V3, GLM-4 MoE, "
+        "gpt-oss, MiniMax, ...; others are refused); every rank on this host unless "
+        "--hostfile (default: 1, no sharding)",
+    )
+    tp.add_argument(
+        "--hostfile",
+        metavar="FILE",
+        help="mlx.launch's JSON hostfile: one rank per host entry, started over ssh "
+        "(rank 0 is this process's host, listed first); its backend and envs are used",
+    )
+    tp.add_argument(
+        "--distributed-backend",
+        choices=TP_BACKENDS,
+        default="auto",
+        help="mx.distributed's backend: ring (TCP, anywhere), nccl (NVIDIA GPUs), "
+        "jaccl / jaccl-ring (Macs over Thunderbolt RDMA), any (MLX picks). auto: the "
+        "hostfile's, else nccl on NVIDIA GPUs and ring elsewhere (default: auto)",
+    )
+    tp.add_argument(
+        "--tp-timeout",
+        type=_positive_float,
+        default=TP_TIMEOUT_S,
+        metavar="SECONDS",
+        help="a model call another rank has not finished after this long takes the "
+        "group for dead: requests in flight end with an error, /health is 503 and the "
+        "group is started again (default: %(default)s)",
+    )
+    tp.add_argument(
+        "--tp-port",
+        type=_positive_int,
+        default=0,
+        metavar="PORT",
+        help="first of the ports (PORT .. PORT+N) the ranks listen on; needed with several "
+        "hosts (default: free ports of this host)",
+    )
+
     c = p.add_argument_group(
         "prefix cache tiers",
         "under the in-memory prefix cache: an SSD tier that keeps evicted blocks across "
@@ -792,6 +876,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         else args.stream_interval_ms / 1000,
         kernels=replace(KernelConfig.from_env(), enabled=args.kernels),
         request_timeout_s=args.request_timeout,
+        tensor_parallel=_tensor_parallel(args),
     )
     from pippin.chat.reasoning import HARMONY_NAMES, REASONING_PARSERS
     from pippin.chat.tool_parsers import registry

@@ -111,6 +111,12 @@ VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
         _flag("PIPPIN_COMPILE", "auto"),
         "auto: decode steps as one compiled MLX graph on CUDA only; 0: never; 1: always.",
     ),
+    # --- not pippin's own ---
+    "CUDA_VISIBLE_DEVICES": (
+        _path("CUDA_VISIBLE_DEVICES"),
+        "The GPUs this process may use; `--tensor-parallel` with NCCL gives each local "
+        "rank one of them, in order (all GPUs in order when unset).",
+    ),
 }
 
 

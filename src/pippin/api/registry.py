@@ -419,7 +419,7 @@ class ModelRegistry:
         model_metrics = self.metrics.for_model(entry.name) if self.metrics else None
         observer = ServerObserver(model_metrics)
         engine: EngineClient
-        if s.engine_process:
+        if s.engine_process or config.tensor_parallel is not None:
             # This process keeps the tokenizer and config; the engine process the weights.
             loaded = await asyncio.to_thread(lambda: load_model(**load_kwargs, weights=False))
             engine = ProcessClient(

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+from pippin.engine.tp.config import TPConfig
 from pippin.kernels.config import KernelConfig
 
 
@@ -50,6 +53,11 @@ class EngineConfig:
     # The kernels and pippin's changes to mlx-lm's model code (`pippin.kernels.patches`);
     # its switches are read from the environment once, here.
     kernels: KernelConfig = field(default_factory=KernelConfig.from_env)
+    # --tensor-parallel: the model over several ranks (`pippin.engine.tp`); None: one device.
+    tensor_parallel: TPConfig | None = None
+    # The model runner's class, given the `ModelRunner` arguments (None: `ModelRunner`);
+    # rank 0 of a tensor-parallel group sets its own in its process.
+    make_runner: Callable[..., Any] | None = None
 
 
 MIN_BUFFER_CACHE = 1 << 30

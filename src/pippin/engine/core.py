@@ -123,7 +123,8 @@ class EngineCore:
         self.max_model_len = (
             config.max_model_len or loaded.max_position_embeddings or DEFAULT_MAX_MODEL_LEN
         )
-        self.runner = ModelRunner(
+        make_runner = config.make_runner or ModelRunner  # tensor parallel: its own
+        self.runner = make_runner(
             loaded.model, config.block_size, config.kv_bits, config.kv_group_size, config.kernels
         )
         self.num_blocks = self._num_blocks()

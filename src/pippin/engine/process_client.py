@@ -103,8 +103,11 @@ class ProcessClient:
         self._loop = asyncio.get_running_loop()
         ctx = multiprocessing.get_context("spawn")
         conn, child = ctx.Pipe()
+        target = _child_main
+        if self.config.tensor_parallel is not None:
+            from pippin.engine.tp.rank0 import child_main as target  # rank 0 of the group
         self._proc = ctx.Process(
-            target=_child_main,
+            target=target,
             args=(child, self.load_kwargs, self.config, *self.hooks),
             name="pippin-engine",
             daemon=True,

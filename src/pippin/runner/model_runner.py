@@ -85,6 +85,11 @@ class ModelRunner:
         small = fused_layer.applies(rows)
         layout.fused_layer = layout.fused_attention and self.fused_layer and small
 
+    def share_inputs(self, inputs: mx.array) -> mx.array:
+        """A call's token ids as every rank sees them (tensor parallel: rank 0's, through
+        a collective, so they stay lazy); one device: as they are."""
+        return inputs
+
     @property
     def has_state_layers(self) -> bool:
         return bool(self.state_sizes)
@@ -205,6 +210,7 @@ class ModelRunner:
                 groups[id(arr)][2].append(r)
             for arr, dst, src in groups.values():
                 inputs[mx.array(dst), 0] = arr[mx.array(src)]
+        inputs = self.share_inputs(inputs)
         rows = [b for b, it in enumerate(items) if it.samples]
 
         if compiled:
