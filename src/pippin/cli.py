@@ -26,17 +26,17 @@ from pippin.argtypes import positive_int as _positive_int
 from pippin.audio.config import SttSettings
 from pippin.bench.cli import add_bench_args, add_bench_serve_args
 from pippin.embed.config import EmbedSettings
+from pippin.engine.config import BACKENDS as TP_BACKENDS
 from pippin.engine.config import (
     BATCHED_TOKENS_CUDA,
     STREAM_BATCH,
     STREAM_INTERVAL_S,
     EngineConfig,
+    TPConfig,
     default_batched_tokens,
     default_engine_process,
 )
-from pippin.engine.tp.config import BACKENDS as TP_BACKENDS
-from pippin.engine.tp.config import DEFAULT_TIMEOUT_S as TP_TIMEOUT_S
-from pippin.engine.tp.config import TPConfig
+from pippin.engine.config import DEFAULT_TIMEOUT_S as TP_TIMEOUT_S
 from pippin.kernels.config import KernelConfig
 from pippin.mcp.config import McpConfigError, McpSettings, load_config
 from pippin.obs.logs import LOG_FORMATS
@@ -60,16 +60,13 @@ def _tensor_parallel(args: argparse.Namespace) -> TPConfig | None:
             raise SystemExit(f"pippin serve: {e}") from None
         if size is not None and size != len(hosts):
             raise SystemExit(
-                f"pippin serve: --tensor-parallel {size}, but the hostfile lists "
-                f"{len(hosts)} hosts"
+                f"pippin serve: --tensor-parallel {size}, but the hostfile lists {len(hosts)} hosts"
             )
         size = len(hosts)
     if size is None or size == 1:
         return None
     if args.ssd_cache_dir:
-        raise SystemExit(
-            "pippin serve: --ssd-cache-dir does not run with --tensor-parallel yet"
-        )
+        raise SystemExit("pippin serve: --ssd-cache-dir does not run with --tensor-parallel yet")
     return TPConfig(
         size,
         backend=args.distributed_backend,

@@ -62,7 +62,11 @@ def tp_server(
 
 def _complete(client: openai.OpenAI, prompt: list[int]) -> str:
     r = client.completions.create(
-        model="default", prompt=prompt, max_tokens=GEN, temperature=0, extra_body={"ignore_eos": True}
+        model="default",
+        prompt=prompt,
+        max_tokens=GEN,
+        temperature=0,
+        extra_body={"ignore_eos": True},
     )
     return r.choices[0].text
 

@@ -399,6 +399,7 @@ class ModelRegistry:
         """Load the model off the loop and start its engine (its own KV pool)."""
         from pippin.engine.inproc_client import InprocClient
         from pippin.engine.process_client import ProcessClient
+        from pippin.engine.tp.rank0 import child_main as tp_child_main
         from pippin.obs import logs
         from pippin.obs.logs import setup_logging
         from pippin.store.loader import load_model, materialize
@@ -428,6 +429,7 @@ class ModelRegistry:
                 observer=observer,
                 on_start=partial(setup_logging, *(logs.CURRENT or ("info", "text"))),
                 on_loaded=serve_in_engine_process,
+                child_main=tp_child_main if config.tensor_parallel is not None else None,
             )
         else:
             loaded = await asyncio.to_thread(lambda: materialize(load_model(**load_kwargs)))

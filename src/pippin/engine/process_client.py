@@ -47,6 +47,9 @@ RESTART_BACKOFF_S = 1.0
 # Run in the child before it loads the model, and once it has (both picklable).
 OnStart = Callable[[], None]
 OnLoaded = Callable[[LoadedModel], None]
+ChildMain = Callable[
+    [Connection, dict[str, Any], EngineConfig, OnStart | None, OnLoaded | None], None
+]
 
 
 class _Pipe:
@@ -78,8 +81,12 @@ class ProcessClient:
         *,
         on_start: OnStart | None = None,
         on_loaded: OnLoaded | None = None,
+        child_main: ChildMain | None = None,
     ) -> None:
         self.load_kwargs = load_kwargs
+        # What the engine process runs: `_child_main`, or rank 0 of a tensor-parallel
+        # group (`tp.rank0.child_main`), which takes the same arguments.
+        self.child_main = child_main or _child_main
         self.config = config
         self.observer = observer or EngineObserver()
         self.streams = OutputStreams(self.observer, config.request_timeout_s)
@@ -103,11 +110,8 @@ class ProcessClient:
         self._loop = asyncio.get_running_loop()
         ctx = multiprocessing.get_context("spawn")
         conn, child = ctx.Pipe()
-        target = _child_main
-        if self.config.tensor_parallel is not None:
-            from pippin.engine.tp.rank0 import child_main as target  # rank 0 of the group
         self._proc = ctx.Process(
-            target=target,
+            target=self.child_main,
             args=(child, self.load_kwargs, self.config, *self.hooks),
             name="pippin-engine",
             daemon=True,

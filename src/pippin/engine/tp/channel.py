@@ -119,9 +119,7 @@ class Channel:
             with self._lock:
                 late = [r for r, q in self._sent.items() if q and now - q[0] > self.timeout_s]
             if late:
-                self.lost(
-                    f"rank {late[0]} has not finished a model call in {self.timeout_s:.0f} s"
-                )
+                self.lost(f"rank {late[0]} has not finished a model call in {self.timeout_s:.0f} s")
                 return
 
     def lost(self, why: str) -> None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pippin import envs
-from pippin.engine.tp.config import TPConfig
+from pippin.engine.config import TPConfig
 
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
 
@@ -80,9 +80,7 @@ class Plan:
 def plan(tp: TPConfig) -> Plan:
     hosts, hf_backend, extra = read_hosts(tp)
     if len(hosts) != tp.size:
-        raise ValueError(
-            f"--tensor-parallel {tp.size}, but the hostfile lists {len(hosts)} hosts"
-        )
+        raise ValueError(f"--tensor-parallel {tp.size}, but the hostfile lists {len(hosts)} hosts")
     backend = tp.resolved_backend(hf_backend)
     one_host = all(h.local for h in hosts)
     if tp.port:
