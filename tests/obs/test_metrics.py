@@ -215,3 +215,26 @@ def test_apps_have_their_own_registries() -> None:
 def test_no_metrics_flag() -> None:
     app = create_app(ServerSettings(metrics=False), load_model=False)
     assert TestClient(app).get("/metrics").status_code == 404
+
+
+def test_vllm_named_gauges_for_routers(server: Server) -> None:
+    """Routers built for vLLM balance on these names: they must carry pippin's values,
+    per model (`model_name`), and see a request running."""
+    idle = wait_idle(server)
+    assert total(idle, "vllm:num_requests_running", model_name="tiny") == 0
+    assert total(idle, "vllm:num_requests_waiting", model_name="tiny") == 0
+    client = server.client()
+    stream = client.completions.create(
+        model="tiny", prompt="busy", max_tokens=400, stream=True, extra_body={"ignore_eos": True}
+    )
+    chunks = iter(stream)
+    next(chunks)
+    busy = scrape(server)
+    stream.close()
+    assert total(busy, "vllm:num_requests_running", model_name="tiny") == 1
+    usage = total(busy, "vllm:kv_cache_usage_perc", model_name="tiny")
+    assert usage is not None and 0 < usage <= 1
+    assert total(busy, "vllm:gpu_cache_usage_perc", model_name="tiny") == usage
+    assert usage == total(busy, "pippin_kv_cache_usage_ratio", model="tiny")
+    hit_rate = total(busy, "vllm:gpu_prefix_cache_hit_rate", model_name="tiny")
+    assert hit_rate == total(busy, "pippin_prefix_cache_hit_ratio", model="tiny")

@@ -247,3 +247,30 @@ class EngineCollector(Collector):
                     kind=kind,
                 )
         yield from fams.values()
+        yield from _vllm_gauges(per_model)
+
+
+def _vllm_gauges(per_model: list[tuple[str, dict[str, int]]]) -> Iterator[Metric]:
+    """The engine gauges under vLLM's names and `model_name` label, which routers built
+    for vLLM read to balance load (vLLM production-stack's router, llm-d, KServe):
+    requests running and waiting, KV cache usage (both its v0 and v1 names) and the
+    prefix cache's hit rate. The same values as the `pippin_*` gauges above."""
+    specs = [
+        ("vllm:num_requests_running", "Requests running (sequences in the batch).", "running"),
+        ("vllm:num_requests_waiting", "Requests waiting to be admitted.", "waiting"),
+        ("vllm:kv_cache_usage_perc", "KV cache usage (1 means 100 percent).", "usage"),
+        ("vllm:gpu_cache_usage_perc", "KV cache usage (vLLM v0's name).", "usage"),
+        ("vllm:gpu_prefix_cache_hit_rate", "Prefix cache hit rate since start.", "hits"),
+    ]
+    for name, doc, key in specs:
+        fam = GaugeMetricFamily(name, doc, labels=("model_name",))
+        for m, s in per_model:
+            total, free, queries = s["blocks_total"], s["blocks_free"], s["prefix_queries"]
+            value = {
+                "running": s["running"],
+                "waiting": s["waiting"],
+                "usage": (total - free) / total if total else 0.0,
+                "hits": s["prefix_hits"] / queries if queries else 0.0,
+            }[key]
+            fam.add_metric((m,), value)
+        yield fam
