@@ -6,7 +6,8 @@
 - `tiny-qwen3`: a 5.2M-parameter Qwen3 (hidden 256, 4 layers, vocab 8,000), float32, the
   fastest dtype on CPU: for comparing serving overhead on a development machine;
 - `llama-3.2-1b`, `llama-3.1-8b`, `qwen3-0.6b`: those models' configurations, bfloat16:
-  for the GPU;
+  for the GPU; `llama-3.1-70b` likewise, for tensor parallelism (141 GB in bfloat16: it
+  does not fit one H200);
 - any of them with `-4bit` or `-8bit` appended: quantised as mlx-community ships models
   (`mlx_lm.convert -q`: MLX affine, group size 64, embeddings and LM head included).
 
@@ -119,6 +120,15 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "vocab_size": 151936,
         "torch_dtype": "bfloat16",
     },
+}
+
+# meta-llama/Llama-3.1-70B config.json: the tensor-parallel rows (docs/benchmarks.md).
+CONFIGS["llama-3.1-70b"] = {
+    **CONFIGS["llama-3.1-8b"],
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
 }
 
 CHATML = (
