@@ -67,6 +67,11 @@ def _tensor_parallel(args: argparse.Namespace) -> TPConfig | None:
         return None
     if args.ssd_cache_dir:
         raise SystemExit("pippin serve: --ssd-cache-dir does not run with --tensor-parallel yet")
+    if args.engine_process is False:
+        raise SystemExit(
+            "pippin serve: --tensor-parallel runs rank 0's engine in a process of its own; "
+            "drop --no-engine-process"
+        )
     return TPConfig(
         size,
         backend=args.distributed_backend,

@@ -64,3 +64,35 @@ def test_several_hosts_need_a_port_and_the_right_count(tmp_path: Path) -> None:
         launch.plan(TPConfig(2, hostfile=str(hf)))
     with pytest.raises(ValueError, match="lists 2 hosts"):
         launch.plan(TPConfig(3, hostfile=str(hf), port=1000))
+
+
+def _settings(*argv: str):  # type: ignore[no-untyped-def]
+    from pippin.cli import build_parser, settings_from_args
+
+    return settings_from_args(build_parser().parse_args(["serve", "m", *argv]))
+
+
+def test_serve_flags_make_the_tp_config(tmp_path: Path) -> None:
+    assert _settings().engine.tensor_parallel is None
+    assert _settings("--tensor-parallel", "1").engine.tensor_parallel is None
+    tp = _settings("-tp", "2", "--distributed-backend", "ring", "--tp-timeout", "30")
+    assert tp.engine.tensor_parallel == TPConfig(2, backend="ring", timeout_s=30.0)
+    hf = tmp_path / "hosts.json"
+    hf.write_text(json.dumps([{"ssh": "a", "ips": ["10.0.0.1"]}] * 3))
+    cfg = _settings("--hostfile", str(hf), "--tp-port", "4000").engine.tensor_parallel
+    assert cfg is not None and cfg.size == 3 and cfg.port == 4000
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--tensor-parallel", "2", "--ssd-cache-dir", "/tmp/x"], "--ssd-cache-dir"),
+        (["--tensor-parallel", "2", "--no-engine-process"], "--no-engine-process"),
+        (["--tensor-parallel", "2", "--distributed-backend", "mpi"], None),
+    ],
+)
+def test_serve_refuses_what_tp_cannot_do(argv: list[str], message: str | None) -> None:
+    with pytest.raises(SystemExit) as e:
+        _settings(*argv)
+    if message is not None:
+        assert message in str(e.value)

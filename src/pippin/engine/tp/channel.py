@@ -34,7 +34,10 @@ class Channel:
         self.conns: dict[int, Connection] = {}
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self._sent: dict[int, deque[float]] = {}
+        # Sends hold `_lock` (a worker that stops reading can block one); the watchdog
+        # never takes it, so it can still fire then.
         self._lock = threading.Lock()
+        self._lost_lock = threading.Lock()
         self._lost: str | None = None
         self._on_lost: Callable[[str], None] | None = None
         self.timeout_s = 0.0
@@ -104,9 +107,10 @@ class Channel:
                 self.lost(f"rank {rank} is gone (its plan channel closed)")
                 return
             if msg[0] == "done":
-                with self._lock:
-                    if self._sent[rank]:
-                        self._sent[rank].popleft()
+                try:
+                    self._sent[rank].popleft()
+                except IndexError:
+                    pass
 
     def _check(self) -> None:
         while self._lost is None:
@@ -116,14 +120,13 @@ class Channel:
                 self.lost(gone)
                 return
             now = time.monotonic()
-            with self._lock:
-                late = [r for r, q in self._sent.items() if q and now - q[0] > self.timeout_s]
+            late = [r for r, q in self._sent.items() if _oldest(q, now) > self.timeout_s]
             if late:
                 self.lost(f"rank {late[0]} has not finished a model call in {self.timeout_s:.0f} s")
                 return
 
     def lost(self, why: str) -> None:
-        with self._lock:
+        with self._lost_lock:
             if self._lost is not None:
                 return
             self._lost = why
@@ -154,3 +157,12 @@ class Channel:
         for conn in self.conns.values():
             conn.close()
         self.listener.close()
+
+
+def _oldest(sent: deque[float], now: float) -> float:
+    """How long the oldest unanswered call has waited (0 when none); safe against the
+    reader thread popping meanwhile."""
+    try:
+        return now - sent[0]
+    except IndexError:
+        return 0.0

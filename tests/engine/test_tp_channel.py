@@ -1,0 +1,85 @@
+"""Rank 0's plan channel and its watchdog (`engine/tp/channel.py`), with fake workers on
+real sockets: a worker that stops answering, or whose socket closes, takes the group
+for lost, once."""
+
+from __future__ import annotations
+
+import threading
+import time
+from multiprocessing.connection import Client
+
+import pytest
+
+from pippin.engine.tp.channel import Channel
+from pippin.engine.tp.launch import free_port
+
+
+def _group(answer: bool) -> tuple[Channel, list[str], threading.Event, dict]:
+    address = ("127.0.0.1", free_port())
+    channel = Channel(address, b"key", bind_all=False)
+    conn = {}
+
+    def worker() -> None:
+        c = Client(address, authkey=b"key")
+        c.send(("hello", 1))
+        conn["c"] = c
+        while True:
+            try:
+                msg = c.recv()
+            except (EOFError, OSError):
+                return
+            if msg[0] == "forward" and answer:
+                c.send(("done",))
+            elif msg[0] == "quit":  # as a process that dies: its socket closes
+                c.close()
+                return
+
+    threading.Thread(target=worker, daemon=True).start()
+    channel.accept(2, deadline_s=10)
+    lost: list[str] = []
+    event = threading.Event()
+
+    def on_lost(why: str) -> None:
+        lost.append(why)
+        event.set()
+
+    return channel, lost, event, conn
+
+
+def test_answered_calls_keep_the_group() -> None:
+    channel, lost, event, _ = _group(answer=True)
+    channel.watch(timeout_s=1.0, on_lost=lambda why: (lost.append(why), event.set()))
+    for _ in range(20):
+        channel.send(("forward", []))
+        time.sleep(0.1)
+    assert not event.wait(1.5), lost
+    channel.kill()
+
+
+def test_an_unanswered_call_loses_the_group_after_the_timeout() -> None:
+    channel, lost, event, _ = _group(answer=False)
+    channel.watch(timeout_s=1.0, on_lost=lambda why: (lost.append(why), event.set()))
+    t0 = time.monotonic()
+    channel.send(("forward", []))
+    assert event.wait(10)
+    assert 1.0 <= time.monotonic() - t0 < 5
+    assert lost == ["rank 1 has not finished a model call in 1 s"]
+    channel.kill()
+
+
+def test_a_closed_socket_loses_the_group_at_once() -> None:
+    channel, lost, event, _ = _group(answer=True)
+    channel.watch(timeout_s=60, on_lost=lambda why: (lost.append(why), event.set()))
+    channel.send(("quit",))
+    assert event.wait(5)
+    assert lost == ["rank 1 is gone (its plan channel closed)"]
+    channel.lost("again")  # reported once
+    assert len(lost) == 1
+    channel.kill()
+
+
+def test_a_rank_that_never_connects_fails_the_start() -> None:
+    channel = Channel(("127.0.0.1", free_port()), b"key", bind_all=False)
+    with pytest.raises(RuntimeError, match="did not connect"):
+        channel.accept(2, deadline_s=0.5)
+    channel.kill()
