@@ -48,7 +48,8 @@ def _group(answer: bool) -> tuple[Channel, list[str], threading.Event, dict]:
 
 def test_answered_calls_keep_the_group() -> None:
     channel, lost, event, _ = _group(answer=True)
-    channel.watch(timeout_s=1.0, on_lost=lambda why: (lost.append(why), event.set()))
+    # A timeout well above a loaded machine's thread scheduling delays.
+    channel.watch(timeout_s=10.0, on_lost=lambda why: (lost.append(why), event.set()))
     for _ in range(20):
         channel.send(("forward", []))
         time.sleep(0.1)
