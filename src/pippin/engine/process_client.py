@@ -345,6 +345,17 @@ class _Child:
             self.engine.stop()  # the API process is gone
 
 
+def start_child(on_start: OnStart | None) -> None:
+    """What an engine process does first: the API process's hook, then signals."""
+    if on_start is not None:
+        on_start()
+    # Ctrl-C, and a service manager's SIGTERM (systemd, `kill -- -PGID`), reach the whole
+    # process group: the API process stops this one in order (its "stop" message, or the
+    # pipe closing), after its streams end, and the SSD tier is written first.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def _child_main(
     conn: Connection,
     load_kwargs: dict[str, Any],
@@ -354,13 +365,7 @@ def _child_main(
 ) -> None:
     from pippin.store.loader import load_model, materialize
 
-    if on_start is not None:
-        on_start()
-    # Ctrl-C, and a service manager's SIGTERM (systemd, `kill -- -PGID`), reach the whole
-    # process group: the API process stops this one in order (its "stop" message, or the
-    # pipe closing), after its streams end, and the SSD tier is written first.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    start_child(on_start)
     try:
         loaded = materialize(load_model(**load_kwargs))
         if on_loaded is not None:

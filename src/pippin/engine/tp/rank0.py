@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 from dataclasses import replace
 from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any
 
 from pippin.engine.config import EngineConfig
-from pippin.engine.process_client import OnLoaded, OnStart, _Child
+from pippin.engine.process_client import OnLoaded, OnStart, _Child, start_child
 from pippin.engine.tp import launch
 from pippin.engine.tp.channel import Channel
 
@@ -63,10 +62,7 @@ def child_main(
 ) -> None:
     from pippin.runner.distributed import DistributedRunner
 
-    if on_start is not None:
-        on_start()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as `process_client._child_main`
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    start_child(on_start)
     tp = config.tensor_parallel
     assert tp is not None
     channel: Channel | None = None
