@@ -10,7 +10,8 @@ own GIL; the API process keeps the tokenizer and templates, and talks to it over
 - engine → API: ``("ready", max_model_len, stats)`` or ``("failed", message)`` once;
   then ``("outs", outputs, stats, events)`` per delivery (one pickle for a whole step's
   outputs; ``events`` replays the scheduler and step timings into the API side's
-  metrics) and ``("result", n, ok, value)``.
+  metrics) and ``("result", n, ok, value)``; ``("exiting", why)`` just before it ends
+  on purpose (a tensor-parallel group lost a rank).
 
 The child runs the same `EngineLoop` as the in-process client, on its main thread. What
 the child needs from the layers above the engine (logging as the API process logs, a
@@ -59,13 +60,17 @@ class _Pipe:
         self.conn = conn
         self._lock = threading.Lock()
 
-    def send(self, msg: tuple[Any, ...]) -> bool:
-        """False if the other process is gone."""
+    def send(self, msg: tuple[Any, ...], timeout: float = -1) -> bool:
+        """False if the other process is gone (or the pipe stayed busy for `timeout`
+        seconds, when given)."""
+        if not self._lock.acquire(timeout=timeout):
+            return False
         try:
-            with self._lock:
-                self.conn.send(msg)
+            self.conn.send(msg)
         except (OSError, ValueError):
             return False
+        finally:
+            self._lock.release()
         return True
 
 
@@ -95,6 +100,7 @@ class ProcessClient:
         self._proc: Any = None
         self._pipe: _Pipe | None = None
         self._ready = False
+        self._exit_reason: str | None = None  # its "exiting" message, if it sent one
         self._limit = 0
         self._stats: dict[str, int] = {}
         self._calls: dict[int, asyncio.Future[Any]] = {}
@@ -210,6 +216,8 @@ class ProcessClient:
                 self._loop.call_soon_threadsafe(self._receive, *msg[1:])
             elif msg[0] == "result":
                 self._loop.call_soon_threadsafe(self._result, *msg[1:])
+            elif msg[0] == "exiting":  # why the engine process is about to end
+                self._exit_reason = msg[1]
 
     def _receive(self, outs: list[RequestOutput], stats: dict[str, int], events: list) -> None:
         self._stats = stats
@@ -233,7 +241,8 @@ class ProcessClient:
     def _lost(self) -> None:
         was_ready, self._ready = self._ready, False
         # Every open stream ends now, before anything else (no client waits on a restart).
-        self._fail_open("the engine process exited")
+        why, self._exit_reason = self._exit_reason, None
+        self._fail_open("the engine process exited" + (f": {why}" if why else ""))
         if was_ready:
             self._proc.join(0.1)  # it is gone (the pipe closed): only reaps it
             log.error("the engine process exited (code %s)", self._proc.exitcode)

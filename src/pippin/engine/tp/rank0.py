@@ -88,7 +88,14 @@ def child_main(
             channel.kill()
         conn.send(("failed", f"{type(e).__name__}: {e}"))
         return
-    # A lost rank ends this process at once (see the module's docstring).
-    channel.watch(tp.timeout_s, lambda why: (channel.kill(), os._exit(1)))
+
+    def lost(why: str) -> None:
+        # This process ends at once (see the module's docstring); the API process is
+        # told why first, unless the pipe is busy (then it only sees the pipe close).
+        child.pipe.send(("exiting", f"tensor parallel: {why}"), timeout=1.0)
+        channel.kill()
+        os._exit(1)
+
+    channel.watch(tp.timeout_s, lost)
     child.serve()
     channel.close()
