@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Client
 
 import pytest
@@ -14,15 +15,13 @@ from pippin.engine.tp.channel import Channel
 from pippin.engine.tp.launch import free_port
 
 
-def _group(answer: bool) -> tuple[Channel, list[str], threading.Event, dict]:
+def _group(answer: bool) -> Channel:
     address = ("127.0.0.1", free_port())
     channel = Channel(address, b"key", bind_all=False)
-    conn = {}
 
     def worker() -> None:
         c = Client(address, authkey=b"key")
         c.send(("hello", 1))
-        conn["c"] = c
         while True:
             try:
                 msg = c.recv()
@@ -36,6 +35,10 @@ def _group(answer: bool) -> tuple[Channel, list[str], threading.Event, dict]:
 
     threading.Thread(target=worker, daemon=True).start()
     channel.accept(2, deadline_s=10)
+    return channel
+
+
+def _recorder() -> tuple[list[str], threading.Event, Callable[[str], None]]:
     lost: list[str] = []
     event = threading.Event()
 
@@ -43,13 +46,14 @@ def _group(answer: bool) -> tuple[Channel, list[str], threading.Event, dict]:
         lost.append(why)
         event.set()
 
-    return channel, lost, event, conn
+    return lost, event, on_lost
 
 
 def test_answered_calls_keep_the_group() -> None:
-    channel, lost, event, _ = _group(answer=True)
+    channel = _group(answer=True)
+    lost, event, on_lost = _recorder()
     # A timeout well above a loaded machine's thread scheduling delays.
-    channel.watch(timeout_s=10.0, on_lost=lambda why: (lost.append(why), event.set()))
+    channel.watch(timeout_s=10.0, on_lost=on_lost)
     for _ in range(20):
         channel.send(("forward", []))
         time.sleep(0.1)
@@ -58,8 +62,9 @@ def test_answered_calls_keep_the_group() -> None:
 
 
 def test_an_unanswered_call_loses_the_group_after_the_timeout() -> None:
-    channel, lost, event, _ = _group(answer=False)
-    channel.watch(timeout_s=1.0, on_lost=lambda why: (lost.append(why), event.set()))
+    channel = _group(answer=False)
+    lost, event, on_lost = _recorder()
+    channel.watch(timeout_s=1.0, on_lost=on_lost)
     t0 = time.monotonic()
     channel.send(("forward", []))
     assert event.wait(10)
@@ -69,8 +74,9 @@ def test_an_unanswered_call_loses_the_group_after_the_timeout() -> None:
 
 
 def test_a_closed_socket_loses_the_group_at_once() -> None:
-    channel, lost, event, _ = _group(answer=True)
-    channel.watch(timeout_s=60, on_lost=lambda why: (lost.append(why), event.set()))
+    channel = _group(answer=True)
+    lost, event, on_lost = _recorder()
+    channel.watch(timeout_s=60, on_lost=on_lost)
     channel.send(("quit",))
     assert event.wait(5)
     assert lost == ["rank 1 is gone (its plan channel closed)"]
