@@ -116,7 +116,7 @@ class CacheTiers:
         """Start reading the on-disk blocks of a new sequence's prompt."""
         if self.store is None:
             return
-        ids = seq.prompt_ids
+        ids = seq.keys(0, len(seq.prompt_ids))  # image positions as their content keys
         bs = self.bm.block_size
         want: list[tuple[int, tuple[int, ...]]] = []
         waits: set[int] = set()

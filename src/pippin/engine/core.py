@@ -33,6 +33,8 @@ from pippin.engine.types import (
 from pippin.runner.model_runner import ModelRunner
 from pippin.runner.paged_cache import bytes_per_block
 from pippin.store.loaded import LoadedModel
+from pippin.vision.encoder import VisionEncoder
+from pippin.vision.inputs import SeqMedia
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +154,8 @@ class EngineCore:
         self.grammar = GrammarMasks(self.eos_ids)
         self.outputs = OutputProcessor(loaded.tokenizer, self.eos_ids, self.max_model_len)
         self.requests: dict[str, Request] = {}
+        # A vision model's tower, run before each step's model call on the images it reaches.
+        self.vision = VisionEncoder(loaded.vision) if loaded.vision is not None else None
         self._seq_ids = itertools.count()
         self.steps = 0
         self._narrow_until: int | None = None  # see `recover`
@@ -174,6 +178,11 @@ class EngineCore:
     # -- requests ---------------------------------------------------------
     def check(self, prompt_ids: list[int], params: SamplingParams) -> None:
         check_prompt(prompt_ids, self.max_model_len)
+        if params.mm is not None:
+            if self.vision is None:
+                raise EngineError("this model does not take images")
+            if any(im.end > len(prompt_ids) for im in params.mm.images):
+                raise EngineError("an image's tokens lie outside the prompt")
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         self.check(prompt_ids, params)
@@ -181,6 +190,9 @@ class EngineCore:
             Sequence(next(self._seq_ids), request_id, i, list(prompt_ids), params)
             for i in range(max(params.n, 1))
         ]
+        if params.mm is not None:
+            for s in seqs:
+                s.media = SeqMedia.create(params.mm, s.prompt_ids)
         for s in seqs[1:]:
             s.wait_for = seqs[0]  # siblings reuse the first one's prompt blocks
         # Registered first: if adding sequence k fails, `abort` finds the ones before it
@@ -291,6 +303,8 @@ class EngineCore:
             groups.append(sched.decodes)
         groups.extend(self._group_prefills(sched.prefills))
 
+        if self.vision is not None:
+            self.vision.prepare(sched.prefills)  # the tower's step: images these chunks reach
         sampling: list[ScheduledSeq] = []
         logits_parts: list[mx.array] = []
         for g, items in enumerate(groups):
@@ -362,7 +376,7 @@ class EngineCore:
             if not seq.finished:
                 # Only tokens known on the host can key a block.
                 known = min(seq.num_computed, seq.num_known)
-                self.bm.register_full_blocks(seq.table, seq.ids, known)
+                self.bm.register_full_blocks(seq.table, seq.keys, known)
         return self._collect(sampling)
 
     def _group_prefills(self, prefills: list[ScheduledSeq]) -> list[list[ScheduledSeq]]:
@@ -452,4 +466,5 @@ class EngineCore:
             "mlx_cache_bytes": mx.get_cache_memory(),
             "weight_bytes": self.weight_bytes,
             "kv_bytes": self.kv_bytes,
+            **(self.vision.stats() if self.vision is not None else {}),
         }

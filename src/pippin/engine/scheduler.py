@@ -162,7 +162,7 @@ class Scheduler:
                 if seq.wait_for.status is Status.RUNNING and seq.wait_for.is_prefilling:
                     break  # keep order: it will find the sibling's blocks next step
                 seq.wait_for = None
-            ids = seq.all_ids
+            ids = seq.all_keys
             cached, hashes = self.bm.match_prefix(ids, seq.table.root)
             need = self.bm.blocks_for(len(ids)) - len(cached)
             if not self.bm.can_allocate(need, cached):

@@ -8,6 +8,7 @@ from typing import Any
 
 from pippin.engine.block_manager import BlockTable
 from pippin.engine.types import FinishReason, SamplingParams, TokenLogprob
+from pippin.vision.inputs import SeqMedia
 
 
 class Think(enum.Enum):
@@ -67,6 +68,8 @@ class Sequence:
     forced: list[int] = field(default_factory=list)
     # Structured output: this sequence's grammar matcher (pippin.engine.grammar_masks).
     grammar: Any = None
+    # Images in the prompt (vision models): their keys and encoder outputs.
+    media: SeqMedia | None = None
 
     @property
     def all_ids(self) -> list[int]:
@@ -81,6 +84,20 @@ class Sequence:
         if start >= p:
             return self.output_ids[start - p : end - p]
         return self.prompt_ids[start:] + self.output_ids[: end - p]
+
+    def keys(self, start: int, end: int) -> list[int]:
+        """What block keys hash in [start, end): the tokens, with each image's positions
+        as its content's key id, so different images never share KV."""
+        if self.media is None:
+            return self.ids(start, end)
+        p = len(self.prompt_ids)
+        if end <= p:
+            return self.media.key_prompt[start:end]
+        return self.media.key_prompt[start:] + self.ids(max(start, p), end)
+
+    @property
+    def all_keys(self) -> list[int]:
+        return self.keys(0, self.num_known)
 
     @property
     def num_known(self) -> int:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from pippin.engine.constraint import Constraint
+    from pippin.vision.inputs import MultiModal
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 
@@ -44,6 +45,8 @@ class SamplingParams:
     constraint: Constraint | None = None
     # Requests with different salts never share KV (vLLM's cache_salt).
     cache_salt: str | None = None
+    # A vision model's images in the prompt (their spans, pixels, content keys).
+    mm: MultiModal | None = None
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,9 @@ class RunSequence(Protocol):
         """Tokens known on the host (prompt and sampled)."""
 
     state: list[Any] | None  # recurrent layers' state, per layer (None: none yet)
+    # A vision model's images (pippin.vision.inputs.SeqMedia), read by the model's
+    # `step_inputs`; None for text.
+    media: Any
 
     def ids(self, start: int, end: int) -> list[int]: ...
 

@@ -77,6 +77,9 @@ class ModelRunner:
         self.fused_attention = patched.fused_attention
         self.fused_layer = patched.fused_layer
         self.head = patched.head
+        # Models that take more than tokens per call (a vision model's image embeddings
+        # and positions) say what through `step_inputs(items, tokens)`.
+        self.step_inputs = getattr(model, "step_inputs", None)
 
     def mark_fused(self, layout: Any, rows: int) -> None:
         """Which fused kernels a batch of `rows` rows runs, once `layout.paged_kernel` says
@@ -145,7 +148,8 @@ class ModelRunner:
         mx.eval([p.parts for p in self.pools.values()])
         # Recurrent state is stacked per call from each sequence's own arrays: not a
         # fixed graph, so those models run op by op.
-        if decode_graph.enabled(self.kernels.compile) and not self.has_state_layers:
+        plain = not self.has_state_layers and self.step_inputs is None
+        if decode_graph.enabled(self.kernels.compile) and plain:
             self.graph = decode_graph.DecodeGraph(self)
 
     def reset_pools(self, num_blocks: int) -> None:
@@ -229,12 +233,13 @@ class ModelRunner:
             for i in range(self.num_caches)
         ]
         cols = [lengths[b] - 1 for b in rows]
+        extra = self.step_inputs(items, inputs) if self.step_inputs is not None else {}
         if self.head is not None and rows and L > 1:
             # Only the sampling positions go through the LM head.
             with self.head.select(rows, cols, (B, L)):
-                logits = self.model(inputs, cache=caches)
+                logits = self.model(inputs, cache=caches, **extra)
         else:
-            logits = self.model(inputs, cache=caches)
+            logits = self.model(inputs, cache=caches, **extra)
 
         if self.state_sizes:
             for i in self.state_sizes:

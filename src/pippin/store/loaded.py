@@ -26,6 +26,8 @@ class LoadedModel:
     # The model's own context length (max_position_embeddings or GGUF's context_length).
     max_position_embeddings: int | None = None
     dtype: str = "float32"
+    # A vision-language model's vision tower and processor (pippin.vision.load.VisionParts).
+    vision: Any = None
 
     @property
     def vocab_size(self) -> int:

@@ -22,6 +22,8 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from pippin import envs
 
+from pippin.vision.load import VisionParts, is_vlm_folder, load_vlm, vision_available
+
 from .loaded import LoadedModel, ModelLoadError
 
 logger = logging.getLogger(__name__)
@@ -77,6 +79,7 @@ def load_model(
     if dtype is not None and dtype not in _DTYPES:
         raise ModelLoadError(f"unsupported dtype {dtype!r} (use one of {', '.join(_DTYPES)})")
     path, source, name = resolve_spec(spec, revision)
+    vision = None
     try:
         if path.suffix == ".gguf":
             from . import gguf_loader
@@ -84,6 +87,9 @@ def load_model(
             model, tokenizer, config, folder = gguf_loader.load_gguf(
                 path, trust_remote_code=trust_remote_code, weights=weights
             )
+        elif is_vlm_folder(path):
+            model, tokenizer, config, vision = _load_vlm_folder(path, trust_remote_code, weights)
+            folder = path
         else:
             model, tokenizer, config = _load_folder(path, trust_remote_code)
             folder = path
@@ -110,6 +116,7 @@ def load_model(
         eos_token_ids=set(tokenizer.eos_token_ids),
         max_position_embeddings=context_length(config),
         dtype=chosen,
+        vision=vision,
     )
 
 
@@ -209,6 +216,26 @@ def _load_folder(
         eos_token_ids=config.get("eos_token_id"),
     )
     return model, tokenizer, config
+
+
+def _load_vlm_folder(
+    path: Path, trust_remote_code: bool, weights: bool
+) -> tuple[nn.Module, TokenizerWrapper, dict[str, Any], VisionParts]:
+    """A vision-language folder through mlx-vlm: its language model for the engine, the
+    vision tower and processor beside it (`pippin.vision.load`)."""
+    from mlx_lm.utils import load_tokenizer
+
+    if not vision_available():
+        raise ModelLoadError(
+            f"{path.name} is a vision-language model; install pippin[vision] to serve it"
+        )
+    model, vision, config = load_vlm(path, weights=weights)
+    tokenizer = load_tokenizer(
+        path,
+        {"trust_remote_code": trust_remote_code},
+        eos_token_ids=config.get("eos_token_id"),
+    )
+    return model, tokenizer, config, vision
 
 
 def cast_params(model: nn.Module, config: dict[str, Any], dtype: str | None) -> str:

@@ -1,0 +1,184 @@
+"""Loading a vision-language model with mlx-vlm, and the language model the engine runs.
+
+mlx-vlm's `Model` is a vision tower plus a language model shaped like mlx-lm's (layers
+that call a cache's `offset`, `update_and_fetch` and `make_mask`). The engine runs only
+`LanguageAdapter`, which wraps that language model in mlx-lm's calling convention
+(`model(tokens, cache=...)` returns logits) and takes, per step, the image embeddings
+and positions that `step_inputs` builds from the scheduled rows. The vision tower runs
+apart, in `encoder`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+# Families whose language model takes M-RoPE positions ([3, B, L]: time, height, width).
+MROPE_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl"})
+# Families whose image placeholders are one run of the image token per image, filled
+# wholly by the image's features, which `encoder` can compute for many images in one call.
+SUPPORTED_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl", "llava"})
+
+
+def is_vlm_folder(path: Path) -> bool:
+    """Whether `path` holds a vision-language checkpoint (a config with a vision part)."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and isinstance(config.get("vision_config"), dict)
+
+
+def vision_available() -> bool:
+    try:
+        import mlx_vlm  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@dataclass(eq=False)
+class VisionParts:
+    """What serving a VLM needs beyond its language model: the whole mlx-vlm model (for
+    its vision tower and `get_input_embeddings`), its processor and the family facts."""
+
+    vlm: Any  # mlx_vlm Model
+    processor: Any
+    family: str
+    image_token_id: int
+    video_token_id: int | None
+    mrope: bool
+
+
+class LanguageAdapter(nn.Module):
+    """An mlx-vlm language model in mlx-lm's calling convention."""
+
+    def __init__(self, language_model: nn.Module, mrope: bool) -> None:
+        super().__init__()
+        self.language_model = language_model
+        self._mrope = mrope
+
+    @property
+    def layers(self) -> list[nn.Module]:
+        return self.language_model.layers
+
+    @property
+    def mrope(self) -> bool:
+        return self._mrope
+
+    def make_cache(self) -> list[Any]:
+        """mlx-lm cache classes (the engine's probe reads their kind) of the language
+        model's own layout."""
+        from mlx_lm.models.cache import KVCache, RotatingKVCache
+
+        own = getattr(self.language_model, "make_cache", None)
+        if own is None:
+            return [KVCache() for _ in self.layers]
+        out: list[Any] = []
+        for c in own():
+            if type(c).__name__ == "RotatingKVCache":
+                out.append(RotatingKVCache(max_size=c.max_size, keep=c.keep))
+            elif type(c).__name__ == "KVCache":
+                out.append(KVCache())
+            else:
+                raise ValueError(f"unsupported cache {type(c).__name__} in a vision model")
+        return out
+
+    def embed(self, tokens: mx.array) -> mx.array:
+        return self.language_model.model.embed_tokens(tokens)
+
+    def __call__(
+        self,
+        inputs: mx.array,
+        cache: list[Any] | None = None,
+        input_embeddings: mx.array | None = None,
+        position_ids: mx.array | None = None,
+    ) -> mx.array:
+        lm = self.language_model
+        if not self._mrope:
+            return lm(inputs, inputs_embeds=input_embeddings, cache=cache).logits
+        if position_ids is None:  # plain text positions (the engine's probe)
+            B, L = inputs.shape
+            off = cache[0].offset if cache else 0
+            position_ids = mx.broadcast_to(mx.arange(off, off + L)[None, None], (3, B, L))
+        # The inner model directly, with explicit positions: the outer one keeps
+        # per-generation rope state that a batch of unrelated sequences cannot share.
+        h = lm.model(inputs, inputs_embeds=input_embeddings, cache=cache, position_ids=position_ids)
+        if lm.args.tie_word_embeddings:
+            return lm.model.embed_tokens.as_linear(h)
+        return lm.lm_head(h)
+
+    def step_inputs(self, items: list[Any], inputs: mx.array) -> dict[str, mx.array]:
+        """The extra inputs of one model call over `items` (rows of `inputs` [B, L]):
+        image embeddings in place of the placeholder tokens' (sliced to each row's chunk),
+        and M-RoPE positions."""
+        kw: dict[str, mx.array] = {}
+        B, L = inputs.shape
+        if self._mrope:
+            pos = np.zeros((3, B, L), dtype=np.int32)
+            for b, it in enumerate(items):
+                media = it.seq.media
+                if media is not None and media.mm.positions is not None:
+                    pos[:, b, : it.length] = media.positions(it.start, it.length)
+                else:
+                    pos[:, b, : it.length] = np.arange(it.start, it.start + it.length)
+            kw["position_ids"] = mx.array(pos)
+        rows = []
+        for b, it in enumerate(items):
+            media = it.seq.media
+            if media is None or it.length == 0:
+                continue
+            end = it.start + it.length
+            for i in media.overlapping(it.start, end):
+                rows.append((b, it.start, end, media.mm.images[i], media.features[i]))
+        if rows:
+            emb = self.embed(inputs)
+            for b, start, end, im, feats in rows:
+                lo, hi = max(start, im.start), min(end, im.end)
+                emb[b, lo - start : hi - start] = feats[lo - im.start : hi - im.start].astype(
+                    emb.dtype
+                )
+            kw["input_embeddings"] = emb
+        return kw
+
+
+def load_vlm(path: Path, weights: bool = True) -> tuple[LanguageAdapter, VisionParts, dict]:
+    """The language adapter, the vision parts and the config of the VLM folder `path`."""
+    from mlx_vlm.utils import load_config, load_image_processor, load_model, load_processor
+
+    config = load_config(path)
+    family = config.get("model_type", "")
+    if family not in SUPPORTED_FAMILIES:
+        raise ValueError(
+            f"vision model family {family!r} is not supported yet "
+            f"(supported: {', '.join(sorted(SUPPORTED_FAMILIES))})"
+        )
+    vlm = load_model(path, lazy=not weights)
+    processor = load_processor(path, True, eos_token_ids=config.get("eos_token_id"))
+    image_processor = load_image_processor(path)
+    if image_processor is not None:
+        processor.image_processor = image_processor
+    cfg = vlm.config
+    image_token = getattr(cfg, "image_token_id", None)
+    if image_token is None:
+        image_token = getattr(cfg, "image_token_index", None)
+    if image_token is None:
+        raise ValueError(f"the {family} config names no image token")
+    mrope = family in MROPE_FAMILIES
+    parts = VisionParts(
+        vlm=vlm,
+        processor=processor,
+        family=family,
+        image_token_id=int(image_token),
+        video_token_id=getattr(cfg, "video_token_id", None),
+        mrope=mrope,
+    )
+    if weights:
+        mx.eval(vlm.parameters())
+    return LanguageAdapter(vlm.language_model, mrope), parts, config

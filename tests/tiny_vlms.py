@@ -1,0 +1,239 @@
+"""Tiny random-weight vision-language models, built at test time from mlx-vlm's classes.
+
+Each is a folder laid out as the Hugging Face checkpoint of its family (``config.json``,
+``model.safetensors``, ``preprocessor_config.json``, a tokenizer with the family's image
+tokens and a chat template that writes them), so ``mlx_vlm.load`` reads it with its own
+processor. The tokenizer is tiny_models' trained BPE with the image tokens added.
+
+Families: ``qwen2_5_vl`` (M-RoPE positions), ``llava`` (a Llama text model, plain
+positions). Images of 56x56 give 4 tokens (Qwen) and 4x4 patches + CLS (LLaVA: 16
+tokens).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_flatten
+
+import tiny_models
+
+FAMILIES = ("qwen2_5_vl", "llava")
+
+_QWEN_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+_LLAVA_TOKENS = ("<image>",)
+
+# Qwen2-VL's template for image parts (and plain text), ChatML around it.
+_QWEN_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'text' -%}{{- part['text'] -}}"
+    "{%- elif part['type'] == 'image' or part['type'] == 'image_url' -%}"
+    "{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
+    "{%- elif part['type'] == 'video' -%}"
+    "{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}"
+    "{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+_LLAVA_TEMPLATE = _QWEN_TEMPLATE.replace(
+    "'<|vision_start|><|image_pad|><|vision_end|>'", "'<image>\\n'"
+).replace("'<|vision_start|><|video_pad|><|vision_end|>'", "'<image>\\n'")
+
+TEXT_HIDDEN = 64
+
+
+def _add_tokens(dest: Path, tokens: tuple[str, ...], template: str) -> dict[str, int]:
+    from tokenizers import AddedToken, Tokenizer
+
+    tok = Tokenizer.from_file(str(dest / "tokenizer.json"))
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in tokens])
+    tok.save(str(dest / "tokenizer.json"))
+    cfg = json.loads((dest / "tokenizer_config.json").read_text())
+    for t in tokens:
+        cfg["added_tokens_decoder"][str(tok.token_to_id(t))] = {
+            "content": t,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
+        }
+    cfg["chat_template"] = template
+    (dest / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+    (dest / "chat_template.jinja").write_text(template)
+    ids = {t: tok.token_to_id(t) for t in (*tiny_models.SPECIAL_TOKENS, *tokens)}
+    ids["vocab"] = tok.get_vocab_size(with_added_tokens=True)
+    return ids
+
+
+def _text_config(ids: dict[str, int], model_type: str) -> dict[str, Any]:
+    return {
+        "model_type": model_type,
+        "hidden_size": TEXT_HIDDEN,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": ids["vocab"],
+        "max_position_embeddings": 2048,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+    }
+
+
+def _qwen_files(ids: dict[str, int]) -> tuple[dict, dict]:
+    config = {
+        **_text_config(ids, "qwen2_5_vl"),
+        "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+        "image_token_id": ids["<|image_pad|>"],
+        "video_token_id": ids["<|video_pad|>"],
+        "vision_start_token_id": ids["<|vision_start|>"],
+        "vision_end_token_id": ids["<|vision_end|>"],
+        "eos_token_id": ids[tiny_models.EOS_TOKEN],
+        "vision_config": {
+            "model_type": "qwen2_5_vl",
+            "depth": 2,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "out_hidden_size": TEXT_HIDDEN,
+            "num_heads": 2,
+            "patch_size": 14,
+            "spatial_patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "window_size": 56,
+            "fullatt_block_indexes": [1],
+            "in_channels": 3,
+        },
+    }
+    pre = {
+        "image_processor_type": "Qwen2VLImageProcessor",
+        "processor_class": "Qwen2_5_VLProcessor",
+        "do_resize": True,
+        "do_rescale": True,
+        "do_normalize": True,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711],
+        "min_pixels": 56 * 56,
+        "max_pixels": 112 * 112,
+        "patch_size": 14,
+        "merge_size": 2,
+        "temporal_patch_size": 2,
+        "resample": 3,
+    }
+    return config, pre
+
+
+def _llava_files(ids: dict[str, int]) -> tuple[dict, dict]:
+    config = {
+        "model_type": "llava",
+        "architectures": ["LlavaForConditionalGeneration"],
+        "image_token_index": ids["<image>"],
+        "vision_feature_layer": -2,
+        "vision_feature_select_strategy": "default",
+        "eos_token_id": ids[tiny_models.EOS_TOKEN],
+        "text_config": _text_config(ids, "llama"),
+        "vision_config": {
+            "model_type": "clip_vision_model",
+            "num_hidden_layers": 2,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_attention_heads": 2,
+            "image_size": 56,
+            "patch_size": 14,
+            "projection_dim": 32,
+            "num_channels": 3,
+            "layer_norm_eps": 1e-5,
+        },
+    }
+    pre = {
+        "image_processor_type": "CLIPImageProcessor",
+        "processor_class": "LlavaProcessor",
+        "crop_size": {"height": 56, "width": 56},
+        "size": {"shortest_edge": 56},
+        "do_center_crop": True,
+        "do_resize": True,
+        "do_rescale": True,
+        "do_normalize": True,
+        "do_convert_rgb": True,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711],
+        "resample": 3,
+    }
+    return config, pre
+
+
+def _init(model: Any, seed: int) -> dict[str, mx.array]:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, p in sorted(tree_flatten(model.parameters()), key=lambda kv: kv[0]):
+        shape = tuple(p.shape)
+        if len(shape) == 1 and ("norm" in name or name.endswith("_ln.weight")):
+            w = 1.0 + 0.1 * rng.standard_normal(shape)
+        elif len(shape) == 1:
+            w = 0.1 * rng.standard_normal(shape)
+        elif "embed_tokens" in name or "embedding" in name:
+            w = rng.standard_normal(shape)
+        else:
+            fan_in = int(np.prod(shape[1:]))
+            w = rng.standard_normal(shape) / np.sqrt(fan_in)
+        out[name] = mx.array(w.astype(np.float32))
+    return out
+
+
+def build_tiny_vlm(family: str, dest: Path, *, seed: int = 0) -> Path:
+    from mlx_vlm.utils import get_model_and_args, update_module_configs
+
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    tiny_models._ensure_tokenizer(dest)
+    if family == "qwen2_5_vl":
+        ids = _add_tokens(dest, _QWEN_TOKENS, _QWEN_TEMPLATE)
+        config, pre = _qwen_files(ids)
+    elif family == "llava":
+        ids = _add_tokens(dest, _LLAVA_TOKENS, _LLAVA_TEMPLATE)
+        config, pre = _llava_files(ids)
+        (dest / "processor_config.json").write_text(
+            json.dumps({"processor_class": "LlavaProcessor", "patch_size": 14,
+                        "vision_feature_select_strategy": "default",
+                        "num_additional_image_tokens": 1, "image_token": "<image>"})
+        )
+    else:
+        raise ValueError(family)
+    (dest / "config.json").write_text(json.dumps(config, indent=2))
+    (dest / "preprocessor_config.json").write_text(json.dumps(pre, indent=2))
+    (dest / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": ids[tiny_models.EOS_TOKEN], "bos_token_id": None})
+    )
+    cfg = json.loads(json.dumps(config))
+    module, _ = get_model_and_args(cfg)
+    cfg.setdefault("text_config", {})
+    mc = module.ModelConfig.from_dict(cfg)
+    mc = update_module_configs(mc, module, cfg, ["text", "vision"])
+    model = module.Model(mc)
+    weights = _init(model, seed)
+    mx.save_safetensors(str(dest / "model.safetensors"), weights, metadata={"format": "mlx"})
+    return dest
+
+
+_lock = threading.Lock()
+_built: dict[tuple[str, int, str], Path] = {}
+
+
+def get_tiny_vlm(family: str, root: Path, *, seed: int = 0) -> Path:
+    key = (family, seed, str(root))
+    with _lock:
+        if key not in _built:
+            _built[key] = build_tiny_vlm(family, Path(root) / f"vlm-{family}-s{seed}", seed=seed)
+        return _built[key]

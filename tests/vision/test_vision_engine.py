@@ -1,0 +1,98 @@
+"""Tiny random-weight VLMs in pippin's engine against mlx-vlm's own generation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+pytest.importorskip("mlx_vlm")
+
+from engine_runs import _config, _run  # noqa: E402
+from PIL import Image  # noqa: E402
+from tiny_vlms import get_tiny_vlm  # noqa: E402
+
+from pippin.engine.core import EngineCore  # noqa: E402
+from pippin.engine.types import SamplingParams  # noqa: E402
+from pippin.store.loader import load_model  # noqa: E402
+from pippin.vision import prompt as vprompt  # noqa: E402
+
+GEN = 12
+
+
+def picture(seed: int, size: tuple[int, int] = (56, 56)) -> tuple[Image.Image, str]:
+    import hashlib
+
+    arr = (np.random.default_rng(seed).random((size[1], size[0], 3)) * 255).astype(np.uint8)
+    img = Image.fromarray(arr)
+    return img, hashlib.sha256(arr.tobytes()).hexdigest()
+
+
+def messages(n_images: int, text: str) -> list[dict]:
+    parts = [{"type": "image"} for _ in range(n_images)] + [{"type": "text", "text": text}]
+    return [{"role": "user", "content": parts}]
+
+
+def reference(loaded, ids: list[int], mm, n: int) -> list[int]:
+    """Greedy tokens of mlx-vlm's own `generate_step` on the same inputs."""
+    from mlx_vlm.generate import generate_step
+
+    vlm = loaded.vision.vlm
+    kw = {}
+    if mm is not None:
+        names = mm.images[0].arrays.keys()
+        arrays = {k: mx.array(np.concatenate([im.arrays[k] for im in mm.images])) for k in names}
+        kw = {"pixel_values": arrays.pop("pixel_values"), **arrays}
+    else:
+        kw = {"pixel_values": None}
+    if hasattr(vlm.language_model, "_position_ids"):
+        vlm.language_model._position_ids = None
+        vlm.language_model._rope_deltas = None
+    out = []
+    pv = kw.pop("pixel_values")
+    steps = generate_step(
+        mx.array([ids]), vlm, pv, None, max_tokens=n, temperature=0.0, **kw
+    )
+    for tok, _ in steps:
+        out.append(int(tok))
+    return out
+
+
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "llava"])
+def vlm(request, tmp_path_factory):
+    path = get_tiny_vlm(request.param, tmp_path_factory.mktemp("vlm"))
+    return load_model(str(path))
+
+
+def prompt(loaded, n_images: int, text: str, seeds: list[int]):
+    tok = loaded.vision.processor.tokenizer
+    rendered = tok.apply_chat_template(
+        messages(n_images, text), add_generation_prompt=True, tokenize=False
+    )
+    return vprompt.build(loaded.vision, loaded.tokenizer, rendered, [picture(s) for s in seeds])
+
+
+def test_greedy_matches_mlx_vlm_alone_and_batched(vlm) -> None:
+    reqs = {
+        "img1": prompt(vlm, 1, "What is in this picture?", [1]),
+        "img2": prompt(vlm, 2, "Compare these two.", [2, 3]),
+        "text": prompt(vlm, 0, "Hello, how are you today? Write a short poem.", []),
+    }
+    refs = {k: reference(vlm, ids, mm, GEN) for k, (ids, mm) in reqs.items()}
+    # Alone, then all at once with chunks smaller than the prompts (the image's span cut).
+    for budget in (2048, 7):
+        core = EngineCore(vlm, _config(max_num_batched_tokens=budget))
+        for k, (ids, mm) in reqs.items():
+            core.add_request(k, ids, SamplingParams(max_tokens=GEN, temperature=0.0, ignore_eos=True, mm=mm))
+        got = _run(core)
+        for k in reqs:
+            assert got[k]["ids"][0] == refs[k], (budget, k)
+
+
+def test_image_content_changes_the_answer(vlm) -> None:
+    """The pixels reach the language model: another picture, another answer."""
+    a = reference(vlm, *prompt(vlm, 1, "What is in this picture?", [1]), GEN)
+    b = reference(vlm, *prompt(vlm, 1, "What is in this picture?", [5]), GEN)
+    assert a != b
