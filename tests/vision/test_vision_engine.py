@@ -96,3 +96,26 @@ def test_image_content_changes_the_answer(vlm) -> None:
     a = reference(vlm, *prompt(vlm, 1, "What is in this picture?", [1]), GEN)
     b = reference(vlm, *prompt(vlm, 1, "What is in this picture?", [5]), GEN)
     assert a != b
+
+
+def test_same_image_is_a_prefix_hit_and_different_images_never_share(vlm) -> None:
+    core = EngineCore(vlm, _config(block_size=4))
+    first = prompt(vlm, 1, "What is in this picture?", [1])
+    same = prompt(vlm, 1, "What is in this picture? Say more.", [1])
+    other = prompt(vlm, 1, "What is in this picture? Say more.", [4])
+    im = first[1].images[0]
+    params = dict(max_tokens=4, temperature=0.0, ignore_eos=True)
+    core.add_request("first", first[0], SamplingParams(**params, mm=first[1]))
+    _run(core)
+    encoded = core.vision.images_encoded
+    core.add_request("other", other[0], SamplingParams(**params, mm=other[1]))
+    got = _run(core)
+    # The blocks before the image are shared; none from the image on.
+    assert got["other"]["cached"] == im.start // 4 * 4
+    assert core.vision.images_encoded == encoded + 1
+    core.add_request("same", same[0], SamplingParams(**params, mm=same[1]))
+    got = _run(core)
+    # Every full block through the image (and the text after it that both share).
+    assert got["same"]["cached"] >= im.end // 4 * 4
+    assert core.vision.images_encoded == encoded + 1  # nothing encoded again
+    assert got["same"]["ids"][0] == reference(vlm, *same, 4)
