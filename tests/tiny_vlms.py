@@ -19,9 +19,8 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_flatten
-
 import tiny_models
+from mlx.utils import tree_flatten
 
 FAMILIES = ("qwen2_5_vl", "llava")
 
@@ -205,9 +204,15 @@ def build_tiny_vlm(family: str, dest: Path, *, seed: int = 0) -> Path:
         ids = _add_tokens(dest, _LLAVA_TOKENS, _LLAVA_TEMPLATE)
         config, pre = _llava_files(ids)
         (dest / "processor_config.json").write_text(
-            json.dumps({"processor_class": "LlavaProcessor", "patch_size": 14,
-                        "vision_feature_select_strategy": "default",
-                        "num_additional_image_tokens": 1, "image_token": "<image>"})
+            json.dumps(
+                {
+                    "processor_class": "LlavaProcessor",
+                    "patch_size": 14,
+                    "vision_feature_select_strategy": "default",
+                    "num_additional_image_tokens": 1,
+                    "image_token": "<image>",
+                }
+            )
         )
     else:
         raise ValueError(family)

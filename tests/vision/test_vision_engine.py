@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -52,9 +50,7 @@ def reference(loaded, ids: list[int], mm, n: int) -> list[int]:
         vlm.language_model._rope_deltas = None
     out = []
     pv = kw.pop("pixel_values")
-    steps = generate_step(
-        mx.array([ids]), vlm, pv, None, max_tokens=n, temperature=0.0, **kw
-    )
+    steps = generate_step(mx.array([ids]), vlm, pv, None, max_tokens=n, temperature=0.0, **kw)
     for tok, _ in steps:
         out.append(int(tok))
     return out
@@ -85,7 +81,9 @@ def test_greedy_matches_mlx_vlm_alone_and_batched(vlm) -> None:
     for budget in (2048, 7):
         core = EngineCore(vlm, _config(max_num_batched_tokens=budget))
         for k, (ids, mm) in reqs.items():
-            core.add_request(k, ids, SamplingParams(max_tokens=GEN, temperature=0.0, ignore_eos=True, mm=mm))
+            core.add_request(
+                k, ids, SamplingParams(max_tokens=GEN, temperature=0.0, ignore_eos=True, mm=mm)
+            )
         got = _run(core)
         for k in reqs:
             assert got[k]["ids"][0] == refs[k], (budget, k)

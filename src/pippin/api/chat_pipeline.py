@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pippin.api import media_parts
 from pippin.api.common import closing
 from pippin.api.errors import (
     OpenAIError,
@@ -23,7 +24,7 @@ from pippin.api.errors import (
 )
 from pippin.chat import generic_tools
 from pippin.chat.output import OutputParser, ParserChoice
-from pippin.chat.template import ChatTemplateError, render_chat_async
+from pippin.chat.template import ChatTemplateError, render_chat_async, render_chat_text_async
 from pippin.chat.tool_parsers.base import ParsedDelta, ToolParser, random_call_id
 from pippin.engine.client import EngineClient
 from pippin.engine.constraint import Constraint
@@ -33,6 +34,8 @@ from pippin.structured.spec import GrammarSpec, StructuredOutputError
 
 if TYPE_CHECKING:
     from pippin.api.live_model import LiveModel
+    from pippin.api.media_parts import MediaParts
+    from pippin.vision.inputs import MultiModal
 
 
 async def render_prompt(
@@ -48,21 +51,53 @@ async def render_prompt(
 ) -> list[int]:
     """Prompt token ids through the model's own chat template; 400s name the field.
     Tools the template cannot show go into the system prompt (`chat.generic_tools`)."""
+    ids, _ = await render_media_prompt(
+        state,
+        tokenizer,
+        messages,
+        tools,
+        template_kwargs,
+        None,
+        add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final_message,
+        messages_param=messages_param,
+    )
+    return ids
+
+
+async def render_media_prompt(
+    state: LiveModel,
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    template_kwargs: dict[str, Any],
+    media: MediaParts | None,
+    *,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    messages_param: str = "messages",
+) -> tuple[list[int], MultiModal | None]:
+    """`render_prompt` for messages that may hold images and videos (`media` collected
+    their parts): loaded, checked against the limits and expanded by the model's
+    processor into the prompt's tokens and the engine's `MultiModal`."""
     if generic_tools_for(state, tools):
         assert tools is not None
         messages, tools = generic_tools.with_tools(messages, tools), None
+    kw: dict[str, Any] = dict(
+        tools=tools,
+        add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final_message,
+        template_kwargs=template_kwargs,
+    )
     try:
-        return await render_chat_async(
-            tokenizer,
-            messages,
-            tools=tools,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
-            template_kwargs=template_kwargs,
-        )
+        if not media:
+            return await render_chat_async(tokenizer, messages, **kw), None
+        pictures = await media_parts.load(state, media, state.settings.media)
+        text = await render_chat_text_async(tokenizer, media_parts.expand_frames(messages), **kw)
     except ChatTemplateError as exc:
         param = "chat_template_kwargs" if "chat_template_kwargs" in str(exc) else messages_param
         raise bad_request(str(exc), param=param) from None
+    return await media_parts.build_prompt(state, text, pictures, messages_param)
 
 
 def generic_tools_for(state: LiveModel, tools: list[dict[str, Any]] | None) -> bool:

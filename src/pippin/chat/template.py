@@ -76,6 +76,27 @@ def render_chat(
     template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
     """Render with the model's template and tokenize (the template adds BOS etc.)."""
+    text = render_chat_text(
+        tokenizer,
+        messages,
+        tools=tools,
+        add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final_message,
+        template_kwargs=template_kwargs,
+    )
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def render_chat_text(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    *,
+    tools: list[dict[str, Any]] | None = None,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    template_kwargs: dict[str, Any] | None = None,
+) -> str:
+    """The prompt as the model's template writes it (image parts as its placeholders)."""
     if not _template_source(tokenizer):
         raise ChatTemplateError(
             "This model has no chat template; use /v1/completions with a plain prompt."
@@ -100,8 +121,12 @@ def render_chat(
         raise ChatTemplateError(f"Could not apply the chat template: {exc}") from None
     if not isinstance(text, str):
         raise ChatTemplateError("The chat template did not render to text.")
-    return list(tokenizer.encode(text, add_special_tokens=False))
+    return text
 
 
 async def render_chat_async(tokenizer: Any, messages: list[dict[str, Any]], **kw: Any) -> list[int]:
     return await asyncio.to_thread(render_chat, tokenizer, messages, **kw)
+
+
+async def render_chat_text_async(tokenizer: Any, messages: list[dict[str, Any]], **kw: Any) -> str:
+    return await asyncio.to_thread(render_chat_text, tokenizer, messages, **kw)

@@ -21,7 +21,6 @@ from mlx.utils import tree_flatten, tree_map_with_path, tree_unflatten
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from pippin import envs
-
 from pippin.vision.load import VisionParts, is_vlm_folder, load_vlm, vision_available
 
 from .loaded import LoadedModel, ModelLoadError

@@ -19,7 +19,7 @@ from pippin.api.chat_pipeline import (
     effort_kwargs,
     engine_failure,
     output_parsing,
-    render_prompt,
+    render_media_prompt,
     verbosity_kwargs,
 )
 from pippin.api.common import (
@@ -46,18 +46,21 @@ from pippin.api.mcp_loop import (
     openai_mcp_tools,
     request_loop,
 )
+from pippin.api.media_parts import MediaParts
 from pippin.api.openai.protocol import (
     AssistantMessage,
     ChatCompletionRequest,
     CustomTool,
     DeveloperMessage,
     FunctionMessage,
+    ImagePart,
     McpTool,
     RefusalPart,
     SystemMessage,
     TextPart,
     ToolMessage,
     UserMessage,
+    VideoPart,
     framed_stream,
 )
 from pippin.api.openai.sampling import build_sampling_params, resolve_max_tokens
@@ -78,28 +81,57 @@ log = logging.getLogger(__name__)
 
 def _join_text(content: str | list[Any] | None, param: str) -> str:
     """Message content as one string; non-text parts are refused by name."""
+    out = _content(content, param, None)
+    assert isinstance(out, str)
+    return out
+
+
+def _content(
+    content: str | list[Any] | None, param: str, media: MediaParts | None
+) -> str | list[dict[str, Any]]:
+    """Message content for the template: one string, or (with images or videos, which
+    `media` collects) a list of text and image parts. Other parts are refused by name."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     texts: list[str] = []
+    parts: list[dict[str, Any]] = []
     for j, part in enumerate(content):
         if isinstance(part, TextPart):
             texts.append(part.text)
+            parts.append({"type": "text", "text": part.text})
         elif isinstance(part, RefusalPart):
             texts.append(part.refusal)
+            parts.append({"type": "text", "text": part.refusal})
+        elif isinstance(part, ImagePart) and media is not None:
+            url = part.image_url
+            parts.append(media.image(url.url, f"{param}[{j}]", url.detail))
+        elif isinstance(part, VideoPart) and media is not None:
+            parts.append(media.video(part.video_url.url, f"{param}[{j}]"))
         else:
-            kind = {"image_url": "Image", "input_audio": "Audio", "file": "File"}[part.type]
+            kind = {
+                "image_url": "Image",
+                "video_url": "Video",
+                "input_audio": "Audio",
+                "file": "File",
+            }[part.type]
             raise unsupported_value(
                 f"{param}[{j}]",
-                f"{kind} input ('{part.type}' content parts) is not supported by this model.",
+                f"{kind} input ('{part.type}' content parts) is not supported "
+                + ("in this message." if kind in ("Image", "Video") else "by this model."),
             )
+    if len(parts) > len(texts):  # images among them
+        return parts
     # As vLLM joins text parts, so prompts match across the two servers.
     return "\n".join(texts)
 
 
-def template_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
-    """OpenAI messages -> the plain dicts Hugging Face chat templates take."""
+def template_messages(
+    req: ChatCompletionRequest, media: MediaParts | None = None
+) -> list[dict[str, Any]]:
+    """OpenAI messages -> the plain dicts Hugging Face chat templates take; the user
+    messages' images and videos are collected in `media` (refused without it)."""
     out: list[dict[str, Any]] = []
     for i, m in enumerate(req.messages):
         p = f"messages[{i}]"
@@ -108,7 +140,7 @@ def template_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
             # Templates know 'system'; 'developer' is OpenAI's new name for it.
             msg = {"role": "system", "content": _join_text(m.content, f"{p}.content")}
         elif isinstance(m, UserMessage):
-            msg = {"role": "user", "content": _join_text(m.content, f"{p}.content")}
+            msg = {"role": "user", "content": _content(m.content, f"{p}.content", media)}
         elif isinstance(m, AssistantMessage):
             if m.audio is not None:
                 raise unsupported_param(f"{p}.audio", "Audio is not supported.")
@@ -575,11 +607,16 @@ async def create_chat_completion(request: Request) -> Any:
     check_model(state, req.model)
     # Everything that can be refused without the model is refused first.
     reject_unsupported(req)
-    messages = template_messages(req)
+    media = MediaParts()
+    messages = template_messages(req, media)
     tools = template_tools(req)
     client_tools = tools
     mcp = mcp_tools(req, state)  # the server's MCP servers, before the model is chosen
     if mcp is not None:
+        if media:
+            raise unsupported_value(
+                media.first_param, "Images and videos cannot be combined with MCP tools yet."
+            )
         mcp.check_clash(tools, "tools")
         tools = [*(tools or []), *mcp.functions()] or None
     state = await use_model(state, req.model)
@@ -594,12 +631,13 @@ async def create_chat_completion(request: Request) -> Any:
         if req.add_generation_prompt is None
         else req.add_generation_prompt
     )
-    prompt_ids = await render_prompt(
+    prompt_ids, mm = await render_media_prompt(
         state,
         loaded.tokenizer,
         messages,
         tools,
         kwargs,
+        media,
         add_generation_prompt=add_gen,
         continue_final_message=bool(req.continue_final_message),
     )
@@ -624,6 +662,7 @@ async def create_chat_completion(request: Request) -> Any:
         logprobs=bool(req.logprobs),
         top_logprobs=req.top_logprobs or 0,
     )
+    params.mm = mm
     assert state.grammars is not None
     new_parser, params = await output_parsing(
         state,

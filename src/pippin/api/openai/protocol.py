@@ -39,8 +39,25 @@ class RefusalPart(Strict):
     refusal: str
 
 
-class ImagePart(Loose):
+class ImageURL(Strict):
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImagePart(Strict):
     type: Literal["image_url"]
+    image_url: ImageURL
+
+
+class VideoURL(Strict):
+    url: str
+
+
+class VideoPart(Strict):
+    """vLLM's extension: a video, sampled into frames that the model sees as images."""
+
+    type: Literal["video_url"]
+    video_url: VideoURL
 
 
 class AudioPart(Loose):
@@ -54,9 +71,10 @@ class FilePart(Loose):
 UserPart = Annotated[
     Annotated[TextPart, Tag("@text")]
     | Annotated[ImagePart, Tag("@image_url")]
+    | Annotated[VideoPart, Tag("@video_url")]
     | Annotated[AudioPart, Tag("@input_audio")]
     | Annotated[FilePart, Tag("@file")],
-    by_tag("type", "text", "image_url", "input_audio", "file"),
+    by_tag("type", "text", "image_url", "video_url", "input_audio", "file"),
 ]
 AssistantPart = Annotated[
     Annotated[TextPart, Tag("@text")] | Annotated[RefusalPart, Tag("@refusal")],
