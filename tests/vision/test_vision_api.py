@@ -6,7 +6,6 @@ import base64
 import io
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import anthropic
 import numpy as np
@@ -128,3 +127,153 @@ def test_openai_media_errors(vlm_server: Server, text_server: Server) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         ask(vlm_server, [{"type": "image_url", "image_url": {"url": data_url(1), "detail": "max"}}])
     assert "detail" in str(e.value)
+
+
+def anthropic_client(server: Server) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+
+
+def b64_block(seed: int) -> dict:
+    data = base64.b64encode(png(seed)).decode()
+    return {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}
+
+
+def test_anthropic_images_in_user_turns_and_tool_results(vlm_server: Server) -> None:
+    client = anthropic_client(vlm_server)
+    question = [b64_block(7), {"type": "text", "text": "What is in the picture?"}]
+    first = client.messages.create(
+        model="tiny-vl",
+        max_tokens=6,
+        messages=[{"role": "user", "content": question}],
+    )
+    count = client.messages.count_tokens(
+        model="tiny-vl", messages=[{"role": "user", "content": question}]
+    )
+    text_only = client.messages.count_tokens(
+        model="tiny-vl",
+        messages=[
+            {"role": "user", "content": [{"type": "text", "text": "What is in the picture?"}]}
+        ],
+    )
+    # The image's 4 tokens and its start/end markers.
+    assert count.input_tokens == text_only.input_tokens + 6
+    assert (
+        first.usage.input_tokens + (first.usage.cache_read_input_tokens or 0) == count.input_tokens
+    )
+    # A second turn about the same image reads it from the cache.
+    second = client.messages.create(
+        model="tiny-vl",
+        max_tokens=6,
+        messages=[
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": "It is noise."},
+            {"role": "user", "content": "And its colours?"},
+        ],
+    )
+    assert (second.usage.cache_read_input_tokens or 0) >= 8
+    # A URL source (a data: URL here) and an image in a tool result.
+    url_block = {"type": "image", "source": {"type": "url", "url": data_url(8)}}
+    tool_turn = client.messages.create(
+        model="tiny-vl",
+        max_tokens=4,
+        messages=[
+            {
+                "role": "user",
+                "content": [url_block, {"type": "text", "text": "Take a screenshot."}],
+            },
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "tool_use", "id": "toolu_1", "name": "screenshot", "input": {}}
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": [b64_block(9)]}
+                ],
+            },
+        ],
+        tools=[
+            {
+                "name": "screenshot",
+                "description": "A screenshot",
+                "input_schema": {"type": "object"},
+            }
+        ],
+    )
+    assert tool_turn.usage.input_tokens > 8
+    with pytest.raises(anthropic.BadRequestError) as e:
+        client.messages.create(
+            model="tiny-vl",
+            max_tokens=4,
+            messages=[
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "image",
+                            "source": {"type": "base64", "media_type": "image/png", "data": "!!"},
+                        }
+                    ],
+                }
+            ],
+        )
+    assert e.value.body["type"] == "error"
+    assert "messages[0].content[0]" in e.value.body["error"]["message"]
+
+
+def test_anthropic_text_model_refuses_images(text_server: Server) -> None:
+    client = anthropic.Anthropic(base_url=text_server.url, api_key="unused", max_retries=0)
+    with pytest.raises(anthropic.BadRequestError) as e:
+        client.messages.create(
+            model="tiny",
+            max_tokens=4,
+            messages=[{"role": "user", "content": [b64_block(1), {"type": "text", "text": "x"}]}],
+        )
+    assert e.value.body["type"] == "error"
+    assert e.value.body["error"]["type"] == "invalid_request_error"
+    assert "does not accept image" in e.value.body["error"]["message"]
+
+
+def test_responses_input_image(vlm_server: Server) -> None:
+    client = vlm_server.client()
+    content = [
+        {"type": "input_image", "image_url": data_url(11), "detail": "auto"},
+        {"type": "input_text", "text": "What is this?"},
+    ]
+    first = client.responses.create(
+        model="tiny-vl",
+        input=[{"role": "user", "content": content}],
+        max_output_tokens=6,
+        temperature=0,
+    )
+    again = client.responses.create(
+        model="tiny-vl",
+        input=[{"role": "user", "content": content}],
+        max_output_tokens=6,
+        temperature=0,
+    )
+    assert first.output_text == again.output_text
+    assert again.usage.input_tokens_details.cached_tokens >= 8
+
+
+def test_video_frames_as_images(vlm_server: Server, tmp_path: Path) -> None:
+    cv2 = pytest.importorskip("cv2")
+    path = tmp_path / "clip.mp4"
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 4, (56, 56))
+    rng = np.random.default_rng(0)
+    for _ in range(8):  # 2 seconds at 4 fps
+        writer.write((rng.random((56, 56, 3)) * 255).astype(np.uint8))
+    writer.release()
+    video = "data:video/mp4;base64," + base64.b64encode(path.read_bytes()).decode()
+    r = ask(
+        vlm_server,
+        [
+            {"type": "video_url", "video_url": {"url": video}},
+            {"type": "text", "text": "What happens?"},
+        ],
+    )
+    text = ask(vlm_server, [{"type": "text", "text": "What happens?"}])
+    # Frames at 2 fps over 2 s: 4 frames of 4 tokens each plus their markers.
+    assert r.usage.prompt_tokens - text.usage.prompt_tokens == 4 * 6

@@ -59,6 +59,27 @@ def _text(content: Any) -> str:
     return "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
 
 
+def _result(content: Any) -> str | list[dict[str, Any]]:
+    """A tool result as the user turn's text; with images (a vision model's screenshot),
+    a list of parts that keeps them where they were."""
+    if isinstance(content, list) and any(
+        isinstance(p, dict) and p.get("type") != "text" for p in content
+    ):
+        return [
+            {"type": "text", "text": "<tool_response>\n"},
+            *content,
+            {"type": "text", "text": "\n</tool_response>"},
+        ]
+    return f"<tool_response>\n{_text(content)}\n</tool_response>"
+
+
+def _join(a: str | list[dict[str, Any]], b: str | list[dict[str, Any]]) -> Any:
+    if isinstance(a, str) and isinstance(b, str):
+        return a + "\n" + b
+    as_parts = [x if isinstance(x, list) else [{"type": "text", "text": x}] for x in (a, b)]
+    return [*as_parts[0], {"type": "text", "text": "\n"}, *as_parts[1]]
+
+
 def with_tools(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """`messages` with the tools in the system prompt and tool turns as plain text."""
     out: list[dict[str, Any]] = []
@@ -71,9 +92,9 @@ def with_tools(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> l
             msg["content"] = f"{text}\n{calls}" if text else calls
             out.append(msg)
         elif role == "tool":
-            result = f"<tool_response>\n{_text(m.get('content'))}\n</tool_response>"
+            result = _result(m.get("content"))
             if out and out[-1].get("role") == "user" and out[-1].get("_tool_results"):
-                out[-1]["content"] += "\n" + result  # several results: one user turn
+                out[-1]["content"] = _join(out[-1]["content"], result)  # several: one turn
             else:
                 out.append({"role": "user", "content": result, "_tool_results": True})
         else:

@@ -46,7 +46,7 @@ from pippin.api.chat_pipeline import (
     NewParser,
     ParsedStep,
     output_parsing,
-    render_prompt,
+    render_media_prompt,
     tool_parser,
 )
 from pippin.api.common import (
@@ -67,6 +67,7 @@ from pippin.api.mcp_loop import (
     anthropic_mcp_tools,
     request_loop,
 )
+from pippin.api.media_parts import MediaParts
 from pippin.api.openapi import anthropic_route
 from pippin.api.state import check_model, get_state, require_engine, use_model
 from pippin.chat.tool_parsers.base import ParsedDelta
@@ -122,31 +123,53 @@ def _document_text(block: DocumentBlock, param: str) -> str:
     return f"{head}\n\n{body}" if head else body
 
 
-def _tool_result_text(block: ToolResultBlock, param: str) -> str:
+def _image(block: ImageBlock, param: str, media: MediaParts | None) -> dict[str, Any]:
+    """An image block's placeholder part (its picture collected in `media`)."""
+    if media is None:
+        raise _error("This model does not accept images.", param)
+    src = block.source
+    kind = src.get("type")
+    if kind == "base64" and isinstance(src.get("data"), str):
+        media_type = src.get("media_type")
+        return media.base64(src["data"], media_type if isinstance(media_type, str) else None, param)
+    if kind == "url" and isinstance(src.get("url"), str):
+        return media.image(src["url"], param)
+    raise _error(
+        f"{param}.source: images are accepted as 'base64' or 'url' sources.", f"{param}.source"
+    )
+
+
+def _tool_result_text(
+    block: ToolResultBlock, param: str, media: MediaParts | None = None
+) -> str | list[dict[str, Any]]:
+    """A tool result's content: text, or (with images) a list of text and image parts."""
     content = block.content
+    prefix = "Error: " if block.is_error else ""
     if content is None:
-        text = ""
-    elif isinstance(content, str):
-        text = content
-    else:
-        texts = []
-        for j, part in enumerate(content):
-            if isinstance(part, TextBlock):
-                texts.append(part.text)
-            elif isinstance(part, DocumentBlock):
-                texts.append(_document_text(part, f"{param}.content[{j}]"))
-            else:
-                raise _error("This model does not accept images.", f"{param}.content[{j}]")
-        text = "\n".join(texts)
-    if block.is_error:
-        return f"Error: {text}"
-    return text
+        return prefix
+    if isinstance(content, str):
+        return prefix + content
+    texts = []
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
+        if isinstance(part, TextBlock):
+            texts.append(part.text)
+            parts.append({"type": "text", "text": part.text})
+        elif isinstance(part, DocumentBlock):
+            texts.append(_document_text(part, f"{param}.content[{j}]"))
+            parts.append({"type": "text", "text": texts[-1]})
+        else:
+            parts.append(_image(part, f"{param}.content[{j}]", media))
+    if len(parts) > len(texts):
+        return ([{"type": "text", "text": prefix}] if prefix else []) + parts
+    return prefix + "\n".join(texts)
 
 
 def template_messages(
-    system: str | list[TextBlock] | None, messages: list[Any]
+    system: str | list[TextBlock] | None, messages: list[Any], media: MediaParts | None = None
 ) -> list[dict[str, Any]]:
-    """Anthropic messages -> the plain dicts Hugging Face chat templates take."""
+    """Anthropic messages -> the plain dicts Hugging Face chat templates take; images in
+    user turns and tool results are collected in `media` (refused without it)."""
     out: list[dict[str, Any]] = []
     sys_parts = [_system_text(system)]
     pending: list[str] = []  # system messages met mid-conversation
@@ -162,7 +185,7 @@ def template_messages(
         if isinstance(m.content, str):
             turn = [{"role": m.role, "content": m.content}]
         elif m.role == "user":
-            turn = _user_turn(m.content, p)
+            turn = _user_turn(m.content, p, media)
         else:
             turn = _assistant_turn(m.content, p)
         if pending and m.role == "user":
@@ -187,37 +210,48 @@ def _texts(blocks: list[Any], p: str) -> str:
 def _prepend_user(turn: list[dict[str, Any]], text: str) -> None:
     for msg in turn:
         if msg["role"] == "user":
-            msg["content"] = f"{text}\n\n{msg['content']}"
+            if isinstance(msg["content"], list):
+                msg["content"] = [{"type": "text", "text": f"{text}\n\n"}, *msg["content"]]
+            else:
+                msg["content"] = f"{text}\n\n{msg['content']}"
             return
     turn.append({"role": "user", "content": text})
 
 
-def _user_turn(blocks: list[Any], p: str) -> list[dict[str, Any]]:
+def _user_turn(blocks: list[Any], p: str, media: MediaParts | None) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     texts: list[str] = []
+    parts: list[dict[str, Any]] = []  # texts and images, when there are images
 
     def flush() -> None:
-        if texts:
+        if parts:
+            out.append({"role": "user", "content": list(parts)})
+        elif texts:
             out.append({"role": "user", "content": "\n\n".join(texts)})
-            texts.clear()
+        texts.clear()
+        parts.clear()
 
     for j, b in enumerate(blocks):
         param = f"{p}.content[{j}]"
-        if isinstance(b, TextBlock):
-            texts.append(b.text)
-        elif isinstance(b, DocumentBlock):
-            texts.append(_document_text(b, param))
+        if isinstance(b, TextBlock | DocumentBlock):
+            text = b.text if isinstance(b, TextBlock) else _document_text(b, param)
+            if parts:  # blank lines between texts, none around images
+                after_text = parts[-1]["type"] == "text"
+                parts.append({"type": "text", "text": ("\n\n" if after_text else "") + text})
+            texts.append(text)
+        elif isinstance(b, ImageBlock):
+            if not parts and texts:  # the texts so far, then the image
+                parts.append({"type": "text", "text": "\n\n".join(texts)})
+            parts.append(_image(b, param, media))
         elif isinstance(b, ToolResultBlock):
             flush()  # tool results answer the previous turn: they come first
             out.append(
                 {
                     "role": "tool",
                     "tool_call_id": b.tool_use_id,
-                    "content": _tool_result_text(b, param),
+                    "content": _tool_result_text(b, param, media),
                 }
             )
-        elif isinstance(b, ImageBlock):
-            raise _error("This model does not accept images.", param)
         else:
             raise _error(f"'{b.type}' blocks may only appear in assistant messages.", param)
     flush()
@@ -398,6 +432,7 @@ class Prompt:
     client_tools: list[dict[str, Any]] | None = None
     mcp: McpTools | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
+    mm: Any = None  # the images' data for the engine (pippin.vision.inputs.MultiModal)
 
     def context_management(self) -> dict[str, Any] | None:
         if self.applied_edits is None:
@@ -441,25 +476,37 @@ async def _prompt(
     prefill = _prefill(req.messages)
     rendered: list[dict[str, Any]] = []
 
+    mm: list[Any] = [None]
+
     async def render(history: list[Any]) -> list[int]:
-        messages = template_messages(req.system, history)
+        media = MediaParts()
+        messages = template_messages(req.system, history, media)
+        if media and mcp is not None:
+            raise _error("Images cannot be combined with MCP servers yet.", media.first_param)
         rendered[:] = messages
-        return await render_prompt(
+        ids, mm[0] = await render_media_prompt(
             state,
             tokenizer,
             messages,
             tools,
             kwargs,
+            media,
             add_generation_prompt=not prefill,
             continue_final_message=prefill,
         )
+        return ids
 
     history = req.messages
     ids = await render(history)
     original = len(ids)
-    extra = {"messages": rendered, "client_tools": client_tools, "mcp": mcp, "kwargs": kwargs}
+    extra: dict[str, Any] = {
+        "messages": rendered,
+        "client_tools": client_tools,
+        "mcp": mcp,
+        "kwargs": kwargs,
+    }
     if req.context_management is None:
-        return Prompt(ids, tools, **extra)
+        return Prompt(ids, tools, mm=mm[0], **extra)
     applied: list[dict[str, Any]] = []
     # Edits apply in order (Anthropic: clear_thinking first), each to the last one's result.
     for edit in req.context_management.edits:
@@ -477,7 +524,7 @@ async def _prompt(
             kind, count = "cleared_tool_uses", uses
         before, ids = len(ids), await render(history)
         applied.append({"type": edit.type, kind: count, "cleared_input_tokens": before - len(ids)})
-    return Prompt(ids, tools, applied, original, **extra)
+    return Prompt(ids, tools, applied, original, mm=mm[0], **extra)
 
 
 def _triggered(edit: ClearToolUses, history: list[Any], prompt_tokens: int) -> bool:
@@ -888,6 +935,7 @@ async def create_message(request: Request) -> Any:
     prompt = await _prompt(state, loaded.tokenizer, req, mcp)
     prompt_ids, tools = prompt.ids, prompt.tools
     params = sampling_params(state, req, len(prompt_ids))
+    params.mm = prompt.mm
     budget = None
     if isinstance(req.thinking, ThinkingEnabled):
         if req.thinking.budget_tokens >= req.max_tokens:

@@ -29,7 +29,7 @@ from pippin.api.chat_pipeline import (
     arguments_for_template,
     effort_kwargs,
     output_parsing,
-    render_prompt,
+    render_media_prompt,
     tool_parser,
     verbosity_kwargs,
 )
@@ -59,6 +59,7 @@ from pippin.api.mcp_loop import (
     openai_mcp_tools,
     request_loop,
 )
+from pippin.api.media_parts import MediaParts
 from pippin.api.openai.protocol import SamplingFields
 from pippin.api.openai.responses_protocol import (
     BuiltinTool,
@@ -305,20 +306,41 @@ def echo_tools(req: ResponsesRequest) -> list[dict[str, Any]]:
 
 def _text(content: str | list[Any], param: str) -> str:
     """Text of a message's content or a call's output; non-text parts are refused."""
+    out = _content(content, param, None)
+    assert isinstance(out, str)
+    return out
+
+
+def _content(
+    content: str | list[Any], param: str, media: MediaParts | None
+) -> str | list[dict[str, Any]]:
+    """A message's content for the template: text, or (with `input_image` parts, which
+    `media` collects) a list of text and image parts."""
     if isinstance(content, str):
         return content
     texts: list[str] = []
+    parts: list[dict[str, Any]] = []
     for j, part in enumerate(content):
         if part.type in ("input_text", "output_text"):
             texts.append(part.text)
+            parts.append({"type": "text", "text": part.text})
         elif part.type == "refusal":
             texts.append(part.refusal)
+            parts.append({"type": "text", "text": part.refusal})
+        elif part.type == "input_image" and media is not None:
+            if part.image_url is None:
+                raise unsupported_value(
+                    f"{param}[{j}].file_id", "Files are not available; send 'image_url'."
+                )
+            parts.append(media.image(part.image_url, f"{param}[{j}]", part.detail))
         else:
             kind = {"input_image": "Image", "input_file": "File", "input_audio": "Audio"}[part.type]
             raise unsupported_value(
                 f"{param}[{j}]",
                 f"{kind} input ('{part.type}' content parts) is not supported by this model.",
             )
+    if len(parts) > len(texts):
+        return parts
     return "\n".join(texts)
 
 
@@ -367,6 +389,7 @@ class _Messages:
     approved: list[McpApprovalRequestItem] = field(default_factory=list)
     answered: set[str] = field(default_factory=set)
     listed: set[str] = field(default_factory=set)  # server labels with an mcp_list_tools
+    media: MediaParts = field(default_factory=MediaParts)  # the user messages' images
 
     def pending(self) -> list[McpCall]:
         """Approved calls not run yet: the loop runs them before the model's turn."""
@@ -428,7 +451,8 @@ class _Messages:
             self.reasoning = _reasoning_text(item, p) or None
         elif isinstance(item, MessageItem):
             role = "system" if item.role == "developer" else item.role
-            msg = {"role": role, "content": _text(item.content, f"{p}.content")}
+            media = self.media if role == "user" else None
+            msg = {"role": role, "content": _content(item.content, f"{p}.content", media)}
             if role == "assistant":
                 self._take_reasoning(msg)
             else:
@@ -980,6 +1004,10 @@ async def create_response(request: Request) -> Any:
     conv = template_messages(req.instructions, conversation)
     messages = conv.out
     pending = conv.pending()
+    if conv.media and mcp is not None:
+        raise unsupported_value(
+            conv.media.first_param, "Images cannot be combined with MCP tools yet."
+        )
     if pending and mcp is None:
         raise bad_request(
             "Approved MCP calls run with the request's 'mcp' tools; name their server in 'tools'.",
@@ -991,8 +1019,8 @@ async def create_response(request: Request) -> Any:
     engine, loaded = require_engine(state)
     assert state.template is not None and state.limits is not None
     kwargs = template_kwargs(req, state.settings.default_chat_template_kwargs, state)
-    prompt_ids = await render_prompt(
-        state, loaded.tokenizer, messages, tools, kwargs, messages_param="input"
+    prompt_ids, mm = await render_media_prompt(
+        state, loaded.tokenizer, messages, tools, kwargs, conv.media, messages_param="input"
     )
     sampling = SamplingFields(model=req.model, temperature=req.temperature, top_p=req.top_p)
     params = build_sampling_params(
@@ -1003,6 +1031,7 @@ async def create_response(request: Request) -> Any:
         logprobs=False,
         top_logprobs=0,
     )
+    params.mm = mm
     new_parser, params = await output_parsing(
         state,
         loaded.tokenizer,

@@ -40,8 +40,11 @@ class Refusal(Strict):
     refusal: str
 
 
-class InputImage(Loose):
+class InputImage(Strict):
     type: Literal["input_image"]
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: Literal["auto", "low", "high"] | None = None
 
 
 class InputFile(Loose):
