@@ -117,3 +117,21 @@ def test_same_image_is_a_prefix_hit_and_different_images_never_share(vlm) -> Non
     assert got["same"]["cached"] >= im.end // 4 * 4
     assert core.vision.images_encoded == encoded + 1  # nothing encoded again
     assert got["same"]["ids"][0] == reference(vlm, *same, 4)
+
+
+def test_preempted_image_requests_recompute_to_the_same_tokens(vlm) -> None:
+    """A pool too small for every sequence at once: the newest are preempted, freed and
+    recomputed (their images from the encoder cache), with the same greedy tokens."""
+    n = 2 * GEN
+    reqs = {f"r{i}": prompt(vlm, 1, "Describe the picture in detail.", [20 + i]) for i in range(6)}
+    refs = {k: reference(vlm, ids, mm, n) for k, (ids, mm) in reqs.items()}
+    longest = max(len(ids) for ids, _ in reqs.values()) + n
+    core = EngineCore(vlm, _config(block_size=4, num_blocks=longest // 4 + 8))
+    for k, (ids, mm) in reqs.items():
+        core.add_request(
+            k, ids, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, mm=mm)
+        )
+    got = _run(core)
+    assert core.scheduler.num_preemptions > 0
+    for k in reqs:
+        assert got[k]["ids"][0] == refs[k], k
