@@ -6,6 +6,7 @@ import base64
 import io
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import anthropic
 import numpy as np
