@@ -22,10 +22,11 @@ import numpy as np
 import tiny_models
 from mlx.utils import tree_flatten
 
-FAMILIES = ("qwen2_5_vl", "llava")
+FAMILIES = ("qwen2_5_vl", "llava", "gemma3")
 
 _QWEN_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 _LLAVA_TOKENS = ("<image>",)
+_GEMMA_TOKENS = ("<start_of_image>", "<end_of_image>", "<image_soft_token>")
 
 # Qwen2-VL's template for image parts (and plain text), ChatML around it.
 _QWEN_TEMPLATE = (
@@ -46,6 +47,10 @@ _QWEN_TEMPLATE = (
 _LLAVA_TEMPLATE = _QWEN_TEMPLATE.replace(
     "'<|vision_start|><|image_pad|><|vision_end|>'", "'<image>\\n'"
 ).replace("'<|vision_start|><|video_pad|><|vision_end|>'", "'<image>\\n'")
+
+_GEMMA_TEMPLATE = _QWEN_TEMPLATE.replace(
+    "'<|vision_start|><|image_pad|><|vision_end|>'", "'<start_of_image>'"
+).replace("'<|vision_start|><|video_pad|><|vision_end|>'", "'<start_of_image>'")
 
 TEXT_HIDDEN = 64
 
@@ -173,17 +178,72 @@ def _llava_files(ids: dict[str, int]) -> tuple[dict, dict]:
     return config, pre
 
 
-def _init(model: Any, seed: int) -> dict[str, mx.array]:
+def _gemma_files(ids: dict[str, int]) -> tuple[dict, dict]:
+    config = {
+        "model_type": "gemma3",
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "image_token_index": ids["<image_soft_token>"],
+        "boi_token_index": ids["<start_of_image>"],
+        "eoi_token_index": ids["<end_of_image>"],
+        "mm_tokens_per_image": 4,
+        "hidden_size": TEXT_HIDDEN,
+        "pad_token_id": ids[tiny_models.PAD_TOKEN],
+        "eos_token_id": ids[tiny_models.EOS_TOKEN],
+        "text_config": {
+            **_text_config(ids, "gemma3_text"),
+            "head_dim": 16,
+            "query_pre_attn_scalar": 16,
+            # Small windows, so prompts cross them: sliding layers read only their window.
+            "sliding_window": 8,
+            "sliding_window_pattern": 2,
+            "mm_tokens_per_image": 4,
+        },
+        "vision_config": {
+            "model_type": "siglip_vision_model",
+            "num_hidden_layers": 2,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_attention_heads": 2,
+            "patch_size": 14,
+            "image_size": 56,
+        },
+    }
+    pre = {
+        "image_processor_type": "Gemma3ImageProcessor",
+        "processor_class": "Gemma3Processor",
+        "size": {"height": 56, "width": 56},
+        "do_resize": True,
+        "do_rescale": True,
+        "do_normalize": True,
+        "do_convert_rgb": True,
+        "do_pan_and_scan": False,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "resample": 2,
+        "image_seq_length": 4,
+    }
+    return config, pre
+
+
+def _init(model: Any, seed: int, gemma: bool = False) -> dict[str, mx.array]:
+    """Deterministic weights; Gemma's RMSNorms scale by (1 + w) and its embeddings are
+    multiplied by sqrt(hidden), so theirs are centred and scaled down to match."""
     rng = np.random.default_rng(seed)
     out = {}
     for name, p in sorted(tree_flatten(model.parameters()), key=lambda kv: kv[0]):
         shape = tuple(p.shape)
+        one_plus = gemma and not name.startswith("vision_tower")
         if len(shape) == 1 and ("norm" in name or name.endswith("_ln.weight")):
-            w = 1.0 + 0.1 * rng.standard_normal(shape)
+            w = (0.0 if one_plus else 1.0) + 0.1 * rng.standard_normal(shape)
+            if one_plus and name.endswith(
+                ("post_attention_layernorm.weight", "post_feedforward_layernorm.weight")
+            ):
+                w = w + 3.0  # Gemma's sublayer outputs get their gain here
         elif len(shape) == 1:
             w = 0.1 * rng.standard_normal(shape)
         elif "embed_tokens" in name or "embedding" in name:
-            w = rng.standard_normal(shape)
+            scale = TEXT_HIDDEN**-0.5 if one_plus and "embed_tokens" in name else 1.0
+            w = scale * rng.standard_normal(shape)
         else:
             fan_in = int(np.prod(shape[1:]))
             w = rng.standard_normal(shape) / np.sqrt(fan_in)
@@ -214,6 +274,19 @@ def build_tiny_vlm(family: str, dest: Path, *, seed: int = 0) -> Path:
                 }
             )
         )
+    elif family == "gemma3":
+        ids = _add_tokens(dest, _GEMMA_TOKENS, _GEMMA_TEMPLATE)
+        config, pre = _gemma_files(ids)
+        cfg = json.loads((dest / "tokenizer_config.json").read_text())
+        cfg["extra_special_tokens"] = {
+            "image_token": "<image_soft_token>",
+            "boi_token": "<start_of_image>",
+            "eoi_token": "<end_of_image>",
+        }
+        (dest / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+        (dest / "processor_config.json").write_text(
+            json.dumps({"processor_class": "Gemma3Processor", "image_seq_length": 4})
+        )
     else:
         raise ValueError(family)
     (dest / "config.json").write_text(json.dumps(config, indent=2))
@@ -227,7 +300,7 @@ def build_tiny_vlm(family: str, dest: Path, *, seed: int = 0) -> Path:
     mc = module.ModelConfig.from_dict(cfg)
     mc = update_module_configs(mc, module, cfg, ["text", "vision"])
     model = module.Model(mc)
-    weights = _init(model, seed)
+    weights = _init(model, seed, gemma=family == "gemma3")
     mx.save_safetensors(str(dest / "model.safetensors"), weights, metadata={"format": "mlx"})
     return dest
 

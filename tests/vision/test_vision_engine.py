@@ -50,13 +50,14 @@ def reference(loaded, ids: list[int], mm, n: int) -> list[int]:
         vlm.language_model._rope_deltas = None
     out = []
     pv = kw.pop("pixel_values")
-    steps = generate_step(mx.array([ids]), vlm, pv, None, max_tokens=n, temperature=0.0, **kw)
+    x = mx.array([ids])
+    steps = generate_step(x, vlm, pv, mx.ones_like(x), max_tokens=n, temperature=0.0, **kw)
     for tok, _ in steps:
         out.append(int(tok))
     return out
 
 
-@pytest.fixture(scope="module", params=["qwen2_5_vl", "llava"])
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "llava", "gemma3"])
 def vlm(request, tmp_path_factory):
     path = get_tiny_vlm(request.param, tmp_path_factory.mktemp("vlm"))
     return load_model(str(path))

@@ -81,7 +81,9 @@ class VisionEncoder:
             ids = mx.array([[self.parts.image_token_id] * sum(im.num_tokens for im in batch)])
             arrays = _concat(batch)
             pixels = arrays.pop("pixel_values")
-            emb = self.parts.vlm.get_input_embeddings(ids, pixels, **arrays).inputs_embeds[0]
+            emb = self.parts.vlm.get_input_embeddings(
+                ids, pixels, mask=mx.ones_like(ids), **arrays
+            ).inputs_embeds[0]
             self.calls += 1
             self.images_encoded += len(batch)
             k = 0

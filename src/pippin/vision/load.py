@@ -23,7 +23,7 @@ import numpy as np
 MROPE_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl"})
 # Families whose image placeholders are one run of the image token per image, filled
 # wholly by the image's features, which `encoder` can compute for many images in one call.
-SUPPORTED_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl", "llava"})
+SUPPORTED_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl", "llava", "gemma3"})
 
 
 def is_vlm_folder(path: Path) -> bool:

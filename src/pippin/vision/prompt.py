@@ -1,9 +1,11 @@
 """A rendered prompt and its images -> token ids and the `MultiModal` data (API side).
 
-The chat template writes one image token per image; the model's own processor decides
-how many tokens each image takes and its pixel arrays. Each image is processed alone
-(so its arrays are its own, and its content key covers exactly them), then its token in
-the prompt is expanded to that many copies.
+The chat template writes one placeholder token per image (the processor's `boi_token`
+where it has one, as Gemma 3's, else its image token); the model's own processor decides
+what each image becomes (how many image tokens, with which markers around them) and its
+pixel arrays. Each image is processed alone (so its arrays are its own, and its content
+key covers exactly them), then its placeholder in the prompt is replaced by that
+expansion; the image's span is the run of image tokens in it.
 """
 
 from __future__ import annotations
@@ -25,14 +27,27 @@ class PromptImageError(ValueError):
     """The prompt and its images do not agree (a template that drops image parts)."""
 
 
-def process_image(parts: VisionParts, image: Image.Image) -> tuple[int, dict[str, np.ndarray]]:
-    """How many placeholder tokens `image` takes, and its encoder inputs."""
+def placeholder(parts: VisionParts) -> str:
+    """The text a chat template writes for one image."""
     proc = parts.processor
-    out = proc(text=[proc.image_token], images=[image])
-    ids = np.asarray(out["input_ids"]).reshape(-1)
-    n = int((ids == parts.image_token_id).sum())
+    return getattr(proc, "boi_token", None) or proc.image_token
+
+
+def process_image(
+    parts: VisionParts, tokenizer: Any, image: Image.Image
+) -> tuple[list[int], int, dict[str, np.ndarray]]:
+    """What one image's placeholder becomes: its tokens, where the run of image tokens
+    starts in them, and the image's encoder inputs."""
+    out = parts.processor(text=[placeholder(parts)], images=[image])
+    ids = [int(t) for t in np.asarray(out["input_ids"]).reshape(-1)]
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is not None and ids and ids[0] == bos:
+        ids = ids[1:]  # the processor's tokenizer call adds it; the prompt has its own
+    where = [i for i, t in enumerate(ids) if t == parts.image_token_id]
+    if not where or where[-1] - where[0] + 1 != len(where):
+        raise PromptImageError("the processor did not give the image one run of image tokens")
     arrays = {k: np.asarray(v) for k, v in out.items() if k not in _SKIP and v is not None}
-    return n, arrays
+    return ids, where[0], arrays
 
 
 def build(
@@ -47,7 +62,10 @@ def build(
     ids = list(tokenizer.encode(text, add_special_tokens=False))
     if not images:
         return ids, None
-    where = [i for i, t in enumerate(ids) if t == parts.image_token_id]
+    marker = tokenizer.encode(placeholder(parts), add_special_tokens=False)
+    if len(marker) != 1:
+        raise PromptImageError("the model's image placeholder is not one token")
+    where = [i for i, t in enumerate(ids) if t == marker[0]]
     if len(where) != len(images):
         raise PromptImageError(
             f"the chat template wrote {len(where)} image placeholders for {len(images)} images"
@@ -56,10 +74,11 @@ def build(
     inputs: list[ImageInput] = []
     prev = 0
     for pos, (image, sha) in zip(where, images):
-        n, arrays = process_image(parts, image)
+        expansion, first, arrays = process_image(parts, tokenizer, image)
+        n = sum(1 for t in expansion if t == parts.image_token_id)
         out.extend(ids[prev:pos])
-        start = len(out)
-        out.extend([parts.image_token_id] * n)
+        start = len(out) + first
+        out.extend(expansion)
         inputs.append(ImageInput(content_key(sha, arrays), start, start + n, arrays))
         prev = pos + 1
     out.extend(ids[prev:])
