@@ -136,3 +136,22 @@ def test_preempted_image_requests_recompute_to_the_same_tokens(vlm) -> None:
     assert core.scheduler.num_preemptions > 0
     for k in reqs:
         assert got[k]["ids"][0] == refs[k], k
+
+
+def test_encoder_cache_serves_the_same_image_at_another_position(vlm) -> None:
+    core = EngineCore(vlm, _config(block_size=4))
+    a = prompt(vlm, 1, "What is in this picture?", [30])
+    # Another message first: the image sits elsewhere, so no block is shared with `a`.
+    tok = vlm.vision.processor.tokenizer
+    msgs = [{"role": "system", "content": "Be brief and exact."}, *messages(1, "And this?")]
+    rendered = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    b = vprompt.build(vlm.vision, vlm.tokenizer, rendered, [picture(30)])
+    assert b[1].images[0].start != a[1].images[0].start
+    params = dict(max_tokens=4, temperature=0.0, ignore_eos=True)
+    core.add_request("a", a[0], SamplingParams(**params, mm=a[1]))
+    _run(core)
+    assert core.vision.images_encoded == 1
+    core.add_request("b", b[0], SamplingParams(**params, mm=b[1]))
+    got = _run(core)
+    assert core.vision.images_encoded == 1 and core.vision.cache.hits == 1
+    assert got["b"]["ids"][0] == reference(vlm, *b, 4)
