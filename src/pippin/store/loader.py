@@ -21,7 +21,7 @@ from mlx.utils import tree_flatten, tree_map_with_path, tree_unflatten
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from pippin import envs
-from pippin.vision.load import VisionParts, is_vlm_folder, load_vlm, vision_available
+from pippin.vision.load import VisionParts, is_vlm_folder, load_vlm, vision_family
 
 from .loaded import LoadedModel, ModelLoadError
 
@@ -90,6 +90,12 @@ def load_model(
             model, tokenizer, config, vision = _load_vlm_folder(path, trust_remote_code, weights)
             folder = path
         else:
+            if vision_family(path) is not None:
+                logger.info(
+                    "%s has a vision part that pippin does not run (its family is not "
+                    "supported yet, or the vision extra is not installed): text only",
+                    name,
+                )
             model, tokenizer, config = _load_folder(path, trust_remote_code)
             folder = path
         generation = read_json(folder / "generation_config.json")
@@ -224,10 +230,6 @@ def _load_vlm_folder(
     vision tower and processor beside it (`pippin.vision.load`)."""
     from mlx_lm.utils import load_tokenizer
 
-    if not vision_available():
-        raise ModelLoadError(
-            f"{path.name} is a vision-language model; install pippin[vision] to serve it"
-        )
     model, vision, config = load_vlm(path, weights=weights)
     tokenizer = load_tokenizer(
         path,

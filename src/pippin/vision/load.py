@@ -26,13 +26,24 @@ MROPE_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl"})
 SUPPORTED_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl", "llava", "gemma3"})
 
 
-def is_vlm_folder(path: Path) -> bool:
-    """Whether `path` holds a vision-language checkpoint (a config with a vision part)."""
+def vision_family(path: Path) -> str | None:
+    """The model type of a vision-language checkpoint in `path` (a config with a vision
+    part), None for a text model."""
     try:
         config = json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and isinstance(config.get("vision_config"), dict)
+        return None
+    if not isinstance(config, dict) or not isinstance(config.get("vision_config"), dict):
+        return None
+    return str(config.get("model_type", ""))
+
+
+def is_vlm_folder(path: Path) -> bool:
+    """Whether `path` holds a checkpoint that pippin serves as a vision-language model: a
+    supported family, with mlx-vlm installed. Others (a family not supported yet, or no
+    `vision` extra) load as before, through mlx-lm, as text models."""
+    family = vision_family(path)
+    return family in SUPPORTED_FAMILIES and vision_available()
 
 
 def vision_available() -> bool:
