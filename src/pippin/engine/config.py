@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pippin.engine.speculative import SpeculativeConfig
 from pippin.kernels.config import KernelConfig
 
 
@@ -47,6 +48,8 @@ class EngineConfig:
     # --request-timeout: a request still running (queued or generating) this long after
     # it was submitted is ended with an error and its blocks freed (None: no limit).
     request_timeout_s: float | None = None
+    # Speculative decoding (--speculative-config; None: off).
+    speculative: SpeculativeConfig | None = None
     # The kernels and pippin's changes to mlx-lm's model code (`pippin.kernels.patches`);
     # its switches are read from the environment once, here.
     kernels: KernelConfig = field(default_factory=KernelConfig.from_env)

@@ -23,6 +23,7 @@ from pippin.engine.output_processor import OutputProcessor
 from pippin.engine.sampler import SampleResult, sample
 from pippin.engine.scheduler import ScheduledSeq, Scheduler
 from pippin.engine.sequence import Sequence, Think
+from pippin.engine.speculative import Speculator
 from pippin.engine.types import (
     CompletionOutput,
     EngineError,
@@ -155,6 +156,13 @@ class EngineCore:
         self.steps = 0
         self._narrow_until: int | None = None  # see `recover`
         self.failed_steps = {"out_of_memory": 0, "other": 0}
+        self.spec: Speculator | None = None
+        if config.speculative is not None:
+            if self.runner.has_state_layers:
+                # Recurrent state would take in the refused proposals, with no way back.
+                log.warning("speculative decoding is off: the model has recurrent layers")
+            else:
+                self.spec = Speculator(config.speculative)
 
     def _num_blocks(self) -> int:
         cfg = self.config
@@ -278,13 +286,16 @@ class EngineCore:
         if self._narrow_until is not None and self.steps >= self._narrow_until:
             self.scheduler.max_num_seqs = self.config.max_num_seqs
             self._narrow_until = None
-        if self._inflight is not None and self._needs_sync():
+        spec = self.spec if self.spec and self.spec.wanted(self.scheduler.running) else None
+        if self._inflight is not None and (spec is not None or self._needs_sync()):
             outs = self._finish_inflight()
         sched = self.scheduler.schedule()
         self.observer.scheduled(sched)
         if sched.empty:
             return outs + self._finish_inflight()
         self.steps += 1
+        if spec is not None and self._inflight is None and spec.propose(self, sched.decodes):
+            return outs + spec.step(self, sched)
         groups: list[list[ScheduledSeq]] = []
         if sched.decodes:
             groups.append(sched.decodes)
@@ -451,4 +462,5 @@ class EngineCore:
             "mlx_cache_bytes": mx.get_cache_memory(),
             "weight_bytes": self.weight_bytes,
             "kv_bytes": self.kv_bytes,
+            **(self.spec.stats() if self.spec is not None else {}),
         }
