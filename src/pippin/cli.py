@@ -34,6 +34,7 @@ from pippin.engine.config import (
     default_batched_tokens,
     default_engine_process,
 )
+from pippin.engine.speculative import SpeculativeConfig
 from pippin.kernels.config import KernelConfig
 from pippin.mcp.config import McpConfigError, McpSettings, load_config
 from pippin.obs.logs import LOG_FORMATS
@@ -43,6 +44,13 @@ log = logging.getLogger("pippin.cli")
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+def _speculative_config(text: str) -> SpeculativeConfig:
+    try:
+        return SpeculativeConfig.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--speculative-config: ")) from None
 
 
 def _port(text: str) -> int:
@@ -552,6 +560,17 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         "dimension (default: %(default)s)",
     )
     e.add_argument(
+        "--speculative-config",
+        metavar="JSON",
+        type=_speculative_config,
+        help="speculative decoding, as vLLM's flag: prompt lookup (n-gram) only, e.g. "
+        '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, '
+        '"prompt_lookup_min": 2, "disable_by_batch_size": 8}\' (those are the defaults); '
+        "a step speculates only while at most disable_by_batch_size sequences run; "
+        "requests with a seed, a response format or a reasoning budget never do; "
+        "default: off",
+    )
+    e.add_argument(
         "--continuous-batching",
         action="store_true",
         help="accepted for vllm-mlx compatibility; pippin always batches continuously",
@@ -785,6 +804,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         max_tokens_cap=args.max_tokens,
         kv_bits=args.kv_bits,
         kv_group_size=args.kv_group_size,
+        speculative=args.speculative_config,
         ssd_cache_dir=args.ssd_cache_dir,
         ssd_cache_max_gb=args.ssd_cache_max_gb,
         stream_interval_s=None
