@@ -280,3 +280,12 @@ def test_sampled_tokens_follow_the_target_distribution(tiny_models, monkeypatch)
     observed = Counter(tuple(v) for v in res.values())
     ok, stat, limit = _chi2_ok(observed, exact, N)
     assert ok, (stat, limit)
+
+
+def test_models_with_recurrent_layers_do_not_speculate(tiny_models) -> None:
+    loaded = _loaded(tiny_models("qwen3_next"))
+    core = EngineCore(loaded, _config(speculative=SPEC))
+    assert core.spec is None
+    prompt = _repeating_prompt(loaded.model.args.vocab_size, 2)
+    core.add_request("a", prompt, SamplingParams(max_tokens=20, temperature=0.0))
+    assert len(_run(core)["a"]["ids"][0]) > 0
