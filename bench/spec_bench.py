@@ -18,9 +18,8 @@ import statistics
 import textwrap
 import time
 
-from pippin.engine.config import EngineConfig
+from pippin.engine.config import EngineConfig, SpeculativeConfig
 from pippin.engine.core import EngineCore
-from pippin.engine.speculative import SpeculativeConfig
 from pippin.engine.types import SamplingParams
 from pippin.store import loader
 

@@ -31,10 +31,10 @@ from pippin.engine.config import (
     STREAM_BATCH,
     STREAM_INTERVAL_S,
     EngineConfig,
+    SpeculativeConfig,
     default_batched_tokens,
     default_engine_process,
 )
-from pippin.engine.speculative import SpeculativeConfig
 from pippin.kernels.config import KernelConfig
 from pippin.mcp.config import McpConfigError, McpSettings, load_config
 from pippin.obs.logs import LOG_FORMATS

@@ -13,9 +13,10 @@ import pytest
 from engine_runs import _config, _loaded, _prompts, _run
 
 from pippin.engine import speculative
+from pippin.engine.config import SpeculativeConfig
 from pippin.engine.core import EngineCore
 from pippin.engine.rejection import judge, walk
-from pippin.engine.speculative import SpeculativeConfig, propose_ngram
+from pippin.engine.speculative import propose_ngram
 from pippin.engine.types import SamplingParams
 
 SPEC = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_max=3, prompt_lookup_min=1)

@@ -33,76 +33,28 @@ sequences run (vLLM's name for the threshold); above it the engine decodes as us
 
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 import mlx.core as mx
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from pippin.engine.grammar_masks import split_constrained
+from pippin.engine.block_manager import BlockManager
+from pippin.engine.config import SpeculativeConfig
+from pippin.engine.grammar_masks import GrammarMasks, split_constrained
+from pippin.engine.output_processor import OutputProcessor
 from pippin.engine.rejection import judge, walk
-from pippin.engine.sampler import adjust, sample, shaped
+from pippin.engine.sampler import SampleResult, adjust, sample, shaped
 from pippin.engine.types import RequestOutput, SamplingParams, TokenLogprob
+from pippin.runner.model_runner import ModelRunner
 
 if TYPE_CHECKING:
-    from pippin.engine.core import EngineCore
     from pippin.engine.scheduler import ScheduledSeq, SchedulerOutput
     from pippin.engine.sequence import Sequence
 
 log = logging.getLogger(__name__)
-
-METHODS = ("ngram",)
-
-
-@dataclass(frozen=True)
-class SpeculativeConfig:
-    """vLLM's `--speculative-config` keys that pippin reads."""
-
-    method: str = "ngram"
-    num_speculative_tokens: int = 4
-    # Lookup tries the longest suffix first, from prompt_lookup_max tokens down to min.
-    prompt_lookup_max: int = 4
-    prompt_lookup_min: int = 2
-    # A step speculates only while at most this many sequences run.
-    disable_by_batch_size: int = 8
-
-    @classmethod
-    def parse(cls, text: str) -> SpeculativeConfig:
-        """From the JSON of `--speculative-config`; ValueError says what is wrong."""
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"--speculative-config is not JSON: {e}") from None
-        if not isinstance(raw, dict):
-            raise ValueError("--speculative-config must be a JSON object")
-        if "model" in raw and raw.get("method", "ngram") != "ngram":
-            raise ValueError("--speculative-config: draft models are not supported yet")
-        if raw.get("method") == "[ngram]":  # vLLM's older spelling
-            raw["method"] = "ngram"
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise ValueError(
-                f"--speculative-config: unknown keys {unknown}; known: {sorted(known)}"
-            )
-        cfg = cls(**raw)
-        if cfg.method not in METHODS:
-            raise ValueError(
-                f"--speculative-config: method {cfg.method!r} is not supported; "
-                f"choose one of {list(METHODS)}"
-            )
-        for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"):
-            v = getattr(cfg, name)
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"--speculative-config: {name} must be an integer >= 1")
-        if cfg.prompt_lookup_min > cfg.prompt_lookup_max:
-            raise ValueError("--speculative-config: prompt_lookup_min > prompt_lookup_max")
-        if not isinstance(cfg.disable_by_batch_size, int) or cfg.disable_by_batch_size < 1:
-            raise ValueError("--speculative-config: disable_by_batch_size must be >= 1")
-        return cfg
 
 
 def propose_ngram(ids: list[int] | np.ndarray, k: int, n_max: int, n_min: int) -> list[int]:
@@ -122,6 +74,23 @@ def propose_ngram(ids: list[int] | np.ndarray, k: int, n_max: int, n_min: int) -
 def speculates(params: SamplingParams) -> bool:
     """Whether a request's settings allow speculation (see the module's list)."""
     return params.seed is None and params.constraint is None and params.thinking is None
+
+
+class EngineCore(Protocol):
+    """What a speculative step uses of `pippin.engine.core.EngineCore`."""
+
+    max_model_len: int
+    bm: BlockManager
+    runner: ModelRunner
+    grammar: GrammarMasks
+    outputs: OutputProcessor
+    eos_ids: set[int]
+
+    def _group_prefills(self, prefills: list[ScheduledSeq]) -> list[list[ScheduledSeq]]: ...
+
+    def _append_tokens(self, sampling: list[ScheduledSeq], result: SampleResult) -> None: ...
+
+    def _collect(self, sampling: list[ScheduledSeq]) -> list[RequestOutput]: ...
 
 
 @dataclass
