@@ -82,6 +82,7 @@ def main() -> None:
     }
     for name, core in cores.items():  # the prompt into the prefix cache
         decode(core, f"warm-{name}", prompt, 2)
+    steps0 = {name: core.steps for name, core in cores.items()}
     times: dict[str, list[float]] = {n: [] for n in cores}
     outputs: dict[str, list[int]] = {}
     for r in range(args.repeat):
@@ -100,7 +101,11 @@ def main() -> None:
     )
     for name, ts in times.items():
         med = statistics.median(ts)
-        print(f"{name:6s} decode {(n - 1) / med:7.1f} tok/s (median of {len(ts)}: {med:.2f} s)")
+        steps = (cores[name].steps - steps0[name]) / args.repeat
+        print(
+            f"{name:6s} decode {(n - 1) / med:7.1f} tok/s (median of {len(ts)}: {med:.2f} s), "
+            f"{steps:.0f} steps, {med / steps * 1000:.0f} ms a step"
+        )
     ratio = statistics.median(times["off"]) / statistics.median(times["ngram"])
     print(f"speed-up {ratio:.2f}x")
     print("output:", loaded.tokenizer.decode(outputs["ngram"])[:400].replace("\n", "\\n"))
