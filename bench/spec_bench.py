@@ -1,5 +1,6 @@
 """Speculative decoding (prompt lookup) on an editing workload: single-stream decode
-tokens/s with and without it, through `EngineCore`, on the default model (SmolLM2).
+tokens/s with and without it, through `EngineCore`, on the default model (SmolLM2) or
+`--model`.
 
 The prompt asks the model to rewrite a piece of Python with one name changed, so most of
 the answer repeats the prompt. Both engines get the prompt once first (the prefix cache
@@ -61,6 +62,7 @@ def decode(core: EngineCore, rid: str, prompt: list[int], gen: int) -> tuple[lis
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--model", help="a model as `pippin serve` takes it (default: SmolLM2)")
     ap.add_argument("--prompt", type=int, default=1500, help="prompt tokens, about")
     ap.add_argument("--gen", type=int, default=256)
     ap.add_argument("--repeat", type=int, default=3)
@@ -68,7 +70,7 @@ def main() -> None:
     ap.add_argument("--lookup-max", type=int, default=4)
     ap.add_argument("--lookup-min", type=int, default=2)
     args = ap.parse_args()
-    loaded = loader.load_model(None)
+    loaded = loader.load_model(args.model)
     prompt = editing_prompt(loaded.tokenizer, args.prompt)
     spec = SpeculativeConfig(
         num_speculative_tokens=args.k,

@@ -183,7 +183,13 @@ def test_greedy_identical_alone_and_batched_with_others(tiny_models) -> None:
     assert len(spec["o0"]["ids"]) >= 30  # min_tokens held EOS off
 
 
-def test_blocks_freed_and_prefix_cache_only_has_kept_tokens(tiny_models) -> None:
+def test_blocks_freed_and_prefix_cache_only_has_kept_tokens(tiny_models, monkeypatch) -> None:
+    # A proposal at every step (the last token again where lookup finds none): most are
+    # refused, so blocks are taken for them and given back all the time.
+    def propose(ids, k, n_max, n_min):
+        return propose_ngram(ids, k, n_max, n_min) or [ids[-1]] * k
+
+    monkeypatch.setattr(speculative, "propose_ngram", propose)
     loaded = _loaded(tiny_models("qwen3"))
     prompt = _repeating_prompt(loaded.model.args.vocab_size, 7)
     greedy = SamplingParams(max_tokens=80, temperature=0.0, ignore_eos=True)
@@ -290,3 +296,27 @@ def test_models_with_recurrent_layers_do_not_speculate(tiny_models) -> None:
     prompt = _repeating_prompt(loaded.model.args.vocab_size, 2)
     core.add_request("a", prompt, SamplingParams(max_tokens=20, temperature=0.0))
     assert len(_run(core)["a"]["ids"][0]) > 0
+
+
+def test_lookups_back_off_while_they_find_nothing(tiny_models, monkeypatch) -> None:
+    """A stream whose lookups find nothing is looked up again after 1, 2, 4, 8, 8 ...
+    steps, so most of its steps keep the overlap of host and device work."""
+    loaded = _loaded(tiny_models("llama"))
+    calls = []
+    prompt = _repeating_prompt(loaded.model.args.vocab_size, 8)
+    quiet = len(prompt) + 60  # no proposal before the output's 60th token
+
+    def propose(ids, k, n_max, n_min):
+        calls.append(len(ids))
+        return [] if len(ids) < quiet else [ids[-1]]
+
+    monkeypatch.setattr(speculative, "propose_ngram", propose)
+    core = EngineCore(loaded, _config(speculative=SPEC))
+    core.add_request("a", prompt, SamplingParams(max_tokens=90, temperature=0.0, ignore_eos=True))
+    _run(core)
+    misses = [n for n in calls if n < quiet]
+    # 60 tokens without a match: tries at +1, +2, +4, +8, +8, ... steps.
+    assert 5 <= len(misses) <= 12, misses
+    # Once proposals come, every step looks up again.
+    found = [n for n in calls if n >= quiet]
+    assert len(found) >= 10 and core.stats()["spec_decode_num_drafts"] == len(found)

@@ -286,7 +286,9 @@ class EngineCore:
         if self._narrow_until is not None and self.steps >= self._narrow_until:
             self.scheduler.max_num_seqs = self.config.max_num_seqs
             self._narrow_until = None
-        spec = self.spec if self.spec and self.spec.wanted(self.scheduler.running) else None
+        spec = self.spec
+        if spec is not None and not spec.wanted(self.scheduler.running, self.steps + 1):
+            spec = None
         if self._inflight is not None and (spec is not None or self._needs_sync()):
             outs = self._finish_inflight()
         sched = self.scheduler.schedule()

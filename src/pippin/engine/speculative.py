@@ -56,6 +56,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# The most steps a sequence whose lookups keep finding nothing waits between two tries.
+MAX_BACKOFF = 8
+
 
 def propose_ngram(ids: list[int] | np.ndarray, k: int, n_max: int, n_min: int) -> list[int]:
     """Up to `k` tokens that followed the latest earlier occurrence of the longest suffix
@@ -80,6 +83,7 @@ class EngineCore(Protocol):
     """What a speculative step uses of `pippin.engine.core.EngineCore`."""
 
     max_model_len: int
+    steps: int
     bm: BlockManager
     runner: ModelRunner
     grammar: GrammarMasks
@@ -122,6 +126,9 @@ class Speculator:
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
         self.accepted_per_pos = [0] * config.num_speculative_tokens
+        # Sequences whose last lookup found nothing: seq_id -> (the step to try again at,
+        # the wait that gave it).
+        self._backoff: dict[int, tuple[int, int]] = {}
 
     def stats(self) -> dict[str, int]:
         out = {
@@ -133,20 +140,34 @@ class Speculator:
             out[f"spec_decode_num_accepted_tokens_pos{i}"] = n
         return out
 
-    def wanted(self, running: list[Sequence]) -> bool:
-        """Whether the next step may speculate (so the step in flight must finish first)."""
+    def wanted(self, running: list[Sequence], step: int) -> bool:
+        """Whether step `step` may speculate (so the step in flight must finish first)."""
         if not running or len(running) > self.config.disable_by_batch_size:
             return False
-        return any(speculates(s.params) and not s.is_prefilling for s in running)
+        if len(self._backoff) > 4 * self.config.disable_by_batch_size:
+            ids = {s.seq_id for s in running}
+            self._backoff = {i: b for i, b in self._backoff.items() if i in ids}
+        return any(self._due(s, step) and not s.is_prefilling for s in running)
+
+    def _due(self, seq: Sequence, step: int) -> bool:
+        return speculates(seq.params) and self._backoff.get(seq.seq_id, (0, 0))[0] <= step
+
+    def _missed(self, seq: Sequence, step: int) -> None:
+        """No proposal: the next tries come after 1, 2, 4 ... MAX_BACKOFF steps, which run
+        with the usual overlap (a stream whose text never repeats keeps nearly all of it)."""
+        _, last = self._backoff.get(seq.seq_id, (0, 0))
+        wait = min(max(1, 2 * last), MAX_BACKOFF)
+        self._backoff[seq.seq_id] = (step + wait, wait)
 
     def propose(self, core: EngineCore, decodes: list[ScheduledSeq]) -> bool:
         """Give the step's decodes their proposals (and the blocks for them); True if any
         got one. Every token must be known on the host."""
         cfg = self.config
         any_draft = False
+        step = core.steps
         for it in decodes:
             seq = it.seq
-            if not speculates(seq.params) or seq.pending:
+            if not self._due(seq, step) or seq.pending:
                 continue
             n = seq.num_tokens
             k = min(
@@ -157,7 +178,11 @@ class Speculator:
             if k <= 0:
                 continue
             draft = propose_ngram(seq.all_ids, k, cfg.prompt_lookup_max, cfg.prompt_lookup_min)
-            if not draft or not core.bm.ensure_capacity(seq.table, n + len(draft)):
+            if not draft:
+                self._missed(seq, step)
+                continue
+            self._backoff.pop(seq.seq_id, None)
+            if not core.bm.ensure_capacity(seq.table, n + len(draft)):
                 continue
             it.draft = draft
             it.length = 1 + len(draft)
