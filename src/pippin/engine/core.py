@@ -21,7 +21,7 @@ from pippin.engine.grammar_masks import GrammarMasks, split_constrained
 from pippin.engine.observer import EngineObserver
 from pippin.engine.output_processor import OutputProcessor
 from pippin.engine.sampler import SampleResult, sample
-from pippin.engine.scheduler import ScheduledSeq, Scheduler
+from pippin.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from pippin.engine.sequence import Sequence, Think
 from pippin.engine.speculative import Speculator
 from pippin.engine.types import (
@@ -298,26 +298,7 @@ class EngineCore:
         self.steps += 1
         if spec is not None and self._inflight is None and spec.propose(self, sched.decodes):
             return outs + spec.step(self, sched)
-        groups: list[list[ScheduledSeq]] = []
-        if sched.decodes:
-            groups.append(sched.decodes)
-        groups.extend(self._group_prefills(sched.prefills))
-
-        sampling: list[ScheduledSeq] = []
-        logits_parts: list[mx.array] = []
-        for g, items in enumerate(groups):
-            logits = self.runner.forward(items)
-            if logits is not None:
-                logits_parts.append(logits)
-                sampling.extend(it for it in items if it.samples)
-            if g < len(groups) - 1:
-                # The next call scatters into the same pools. Built into one graph with
-                # this call's gathers, which still read them, MLX could not update the
-                # pools in place and would copy every pool whole; launching this call
-                # first keeps the writes in place (and overlaps building the next).
-                mx.async_eval(logits_parts, self.runner.arrays_to_eval(items))
-
-        everything = [it for g in groups for it in g]
+        everything, sampling, logits_parts = self._forward(sched)
         sampled: list[Sampled] = []
         to_eval: list = self.runner.arrays_to_eval(everything)
         constrained: tuple[mx.array, list[ScheduledSeq]] | None = None
@@ -349,6 +330,30 @@ class EngineCore:
             sampled.append((c_items, result))
         self._inflight = (everything, sampled)
         return outs
+
+    def _forward(
+        self, sched: SchedulerOutput
+    ) -> tuple[list[ScheduledSeq], list[ScheduledSeq], list[mx.array]]:
+        """Launch the step's model calls (decodes, then batches of prefill chunks): every
+        row, the rows that sample, and their logits, one array per call."""
+        groups: list[list[ScheduledSeq]] = []
+        if sched.decodes:
+            groups.append(sched.decodes)
+        groups.extend(self._group_prefills(sched.prefills))
+        sampling: list[ScheduledSeq] = []
+        logits_parts: list[mx.array] = []
+        for g, items in enumerate(groups):
+            logits = self.runner.forward(items)
+            if logits is not None:
+                logits_parts.append(logits)
+                sampling.extend(it for it in items if it.samples)
+            if g < len(groups) - 1:
+                # The next call scatters into the same pools. Built into one graph with
+                # this call's gathers, which still read them, MLX could not update the
+                # pools in place and would copy every pool whole; launching this call
+                # first keeps the writes in place (and overlaps building the next).
+                mx.async_eval(logits_parts, self.runner.arrays_to_eval(items))
+        return [it for g in groups for it in g], sampling, logits_parts
 
     def _needs_sync(self) -> bool:
         # Penalties read the previous token's value, which the step in flight still holds;

@@ -48,7 +48,6 @@ from pippin.engine.output_processor import OutputProcessor
 from pippin.engine.rejection import judge, walk
 from pippin.engine.sampler import SampleResult, adjust, sample, shaped
 from pippin.engine.types import RequestOutput, SamplingParams, TokenLogprob
-from pippin.runner.model_runner import ModelRunner
 
 if TYPE_CHECKING:
     from pippin.engine.scheduler import ScheduledSeq, SchedulerOutput
@@ -85,12 +84,13 @@ class EngineCore(Protocol):
     max_model_len: int
     steps: int
     bm: BlockManager
-    runner: ModelRunner
     grammar: GrammarMasks
     outputs: OutputProcessor
     eos_ids: set[int]
 
-    def _group_prefills(self, prefills: list[ScheduledSeq]) -> list[list[ScheduledSeq]]: ...
+    def _forward(
+        self, sched: SchedulerOutput
+    ) -> tuple[list[ScheduledSeq], list[ScheduledSeq], list[mx.array]]: ...
 
     def _append_tokens(self, sampling: list[ScheduledSeq], result: SampleResult) -> None: ...
 
@@ -191,17 +191,7 @@ class Speculator:
 
     def step(self, core: EngineCore, sched: SchedulerOutput) -> list[RequestOutput]:
         """Run a step whose decodes carry proposals, to its outputs (no overlap)."""
-        groups: list[list[ScheduledSeq]] = [sched.decodes, *core._group_prefills(sched.prefills)]
-        parts: list[mx.array] = []
-        sampling: list[ScheduledSeq] = []
-        for g, items in enumerate(groups):
-            logits = core.runner.forward(items)
-            if logits is not None:
-                parts.append(logits)
-                sampling.extend(it for it in items if it.samples)
-            if g < len(groups) - 1:
-                mx.async_eval(parts, core.runner.arrays_to_eval(items))
-        everything = [it for g in groups for it in g]
+        everything, sampling, parts = core._forward(sched)
         logits = parts[0] if len(parts) == 1 else mx.concatenate(parts)
 
         plain_rows: list[int] = []
