@@ -32,6 +32,7 @@ from pippin.engine.config import (
     STREAM_BATCH,
     STREAM_INTERVAL_S,
     EngineConfig,
+    SpeculativeConfig,
     TPConfig,
     default_batched_tokens,
     default_engine_process,
@@ -67,6 +68,10 @@ def _tensor_parallel(args: argparse.Namespace) -> TPConfig | None:
         return None
     if args.ssd_cache_dir:
         raise SystemExit("pippin serve: --ssd-cache-dir does not run with --tensor-parallel yet")
+    if args.speculative_config is not None:
+        raise SystemExit(
+            "pippin serve: --speculative-config does not run with --tensor-parallel yet"
+        )
     if args.engine_process is False:
         raise SystemExit(
             "pippin serve: --tensor-parallel runs rank 0's engine in a process of its own; "
@@ -79,6 +84,13 @@ def _tensor_parallel(args: argparse.Namespace) -> TPConfig | None:
         timeout_s=args.tp_timeout,
         port=args.tp_port,
     )
+
+
+def _speculative_config(text: str) -> SpeculativeConfig:
+    try:
+        return SpeculativeConfig.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--speculative-config: ")) from None
 
 
 def _port(text: str) -> int:
@@ -588,6 +600,17 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         "dimension (default: %(default)s)",
     )
     e.add_argument(
+        "--speculative-config",
+        metavar="JSON",
+        type=_speculative_config,
+        help="speculative decoding, as vLLM's flag: prompt lookup (n-gram) only, e.g. "
+        '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, '
+        '"prompt_lookup_min": 2, "disable_by_batch_size": 8}\' (those are the defaults); '
+        "a step speculates only while at most disable_by_batch_size sequences run; "
+        "requests with a seed, a response format or a reasoning budget never do; "
+        "default: off",
+    )
+    e.add_argument(
         "--continuous-batching",
         action="store_true",
         help="accepted for vllm-mlx compatibility; pippin always batches continuously",
@@ -871,6 +894,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         max_tokens_cap=args.max_tokens,
         kv_bits=args.kv_bits,
         kv_group_size=args.kv_group_size,
+        speculative=args.speculative_config,
         ssd_cache_dir=args.ssd_cache_dir,
         ssd_cache_max_gb=args.ssd_cache_max_gb,
         stream_interval_s=None

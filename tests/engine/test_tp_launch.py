@@ -88,6 +88,10 @@ def test_serve_flags_make_the_tp_config(tmp_path: Path) -> None:
     [
         (["--tensor-parallel", "2", "--ssd-cache-dir", "/tmp/x"], "--ssd-cache-dir"),
         (["--tensor-parallel", "2", "--no-engine-process"], "--no-engine-process"),
+        (
+            ["--tensor-parallel", "2", "--speculative-config", '{"method": "ngram"}'],
+            "--speculative-config",
+        ),
         (["--tensor-parallel", "2", "--distributed-backend", "mpi"], None),
     ],
 )

@@ -176,6 +176,18 @@ class BlockManager:
             table.block_ids.append(self._take_free())
         return True
 
+    def trim(self, table: BlockTable, num_tokens: int) -> None:
+        """Free the blocks past those holding `num_tokens` (rejected speculative tokens'
+        slots). They were taken by `ensure_capacity` and never registered: unshared."""
+        keep = self.blocks_for(num_tokens)
+        for bid in reversed(table.block_ids[keep:]):
+            block = self.blocks[bid]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free[bid] = None
+                self.free.move_to_end(bid, last=False)
+        del table.block_ids[keep:]
+
     def free_table(self, table: BlockTable) -> None:
         # Tail blocks first, so they are evicted before the shared prefix.
         for bid in reversed(table.block_ids):

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from pippin.kernels.config import KernelConfig
@@ -40,6 +41,58 @@ class TPConfig:
         import mlx.core as mx
 
         return "nccl" if mx.cuda.is_available() else "ring"
+
+
+# The proposal methods of vLLM's `--speculative-config` that pippin runs.
+SPEC_METHODS = ("ngram",)
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """vLLM's `--speculative-config` keys that pippin reads (`pippin.engine.speculative`)."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    # Lookup tries the longest suffix first, from prompt_lookup_max tokens down to min.
+    prompt_lookup_max: int = 4
+    prompt_lookup_min: int = 2
+    # A step speculates only while at most this many sequences run.
+    disable_by_batch_size: int = 8
+
+    @classmethod
+    def parse(cls, text: str) -> SpeculativeConfig:
+        """From the JSON of `--speculative-config`; ValueError says what is wrong."""
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--speculative-config is not JSON: {e}") from None
+        if not isinstance(raw, dict):
+            raise ValueError("--speculative-config must be a JSON object")
+        if "model" in raw and raw.get("method", "ngram") != "ngram":
+            raise ValueError("--speculative-config: draft models are not supported yet")
+        if raw.get("method") == "[ngram]":  # vLLM's older spelling
+            raw["method"] = "ngram"
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ValueError(
+                f"--speculative-config: unknown keys {unknown}; known: {sorted(known)}"
+            )
+        cfg = cls(**raw)
+        if cfg.method not in SPEC_METHODS:
+            raise ValueError(
+                f"--speculative-config: method {cfg.method!r} is not supported; "
+                f"choose one of {list(SPEC_METHODS)}"
+            )
+        for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"):
+            v = getattr(cfg, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"--speculative-config: {name} must be an integer >= 1")
+        if cfg.prompt_lookup_min > cfg.prompt_lookup_max:
+            raise ValueError("--speculative-config: prompt_lookup_min > prompt_lookup_max")
+        if not isinstance(cfg.disable_by_batch_size, int) or cfg.disable_by_batch_size < 1:
+            raise ValueError("--speculative-config: disable_by_batch_size must be >= 1")
+        return cfg
 
 
 @dataclass
@@ -82,6 +135,8 @@ class EngineConfig:
     # --request-timeout: a request still running (queued or generating) this long after
     # it was submitted is ended with an error and its blocks freed (None: no limit).
     request_timeout_s: float | None = None
+    # Speculative decoding (--speculative-config; None: off).
+    speculative: SpeculativeConfig | None = None
     # The kernels and pippin's changes to mlx-lm's model code (`pippin.kernels.patches`);
     # its switches are read from the environment once, here.
     kernels: KernelConfig = field(default_factory=KernelConfig.from_env)

@@ -21,8 +21,9 @@ from pippin.engine.grammar_masks import GrammarMasks, split_constrained
 from pippin.engine.observer import EngineObserver
 from pippin.engine.output_processor import OutputProcessor
 from pippin.engine.sampler import SampleResult, sample
-from pippin.engine.scheduler import ScheduledSeq, Scheduler
+from pippin.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from pippin.engine.sequence import Sequence, Think
+from pippin.engine.speculative import Speculator
 from pippin.engine.types import (
     CompletionOutput,
     EngineError,
@@ -160,6 +161,13 @@ class EngineCore:
         self.steps = 0
         self._narrow_until: int | None = None  # see `recover`
         self.failed_steps = {"out_of_memory": 0, "other": 0}
+        self.spec: Speculator | None = None
+        if config.speculative is not None:
+            if self.runner.has_state_layers:
+                # Recurrent state would take in the refused proposals, with no way back.
+                log.warning("speculative decoding is off: the model has recurrent layers")
+            else:
+                self.spec = Speculator(config.speculative)
 
     def _num_blocks(self) -> int:
         cfg = self.config
@@ -291,35 +299,19 @@ class EngineCore:
         if self._narrow_until is not None and self.steps >= self._narrow_until:
             self.scheduler.max_num_seqs = self.config.max_num_seqs
             self._narrow_until = None
-        if self._inflight is not None and self._needs_sync():
+        spec = self.spec
+        if spec is not None and not spec.wanted(self.scheduler.running, self.steps + 1):
+            spec = None
+        if self._inflight is not None and (spec is not None or self._needs_sync()):
             outs = self._finish_inflight()
         sched = self.scheduler.schedule()
         self.observer.scheduled(sched)
         if sched.empty:
             return outs + self._finish_inflight()
         self.steps += 1
-        groups: list[list[ScheduledSeq]] = []
-        if sched.decodes:
-            groups.append(sched.decodes)
-        groups.extend(self._group_prefills(sched.prefills))
-
-        if self.vision is not None:
-            self.vision.prepare(sched.prefills)  # the tower's step: images these chunks reach
-        sampling: list[ScheduledSeq] = []
-        logits_parts: list[mx.array] = []
-        for g, items in enumerate(groups):
-            logits = self.runner.forward(items)
-            if logits is not None:
-                logits_parts.append(logits)
-                sampling.extend(it for it in items if it.samples)
-            if g < len(groups) - 1:
-                # The next call scatters into the same pools. Built into one graph with
-                # this call's gathers, which still read them, MLX could not update the
-                # pools in place and would copy every pool whole; launching this call
-                # first keeps the writes in place (and overlaps building the next).
-                mx.async_eval(logits_parts, self.runner.arrays_to_eval(items))
-
-        everything = [it for g in groups for it in g]
+        if spec is not None and self._inflight is None and spec.propose(self, sched.decodes):
+            return outs + spec.step(self, sched)
+        everything, sampling, logits_parts = self._forward(sched)
         sampled: list[Sampled] = []
         to_eval: list = self.runner.arrays_to_eval(everything)
         constrained: tuple[mx.array, list[ScheduledSeq]] | None = None
@@ -351,6 +343,32 @@ class EngineCore:
             sampled.append((c_items, result))
         self._inflight = (everything, sampled)
         return outs
+
+    def _forward(
+        self, sched: SchedulerOutput
+    ) -> tuple[list[ScheduledSeq], list[ScheduledSeq], list[mx.array]]:
+        """Launch the step's model calls (decodes, then batches of prefill chunks): every
+        row, the rows that sample, and their logits, one array per call."""
+        groups: list[list[ScheduledSeq]] = []
+        if sched.decodes:
+            groups.append(sched.decodes)
+        groups.extend(self._group_prefills(sched.prefills))
+        if self.vision is not None:
+            self.vision.prepare(sched.prefills)  # the tower's step: images these chunks reach
+        sampling: list[ScheduledSeq] = []
+        logits_parts: list[mx.array] = []
+        for g, items in enumerate(groups):
+            logits = self.runner.forward(items)
+            if logits is not None:
+                logits_parts.append(logits)
+                sampling.extend(it for it in items if it.samples)
+            if g < len(groups) - 1:
+                # The next call scatters into the same pools. Built into one graph with
+                # this call's gathers, which still read them, MLX could not update the
+                # pools in place and would copy every pool whole; launching this call
+                # first keeps the writes in place (and overlaps building the next).
+                mx.async_eval(logits_parts, self.runner.arrays_to_eval(items))
+        return [it for g in groups for it in g], sampling, logits_parts
 
     def _needs_sync(self) -> bool:
         # Penalties read the previous token's value, which the step in flight still holds;
@@ -467,4 +485,5 @@ class EngineCore:
             "weight_bytes": self.weight_bytes,
             "kv_bytes": self.kv_bytes,
             **(self.vision.stats() if self.vision is not None else {}),
+            **(self.spec.stats() if self.spec is not None else {}),
         }

@@ -7,8 +7,10 @@ batch costs one softmax-free pass.
 
 from __future__ import annotations
 
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -27,7 +29,7 @@ class SampleResult:
 
 
 def _scatter_rows(
-    seqs: list[Sequence], eos_ids: set[int]
+    seqs: Seq[Any], eos_ids: set[int]
 ) -> tuple[list[int], list[int], list[float], list[int], list[int], list[float]]:
     """(rows, cols, additive deltas) and (rows, cols, repetition penalties)."""
     add_r: list[int] = []
@@ -72,37 +74,19 @@ def sample(
 ) -> SampleResult:
     """`allowed`: [n, vocab] bool, the tokens a grammar lets each row produce."""
     n, vocab = logits.shape
-    logits = logits.astype(mx.float32)
-
-    add_r, add_c, add_v, rep_r, rep_c, rep_v = _scatter_rows(seqs, eos_ids)
-    if rep_r:
-        rr, rc = mx.array(rep_r), mx.array(rep_c)
-        vals = logits[rr, rc]
-        pen = mx.array(rep_v)
-        logits[rr, rc] = mx.where(vals > 0, vals / pen, vals * pen)
-    if add_r:
-        valid = [i for i, c in enumerate(add_c) if 0 <= c < vocab]
-        rr = mx.array([add_r[i] for i in valid])
-        rc = mx.array([add_c[i] for i in valid])
-        logits = logits.at[rr, rc].add(mx.array([add_v[i] for i in valid]))
-    if allowed is not None:
-        logits = mx.where(allowed, logits, NEG_INF)
+    logits, adjusted = adjust(logits, seqs, eos_ids, allowed)
 
     temps = [s.params.temperature for s in seqs]
     greedy = [t <= 0.0 for t in temps]
     if all(greedy):
         tokens = mx.argmax(logits, axis=-1)
-    elif _plain(seqs) and not (add_r or rep_r or allowed is not None):
+    elif _plain(seqs) and not adjusted:
         # Temperature only (the usual case): one compiled graph, its elementwise work fused.
         inv_t = mx.array([0.0 if g else 1.0 / t for g, t in zip(greedy, temps)], mx.float32)
         tokens = _sample_temperature(logits, inv_t)
     else:
         greedy_tokens = mx.argmax(logits, axis=-1)
-        t = mx.array([1.0 if g else t for g, t in zip(greedy, temps)], dtype=mx.float32)
-        x = logits / t[:, None]
-        x = _apply_top_k(x, [s.params.top_k for s in seqs])
-        x = _apply_top_p(x, [s.params.top_p for s in seqs])
-        x = _apply_min_p(x, [s.params.min_p for s in seqs])
+        x = shaped(logits, seqs)
         noise = mx.random.gumbel((n, vocab))
         seeded = [r for r, s in enumerate(seqs) if s.params.seed is not None and not greedy[r]]
         if seeded:
@@ -128,6 +112,39 @@ def sample(
         top_ids = mx.argpartition(-logprobs, kth=k - 1, axis=-1)[:, :k]
         top_lp = mx.take_along_axis(logprobs, top_ids, axis=-1)
     return SampleResult(tokens.astype(mx.int32), chosen, top_ids, top_lp)
+
+
+def adjust(
+    logits: mx.array, seqs: Seq[Any], eos_ids: set[int], allowed: mx.array | None = None
+) -> tuple[mx.array, bool]:
+    """Float32 logits with each row's penalties, logit bias, min_tokens and grammar mask
+    applied (what logprobs are computed from), and whether any of those changed them."""
+    vocab = logits.shape[-1]
+    logits = logits.astype(mx.float32)
+    add_r, add_c, add_v, rep_r, rep_c, rep_v = _scatter_rows(seqs, eos_ids)
+    if rep_r:
+        rr, rc = mx.array(rep_r), mx.array(rep_c)
+        vals = logits[rr, rc]
+        pen = mx.array(rep_v)
+        logits[rr, rc] = mx.where(vals > 0, vals / pen, vals * pen)
+    if add_r:
+        valid = [i for i, c in enumerate(add_c) if 0 <= c < vocab]
+        rr = mx.array([add_r[i] for i in valid])
+        rc = mx.array([add_c[i] for i in valid])
+        logits = logits.at[rr, rc].add(mx.array([add_v[i] for i in valid]))
+    if allowed is not None:
+        logits = mx.where(allowed, logits, NEG_INF)
+    return logits, bool(add_r or rep_r or allowed is not None)
+
+
+def shaped(logits: mx.array, seqs: Seq[Any]) -> mx.array:
+    """Adjusted logits scaled by each row's temperature (1 for greedy rows) and cut by its
+    top_k, top_p and min_p: the distribution a sampled row draws from is their softmax."""
+    t = mx.array([s.params.temperature if s.params.temperature > 0 else 1.0 for s in seqs])
+    x = logits / t.astype(mx.float32)[:, None]
+    x = _apply_top_k(x, [s.params.top_k for s in seqs])
+    x = _apply_top_p(x, [s.params.top_p for s in seqs])
+    return _apply_min_p(x, [s.params.min_p for s in seqs])
 
 
 def _plain(seqs: list[Sequence]) -> bool:

@@ -25,11 +25,13 @@ class ScheduledSeq:
     seq: Sequence
     start: int  # first token position computed this step
     length: int  # tokens computed this step
+    # Proposed tokens verified this step (speculative decoding), counted in `length`.
+    draft: list[int] = field(default_factory=list)
 
     @property
     def samples(self) -> bool:
         """Whether this step ends at the sequence's last token (so it yields a new one)."""
-        return self.start + self.length == self.seq.num_tokens
+        return self.start + self.length - len(self.draft) == self.seq.num_tokens
 
 
 @dataclass

@@ -43,8 +43,18 @@ _COUNTERS = frozenset(
         "pippin_preemptions",
         "pippin_engine_steps",
         "pippin_engine_failed_steps",
+        "pippin_spec_decode_num_drafts",
+        "pippin_spec_decode_num_draft_tokens",
+        "pippin_spec_decode_num_accepted_tokens",
+        "pippin_spec_decode_num_accepted_tokens_per_pos",
     }
 )
+# Speculative decoding's counters, vLLM's names (`vllm:spec_decode_*`) under pippin's prefix.
+_SPEC_DOCS = {
+    "spec_decode_num_drafts": "Proposals verified (one per sequence and step).",
+    "spec_decode_num_draft_tokens": "Proposed tokens verified.",
+    "spec_decode_num_accepted_tokens": "Proposed tokens kept.",
+}
 
 
 class Metrics:
@@ -246,6 +256,20 @@ class EngineCollector(Collector):
                     m,
                     kind=kind,
                 )
+            if "spec_decode_num_drafts" not in s:
+                continue  # speculation off
+            for key, doc in _SPEC_DOCS.items():
+                add(f"pippin_{key}", doc, s[key], m)
+            pos = 0
+            while f"spec_decode_num_accepted_tokens_pos{pos}" in s:
+                add(
+                    "pippin_spec_decode_num_accepted_tokens_per_pos",
+                    "Proposed tokens kept, by position in the proposal.",
+                    s[f"spec_decode_num_accepted_tokens_pos{pos}"],
+                    m,
+                    position=str(pos),
+                )
+                pos += 1
         yield from fams.values()
         yield from _vllm_gauges(per_model)
 

@@ -33,6 +33,10 @@ class RunItem(Protocol):
     seq: RunSequence
     start: int
     length: int
+    # Proposed tokens after the sequence's known ones, the row's last `len(draft)`
+    # inputs (speculative decoding): the row then returns logits at every position
+    # from its last known token on, 1 + len(draft) of them.
+    draft: list[int]
 
     @property
     def samples(self) -> bool:

@@ -42,6 +42,19 @@ def _same_rows(lazy: list[tuple[int, mx.array, int]], rows: int) -> bool:
     return all(b == i and r == i and a is arr for i, (b, a, r) in enumerate(lazy))
 
 
+def _verify_positions(items: list[RunItem], rows: list[int]) -> tuple[list[int], list[int]]:
+    """(rows, cols) of the positions whose logits the sampling rows return, in order: the
+    last one of a plain row, the last 1 + len(draft) of a row with proposals."""
+    out_rows: list[int] = []
+    cols: list[int] = []
+    for b in rows:
+        it = items[b]
+        n = 1 + len(it.draft)
+        out_rows += [b] * n
+        cols += range(it.length - n, it.length)
+    return out_rows, cols
+
+
 class UnsupportedModelError(Exception):
     pass
 
@@ -200,7 +213,9 @@ class ModelRunner:
                 arr, row = seq.pending[-1]
                 lazy.append((b, arr, row))
                 continue
-            tokens[b, : it.length] = seq.ids(it.start, it.start + it.length)
+            known = it.length - len(it.draft)
+            tokens[b, :known] = seq.ids(it.start, it.start + known)
+            tokens[b, known : it.length] = it.draft
         if _same_rows(lazy, tokens.shape[0]):
             # A steady decode batch: the previous step's sampled tokens are the inputs,
             # row for row, with no upload or scatter.
@@ -232,7 +247,11 @@ class ModelRunner:
             self._view(self.pools[i], layout) if i in self.pools else self._stack_state(i, items)
             for i in range(self.num_caches)
         ]
-        cols = [lengths[b] - 1 for b in rows]
+        if any(items[b].draft for b in rows):
+            # Verifying proposals: every position from the last known token on.
+            rows, cols = _verify_positions(items, rows)
+        else:
+            cols = [lengths[b] - 1 for b in rows]
         extra = self.step_inputs(items, inputs) if self.step_inputs is not None else {}
         if self.head is not None and rows and L > 1:
             # Only the sampling positions go through the LM head.

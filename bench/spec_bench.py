@@ -1,0 +1,117 @@
+"""Speculative decoding (prompt lookup) on an editing workload: single-stream decode
+tokens/s with and without it, through `EngineCore`, on the default model (SmolLM2) or
+`--model`.
+
+The prompt asks the model to rewrite a piece of Python with one name changed, so most of
+the answer repeats the prompt. Both engines get the prompt once first (the prefix cache
+then serves it, so prefill is not timed); decode is timed from the first token to the
+last, greedy, and the two outputs must be identical. Run by hand, never as a test:
+
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 \\
+        .venv/bin/python bench/spec_bench.py --gen 256 --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import statistics
+import textwrap
+import time
+
+from pippin.engine.config import EngineConfig, SpeculativeConfig
+from pippin.engine.core import EngineCore
+from pippin.engine.types import SamplingParams
+from pippin.store import loader
+
+
+def editing_prompt(tokenizer, target_tokens: int) -> list[int]:
+    """A chat prompt asking for code rewritten with a name changed, its code cut to about
+    `target_tokens` tokens in all."""
+    source = inspect.getsource(textwrap)
+    lines = source.splitlines()
+    code: list[str] = []
+    for line in lines[lines.index("class TextWrapper:") :]:
+        code.append(line)
+        if len(tokenizer.encode("\n".join(code))) >= target_tokens - 80:
+            break
+    body = "\n".join(code)
+    msg = (
+        "Rewrite the following Python code with the class `TextWrapper` renamed to "
+        "`LineWrapper` everywhere. Output the whole code, changed, and nothing else.\n\n"
+        f"```python\n{body}\n```"
+    )
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": msg}], add_generation_prompt=True, tokenize=True
+    )
+
+
+def decode(core: EngineCore, rid: str, prompt: list[int], gen: int) -> tuple[list[int], float]:
+    """The tokens and the seconds from the first token to the last."""
+    core.add_request(rid, prompt, SamplingParams(max_tokens=gen, temperature=0.0))
+    ids: list[int] = []
+    t_first = None
+    while core.has_work():
+        for out in core.step():
+            ids += out.outputs[0].token_ids
+            if t_first is None and ids:
+                t_first = time.perf_counter()
+    assert t_first is not None
+    return ids, time.perf_counter() - t_first
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--model", help="a model as `pippin serve` takes it (default: SmolLM2)")
+    ap.add_argument("--prompt", type=int, default=1500, help="prompt tokens, about")
+    ap.add_argument("--gen", type=int, default=256)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    ap.add_argument("--lookup-max", type=int, default=4)
+    ap.add_argument("--lookup-min", type=int, default=2)
+    args = ap.parse_args()
+    loaded = loader.load_model(args.model)
+    prompt = editing_prompt(loaded.tokenizer, args.prompt)
+    spec = SpeculativeConfig(
+        num_speculative_tokens=args.k,
+        prompt_lookup_max=args.lookup_max,
+        prompt_lookup_min=args.lookup_min,
+    )
+    base = dict(num_blocks=1024, max_num_batched_tokens=2048, max_model_len=8192)
+    cores = {
+        "off": EngineCore(loaded, EngineConfig(**base)),
+        "ngram": EngineCore(loaded, EngineConfig(**base, speculative=spec)),
+    }
+    for name, core in cores.items():  # the prompt into the prefix cache
+        decode(core, f"warm-{name}", prompt, 2)
+    steps0 = {name: core.steps for name, core in cores.items()}
+    times: dict[str, list[float]] = {n: [] for n in cores}
+    outputs: dict[str, list[int]] = {}
+    for r in range(args.repeat):
+        for name, core in cores.items():
+            ids, secs = decode(core, f"{name}-{r}", prompt, args.gen)
+            outputs.setdefault(name, ids)
+            assert ids == outputs[name], "greedy output changed between runs"
+            times[name].append(secs)
+    same = outputs["off"] == outputs["ngram"]
+    s = cores["ngram"].stats()
+    n = len(outputs["off"])
+    print(f"prompt {len(prompt)} tokens, {n} generated, identical with and without: {same}")
+    print(
+        f"proposals {s['spec_decode_num_drafts']}, proposed tokens "
+        f"{s['spec_decode_num_draft_tokens']}, kept {s['spec_decode_num_accepted_tokens']}"
+    )
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        steps = (cores[name].steps - steps0[name]) / args.repeat
+        print(
+            f"{name:6s} decode {(n - 1) / med:7.1f} tok/s (median of {len(ts)}: {med:.2f} s), "
+            f"{steps:.0f} steps, {med / steps * 1000:.0f} ms a step"
+        )
+    ratio = statistics.median(times["off"]) / statistics.median(times["ngram"])
+    print(f"speed-up {ratio:.2f}x")
+    print("output:", loaded.tokenizer.decode(outputs["ngram"])[:400].replace("\n", "\\n"))
+
+
+if __name__ == "__main__":
+    main()
