@@ -253,6 +253,36 @@ def test_chat_unsupported_fields_are_refused_by_name(
     assert err["param"] == param, err
 
 
+def _audio_chat(client: TestClient, audio: dict[str, Any]) -> dict[str, Any]:
+    part = {"type": "input_audio", "input_audio": audio}
+    return error_of(chat(client, messages=[{"role": "user", "content": [part]}]), 400)
+
+
+@pytest.mark.parametrize(
+    ("audio", "param", "code"),
+    [
+        ({"format": "wav"}, "input_audio.data", "missing_required_parameter"),
+        ({"data": "AAAA"}, "input_audio.format", "missing_required_parameter"),
+        ({"data": "AAAA", "format": "flac"}, "input_audio.format", "invalid_value"),
+        ({"data": "AAAA", "format": "wav", "rate": 8000}, "input_audio.rate", "unknown_parameter"),
+    ],
+)
+def test_chat_malformed_input_audio_names_its_field(
+    client: TestClient, audio: dict[str, Any], param: str, code: str
+) -> None:
+    err = _audio_chat(client, audio)
+    assert err["param"] == f"messages[0].content[0].{param}", err
+    assert err["code"] == code, err
+
+
+def test_chat_input_audio_is_refused_as_audio_input(client: TestClient) -> None:
+    # No model pippin serves takes audio in chat (docs/architecture.md says why).
+    err = _audio_chat(client, {"data": "AAAA", "format": "mp3"})
+    assert err["param"] == "messages[0].content[0]"
+    assert err["code"] == "unsupported_value"
+    assert "does not accept audio input" in err["message"]
+
+
 def test_chat_accepts_every_other_reference_field(client: TestClient) -> None:
     fields = {
         "frequency_penalty": 0.1,

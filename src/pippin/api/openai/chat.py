@@ -116,6 +116,12 @@ def _content(
                 "input_audio": "Audio",
                 "file": "File",
             }[part.type]
+            if kind == "Audio" and media is not None:
+                raise unsupported_value(
+                    f"{param}[{j}]",
+                    "This model does not accept audio input ('input_audio' content parts); "
+                    "send the audio to /v1/audio/transcriptions and the text here.",
+                )
             raise unsupported_value(
                 f"{param}[{j}]",
                 f"{kind} input ('{part.type}' content parts) is not supported "

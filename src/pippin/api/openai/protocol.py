@@ -60,8 +60,17 @@ class VideoPart(Strict):
     video_url: VideoURL
 
 
-class AudioPart(Loose):
+class InputAudio(Strict):
+    data: str  # base64
+    format: Literal["wav", "mp3"]
+
+
+class AudioPart(Strict):
+    """Parsed in full so a malformed part names its field; refused by every model served
+    today (no audio-language model runs in the engine yet: docs/architecture.md)."""
+
     type: Literal["input_audio"]
+    input_audio: InputAudio
 
 
 class FilePart(Loose):
