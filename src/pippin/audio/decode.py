@@ -28,8 +28,11 @@ class AudioTooLong(AudioError):
         super().__init__(f"the audio is longer than {limit_s:g} s ({what})")
 
 
-def decode_audio(data: bytes, *, max_seconds: float | None = None) -> np.ndarray:
-    """16 kHz mono float32 samples of the first audio stream in ``data``."""
+def decode_audio(
+    data: bytes, *, max_seconds: float | None = None, rate: int = SAMPLE_RATE
+) -> np.ndarray:
+    """Mono float32 samples at ``rate`` (16 kHz by default) of the first audio stream in
+    ``data``."""
     import av
 
     if not data:
@@ -45,8 +48,8 @@ def decode_audio(data: bytes, *, max_seconds: float | None = None) -> np.ndarray
         declared = _declared_seconds(container, stream)
         if max_seconds is not None and declared is not None and declared > max_seconds + 1:
             raise AudioTooLong(max_seconds, declared)
-        resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
-        limit = None if max_seconds is None else int(max_seconds * SAMPLE_RATE)
+        resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
+        limit = None if max_seconds is None else int(max_seconds * rate)
         chunks: list[np.ndarray] = []
         total = 0
         try:
@@ -65,7 +68,7 @@ def decode_audio(data: bytes, *, max_seconds: float | None = None) -> np.ndarray
         raise AudioError("the file holds no audio samples (empty or truncated)")
     _check_riff_size(data)
     if limit is not None and samples.size > limit:
-        raise AudioTooLong(max_seconds or 0.0, samples.size / SAMPLE_RATE)
+        raise AudioTooLong(max_seconds or 0.0, samples.size / rate)
     return samples.astype(np.float32, copy=False)
 
 

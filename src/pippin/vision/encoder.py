@@ -73,14 +73,18 @@ class VisionEncoder:
         """Each image's span embeddings [num_tokens, hidden], in one call per group of
         images that carry the same arrays."""
         out: list[mx.array | None] = [None] * len(images)
-        groups: dict[tuple[str, ...], list[int]] = {}
+        groups: dict[tuple[Any, ...], list[int]] = {}
         for i, im in enumerate(images):
-            groups.setdefault(tuple(sorted(im.arrays)), []).append(i)
-        for idx in groups.values():
+            # Arrays concatenate along their first axis, so a group's other axes agree
+            # (audio clips of different lengths go in calls of their own).
+            shapes = tuple((n, im.arrays[n].shape[1:]) for n in sorted(im.arrays))
+            groups.setdefault((im.token_id, shapes), []).append(i)
+        for (token_id, _), idx in groups.items():
             batch = [images[i] for i in idx]
-            ids = mx.array([[self.parts.image_token_id] * sum(im.num_tokens for im in batch)])
+            tid = self.parts.image_token_id if token_id is None else token_id
+            ids = mx.array([[tid] * sum(im.num_tokens for im in batch)])
             arrays = _concat(batch)
-            pixels = arrays.pop("pixel_values")
+            pixels = arrays.pop("pixel_values", None)
             emb = self.parts.vlm.get_input_embeddings(
                 ids, pixels, mask=mx.ones_like(ids), **arrays
             ).inputs_embeds[0]

@@ -23,6 +23,9 @@ class ImageInput:
     end: int
     # The encoder's inputs for this image alone (pixel_values, image_grid_thw, ...).
     arrays: dict[str, np.ndarray]
+    # The placeholder token of its span when not the model's image token (an audio clip:
+    # the audio token, with input_features in its arrays instead of pixels).
+    token_id: int | None = None
 
     @property
     def num_tokens(self) -> int:

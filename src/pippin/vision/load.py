@@ -42,8 +42,10 @@ def is_vlm_folder(path: Path) -> bool:
     """Whether `path` holds a checkpoint that pippin serves as a vision-language model: a
     supported family, with mlx-vlm installed. Others (a family not supported yet, or no
     `vision` extra) load as before, through mlx-lm, as text models."""
+    from pippin.vision.omni import AUDIO_FAMILIES
+
     family = vision_family(path)
-    return family in SUPPORTED_FAMILIES and vision_available()
+    return (family in SUPPORTED_FAMILIES or family in AUDIO_FAMILIES) and vision_available()
 
 
 def vision_available() -> bool:
@@ -65,6 +67,9 @@ class VisionParts:
     image_token_id: int
     video_token_id: int | None
     mrope: bool
+    # The audio placeholder token of a model that takes audio in chat (`omni`), else None.
+    audio_token_id: int | None = None
+    takes_images: bool = True
 
 
 class LanguageAdapter(nn.Module):
@@ -163,9 +168,11 @@ def load_vlm(path: Path, weights: bool = True) -> tuple[LanguageAdapter, VisionP
     """The language adapter, the vision parts and the config of the VLM folder `path`."""
     from mlx_vlm.utils import load_config, load_image_processor, load_model, load_processor
 
+    from pippin.vision import omni
+
     config = load_config(path)
     family = config.get("model_type", "")
-    if family not in SUPPORTED_FAMILIES:
+    if family not in SUPPORTED_FAMILIES and family not in omni.AUDIO_FAMILIES:
         raise ValueError(
             f"vision model family {family!r} is not supported yet "
             f"(supported: {', '.join(sorted(SUPPORTED_FAMILIES))})"
@@ -192,4 +199,6 @@ def load_vlm(path: Path, weights: bool = True) -> tuple[LanguageAdapter, VisionP
     )
     if weights:
         mx.eval(vlm.parameters())
+    if family in omni.AUDIO_FAMILIES:
+        return omni.adapt(parts), parts, config
     return LanguageAdapter(vlm.language_model, mrope), parts, config
