@@ -225,19 +225,6 @@ def test_chat_unknown_fields_are_named(
             },
             "messages[0].content[0].image_url",
         ),
-        (
-            {
-                "messages": [
-                    {
-                        "role": "user",
-                        "content": [
-                            {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}
-                        ],
-                    }
-                ]
-            },
-            "messages[0].content[0]",
-        ),
         ({"messages": [{"role": "assistant", "audio": {"id": "a"}}]}, "messages[0].audio"),
         ({"max_tokens": 5, "max_completion_tokens": 6}, "max_tokens"),
         ({"add_generation_prompt": True, "continue_final_message": True}, "continue_final_message"),
@@ -273,14 +260,6 @@ def test_chat_malformed_input_audio_names_its_field(
     err = _audio_chat(client, audio)
     assert err["param"] == f"messages[0].content[0].{param}", err
     assert err["code"] == code, err
-
-
-def test_chat_input_audio_is_refused_as_audio_input(client: TestClient) -> None:
-    # No model pippin serves takes audio in chat (docs/architecture.md says why).
-    err = _audio_chat(client, {"data": "AAAA", "format": "mp3"})
-    assert err["param"] == "messages[0].content[0]"
-    assert err["code"] == "unsupported_value"
-    assert "does not accept audio input" in err["message"]
 
 
 def test_chat_accepts_every_other_reference_field(client: TestClient) -> None:

@@ -97,7 +97,7 @@ async def render_media_prompt(
     except ChatTemplateError as exc:
         param = "chat_template_kwargs" if "chat_template_kwargs" in str(exc) else messages_param
         raise bad_request(str(exc), param=param) from None
-    return await media_parts.build_prompt(state, text, pictures, messages_param)
+    return await media_parts.build_prompt(state, text, pictures, messages_param, media.clips())
 
 
 def generic_tools_for(state: LiveModel, tools: list[dict[str, Any]] | None) -> bool:

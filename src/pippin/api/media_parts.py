@@ -32,7 +32,7 @@ DETAILS = ("auto", "low", "high")
 
 @dataclass
 class MediaRef:
-    kind: Literal["image", "video", "base64"]
+    kind: Literal["image", "video", "base64", "audio"]
     param: str  # the part's place in the request, for errors
     url: str | None = None
     data: str | None = None  # base64 (Anthropic's source.type: base64)
@@ -40,6 +40,8 @@ class MediaRef:
     detail: str | None = None
     # The placeholder dict in the template messages (a video's is replaced by its frames').
     placeholder: dict[str, Any] = field(default_factory=dict)
+    # An audio part's decoded clip (samples, sha256 of the upload), once loaded.
+    clip: tuple[Any, str] | None = None
 
 
 @dataclass
@@ -62,8 +64,17 @@ class MediaParts:
     def video(self, url: str, param: str) -> dict[str, Any]:
         return self._add(MediaRef("video", param, url=url))
 
+    def audio(self, data: str, fmt: str, param: str) -> dict[str, Any]:
+        """An OpenAI `input_audio` part (base64 wav or mp3)."""
+        return self._add(MediaRef("audio", param, data=data, media_type=fmt))
+
+    def clips(self) -> list[tuple[Any, str]]:
+        """The loaded audio clips, in prompt order."""
+        return [r.clip for r in self.refs if r.kind == "audio" and r.clip is not None]
+
     def _add(self, ref: MediaRef) -> dict[str, Any]:
-        ref.placeholder = {"type": "video" if ref.kind == "video" else "image"}
+        kind = "image" if ref.kind == "base64" else ref.kind
+        ref.placeholder = {"type": kind}
         self.refs.append(ref)
         return ref.placeholder
 
@@ -73,13 +84,23 @@ class MediaParts:
 
 
 def check_model_takes_media(state: LiveModel, media: MediaParts) -> None:
-    """400 (naming the first media part) for a model without a vision part."""
-    if media and (state.loaded is None or state.loaded.vision is None):
-        raise unsupported_value(
-            media.first_param,
-            "This model does not accept image or video input; "
-            "send text only, or serve a vision-language model.",
-        )
+    """400 (naming the first part it cannot take) for media the model does not take."""
+    vision = state.loaded.vision if state.loaded is not None else None
+    for ref in media.refs:
+        if ref.kind == "audio":
+            if vision is None or vision.audio_token_id is None:
+                raise unsupported_value(
+                    ref.param,
+                    "This model does not accept audio input ('input_audio' content parts); "
+                    "transcribe it with /v1/audio/transcriptions and send the text, or serve "
+                    "a model that takes audio.",
+                )
+        elif vision is None or not vision.takes_images:
+            raise unsupported_value(
+                ref.param,
+                "This model does not accept image or video input; "
+                "send text only, or serve a vision-language model.",
+            )
 
 
 def _low_detail(image: Any) -> tuple[Any, str | None]:
@@ -95,9 +116,32 @@ def _low_detail(image: Any) -> tuple[Any, str | None]:
     return small, digest.hexdigest()
 
 
-async def _load_one(ref: MediaRef, limits: MediaLimits) -> list[tuple[Any, str]]:
+def _decode_clip(data: str, parts: Any, limits: MediaLimits) -> tuple[Any, str]:
+    """A base64 `input_audio` clip -> (samples at the model's feature extractor's rate,
+    sha256 of the upload); at most the model's longest clip (its audio token cap)."""
+    from pippin.audio.decode import AudioError, decode_audio
+    from pippin.vision import omni
+    from pippin.vision.source import b64decode
+
+    if not data:
+        raise MediaError("the audio data is empty")
+    raw = b64decode(data, limits.max_image_bytes, "audio")
+    try:
+        samples = decode_audio(
+            raw, max_seconds=omni.max_seconds(parts), rate=omni.sample_rate(parts)
+        )
+    except AudioError as e:
+        raise MediaError(f"the audio could not be used: {e}") from None
+    return samples, hashlib.sha256(raw).hexdigest()
+
+
+async def _load_one(ref: MediaRef, limits: MediaLimits, parts: Any) -> list[tuple[Any, str]]:
     from pippin.vision import media
 
+    if ref.kind == "audio":
+        assert ref.data is not None
+        ref.clip = await asyncio.to_thread(_decode_clip, ref.data, parts, limits)
+        return []
     if ref.kind == "video":
         assert ref.url is not None
         frames = await media.load_video(ref.url, limits)
@@ -121,10 +165,11 @@ async def load(state: LiveModel, media: MediaParts, limits: MediaLimits) -> list
     if not media:
         return []
     check_model_takes_media(state, media)
+    assert state.loaded is not None
     videos = [r for r in media.refs if r.kind == "video"]
-    images = len(media.refs) - len(videos)
+    images = sum(1 for r in media.refs if r.kind in ("image", "base64"))
     if images > limits.max_images:
-        param = [r for r in media.refs if r.kind != "video"][limits.max_images].param
+        param = [r for r in media.refs if r.kind in ("image", "base64")][limits.max_images].param
         raise bad_request(
             f"This request has {images} images; at most {limits.max_images} are allowed "
             "per request (--limit-mm-per-prompt).",
@@ -137,7 +182,7 @@ async def load(state: LiveModel, media: MediaParts, limits: MediaLimits) -> list
             param=videos[limits.max_videos].param,
         )
     results = await asyncio.gather(
-        *(_load_one(r, limits) for r in media.refs), return_exceptions=True
+        *(_load_one(r, limits, state.loaded.vision) for r in media.refs), return_exceptions=True
     )
     out: list[tuple[Any, str]] = []
     for ref, res in zip(media.refs, results):
@@ -172,18 +217,33 @@ def expand_frames(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-async def build_prompt(
-    state: LiveModel, text: str, pictures: list[tuple[Any, str]], param: str
+def _build(
+    parts: Any, tokenizer: Any, text: str, pictures: list[tuple[Any, str]], clips: list[Any]
 ) -> tuple[list[int], MultiModal | None]:
-    """A rendered prompt's token ids with the pictures' placeholders expanded, and their
-    data for the engine (off the event loop: the processor resizes and normalises)."""
-    from pippin.vision import prompt
+    from pippin.vision import omni, prompt
+
+    ids, mm = prompt.build(parts, tokenizer, text, pictures)
+    return omni.expand_audio(parts, tokenizer, ids, mm, clips)
+
+
+async def build_prompt(
+    state: LiveModel,
+    text: str,
+    pictures: list[tuple[Any, str]],
+    param: str,
+    clips: list[tuple[Any, str]] | None = None,
+) -> tuple[list[int], MultiModal | None]:
+    """A rendered prompt's token ids with the pictures' (and audio clips') placeholders
+    expanded, and their data for the engine (off the event loop: the processor resizes
+    and normalises, the feature extractor computes the clips' features)."""
+    from pippin.vision import omni, prompt
 
     assert state.loaded is not None
     parts = state.loaded.vision
+    tok = state.loaded.tokenizer
     try:
-        return await asyncio.to_thread(prompt.build, parts, state.loaded.tokenizer, text, pictures)
-    except prompt.PromptImageError as e:
+        return await asyncio.to_thread(_build, parts, tok, text, pictures, clips or [])
+    except (prompt.PromptImageError, omni.AudioPromptError) as e:
         raise bad_request(f"{e}.", param=param) from None
     except (ValueError, TypeError, OSError) as e:
         raise bad_request(f"An image could not be processed: {e}", param=param) from None

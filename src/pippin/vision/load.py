@@ -11,6 +11,7 @@ apart, in `encoder`.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,10 +43,9 @@ def is_vlm_folder(path: Path) -> bool:
     """Whether `path` holds a checkpoint that pippin serves as a vision-language model: a
     supported family, with mlx-vlm installed. Others (a family not supported yet, or no
     `vision` extra) load as before, through mlx-lm, as text models."""
-    from pippin.vision.omni import AUDIO_FAMILIES
-
     family = vision_family(path)
-    return (family in SUPPORTED_FAMILIES or family in AUDIO_FAMILIES) and vision_available()
+    audio = family in AUDIO_FAMILIES and has_audio_tower(path)
+    return (family in SUPPORTED_FAMILIES or audio) and vision_available()
 
 
 def vision_available() -> bool:
@@ -164,15 +164,93 @@ class LanguageAdapter(nn.Module):
         return kw
 
 
+# Families whose audio tower pippin runs (audio in chat: `omni`), with their adapters;
+# served through mlx-vlm only with an `audio_config` (others load as before).
+AUDIO_FAMILIES = frozenset({"gemma4"})
+
+
+def has_audio_tower(path: Path) -> bool:
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and isinstance(config.get("audio_config"), dict)
+
+
+class Gemma4Adapter(LanguageAdapter):
+    def __init__(self, language_model: Any, media_token_ids: Sequence[int]) -> None:
+        super().__init__(language_model, mrope=False)
+        self._media_ids = tuple(media_token_ids)
+
+    def embed(self, tokens: mx.array) -> mx.array:
+        m = self.language_model.model
+        return m.embed_tokens(tokens) * m.embed_scale
+
+    def __call__(
+        self,
+        inputs: mx.array,
+        cache: list[Any] | None = None,
+        input_embeddings: mx.array | None = None,
+        position_ids: mx.array | None = None,
+    ) -> mx.array:
+        lm = self.language_model
+        per_layer = None
+        if lm.model.hidden_size_per_layer_input:
+            text = inputs
+            for t in self._media_ids:
+                text = mx.where(text == t, 0, text)
+            per_layer = lm.model.get_per_layer_inputs(text)
+        out = lm(inputs, inputs_embeds=input_embeddings, cache=cache, per_layer_inputs=per_layer)
+        return out.logits
+
+
+def _eval_hidden_arrays(root: nn.Module) -> None:
+    """Evaluate the arrays a model keeps outside its parameters (Gemma 4's audio attention
+    builds its relative-position timescales lazily, on a private sub-module): here, on the
+    loading thread, since a lazy array cannot be evaluated on another thread (the engine's)
+    without the stream it was made on."""
+    seen: set[int] = set()
+    found: list[mx.array] = []
+
+    def walk(obj: Any) -> None:
+        if id(obj) in seen:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, mx.array):
+            found.append(obj)
+        elif isinstance(obj, nn.Module):
+            for v in (*vars(obj).values(), *obj.values()):
+                walk(v)
+        elif isinstance(obj, (list, tuple)):
+            for v in obj:
+                walk(v)
+        elif isinstance(obj, dict):
+            for v in obj.values():
+                walk(v)
+
+    walk(root)
+    mx.eval(found)
+
+
+def adapt_audio_family(parts: VisionParts) -> LanguageAdapter:
+    """The language adapter of an audio family; fills in `parts`' audio facts."""
+    _eval_hidden_arrays(parts.vlm)
+    cfg = parts.vlm.config
+    parts.audio_token_id = int(cfg.audio_token_id)
+    parts.takes_images = False
+    ids = [parts.image_token_id, int(cfg.audio_token_id)]
+    if getattr(cfg, "video_token_id", None) is not None:
+        ids.append(int(cfg.video_token_id))
+    return Gemma4Adapter(parts.vlm.language_model, ids)
+
+
 def load_vlm(path: Path, weights: bool = True) -> tuple[LanguageAdapter, VisionParts, dict]:
     """The language adapter, the vision parts and the config of the VLM folder `path`."""
     from mlx_vlm.utils import load_config, load_image_processor, load_model, load_processor
 
-    from pippin.vision import omni
-
     config = load_config(path)
     family = config.get("model_type", "")
-    if family not in SUPPORTED_FAMILIES and family not in omni.AUDIO_FAMILIES:
+    if family not in SUPPORTED_FAMILIES and family not in AUDIO_FAMILIES:
         raise ValueError(
             f"vision model family {family!r} is not supported yet "
             f"(supported: {', '.join(sorted(SUPPORTED_FAMILIES))})"
@@ -199,6 +277,6 @@ def load_vlm(path: Path, weights: bool = True) -> tuple[LanguageAdapter, VisionP
     )
     if weights:
         mx.eval(vlm.parameters())
-    if family in omni.AUDIO_FAMILIES:
-        return omni.adapt(parts), parts, config
+    if family in AUDIO_FAMILIES:
+        return adapt_audio_family(parts), parts, config
     return LanguageAdapter(vlm.language_model, mrope), parts, config

@@ -1,4 +1,4 @@
-"""Audio in chat: the families whose mlx-vlm model has an audio tower that pippin runs.
+"""Audio in chat: a clip's prompt tokens and encoder inputs (API side).
 
 An audio clip travels as an `ImageInput` whose `token_id` is the model's audio token and
 whose arrays are the feature extractor's (`input_features`, `input_features_mask`): the
@@ -10,8 +10,9 @@ tokens, so the family's tower and projection are its own code.
 Gemma 4 (E2B/E4B, the checkpoints with an `audio_config`) only, for now: its language
 model scales token embeddings by `embed_scale` and adds per-layer inputs computed from
 the token ids with image and audio positions zeroed (`Model.get_input_embeddings`), which
-`Gemma4Adapter` does for every step. Its images are not served yet (their bidirectional
-attention and position ids are not checked against mlx-vlm), so they are refused.
+`load.Gemma4Adapter` does for every step (`load.AUDIO_FAMILIES`). Its images are not
+served yet (their position ids and attention are not checked against mlx-vlm's), so they
+are refused.
 """
 
 from __future__ import annotations
@@ -20,62 +21,25 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-import mlx.core as mx
 import numpy as np
 
 from pippin.vision.inputs import ImageInput, MultiModal, content_key
-from pippin.vision.load import LanguageAdapter, VisionParts
-
-AUDIO_FAMILIES = frozenset({"gemma4"})
+from pippin.vision.load import VisionParts
 
 
 class AudioPromptError(ValueError):
     """The prompt and its audio clips do not agree."""
 
 
-class Gemma4Adapter(LanguageAdapter):
-    def __init__(self, language_model: Any, media_token_ids: Sequence[int]) -> None:
-        super().__init__(language_model, mrope=False)
-        self._media_ids = tuple(media_token_ids)
-
-    def embed(self, tokens: mx.array) -> mx.array:
-        m = self.language_model.model
-        return m.embed_tokens(tokens) * m.embed_scale
-
-    def __call__(
-        self,
-        inputs: mx.array,
-        cache: list[Any] | None = None,
-        input_embeddings: mx.array | None = None,
-        position_ids: mx.array | None = None,
-    ) -> mx.array:
-        lm = self.language_model
-        per_layer = None
-        if lm.model.hidden_size_per_layer_input:
-            text = inputs
-            for t in self._media_ids:
-                text = mx.where(text == t, 0, text)
-            per_layer = lm.model.get_per_layer_inputs(text)
-        out = lm(inputs, inputs_embeds=input_embeddings, cache=cache, per_layer_inputs=per_layer)
-        return out.logits
-
-
-def adapt(parts: VisionParts) -> LanguageAdapter:
-    """The language adapter of an audio family; fills in `parts`' audio facts."""
-    cfg = parts.vlm.config
-    parts.audio_token_id = int(cfg.audio_token_id)
-    parts.takes_images = False
-    if parts.vlm.audio_tower is None:
-        parts.audio_token_id = None  # a Gemma 4 without an audio tower (26B, 31B)
-    ids = [parts.image_token_id, int(cfg.audio_token_id)]
-    if getattr(cfg, "video_token_id", None) is not None:
-        ids.append(int(cfg.video_token_id))
-    return Gemma4Adapter(parts.vlm.language_model, ids)
-
-
 def sample_rate(parts: VisionParts) -> int:
     """The rate the model's feature extractor takes."""
     return int(parts.processor.feature_extractor.sampling_rate)
+
+
+def max_seconds(parts: VisionParts) -> float:
+    """The longest clip the model takes whole (its processor caps a clip's tokens)."""
+    proc = parts.processor
+    return float(proc.audio_seq_length * proc.audio_ms_per_token / 1000)
 
 
 def placeholder(parts: VisionParts) -> str:

@@ -49,6 +49,7 @@ from pippin.api.mcp_loop import (
 from pippin.api.media_parts import MediaParts
 from pippin.api.openai.protocol import (
     AssistantMessage,
+    AudioPart,
     ChatCompletionRequest,
     CustomTool,
     DeveloperMessage,
@@ -109,6 +110,9 @@ def _content(
             parts.append(media.image(url.url, f"{param}[{j}]", url.detail))
         elif isinstance(part, VideoPart) and media is not None:
             parts.append(media.video(part.video_url.url, f"{param}[{j}]"))
+        elif isinstance(part, AudioPart) and media is not None:
+            audio = part.input_audio
+            parts.append(media.audio(audio.data, audio.format, f"{param}[{j}]"))
         else:
             kind = {
                 "image_url": "Image",
@@ -116,12 +120,6 @@ def _content(
                 "input_audio": "Audio",
                 "file": "File",
             }[part.type]
-            if kind == "Audio" and media is not None:
-                raise unsupported_value(
-                    f"{param}[{j}]",
-                    "This model does not accept audio input ('input_audio' content parts); "
-                    "send the audio to /v1/audio/transcriptions and the text here.",
-                )
             raise unsupported_value(
                 f"{param}[{j}]",
                 f"{kind} input ('{part.type}' content parts) is not supported "
