@@ -5,9 +5,10 @@ Each is a folder laid out as the Hugging Face checkpoint of its family (``config
 tokens and a chat template that writes them), so ``mlx_vlm.load`` reads it with its own
 processor. The tokenizer is tiny_models' trained BPE with the image tokens added.
 
-Families: ``qwen2_5_vl`` (M-RoPE positions), ``llava`` (a Llama text model, plain
-positions). Images of 56x56 give 4 tokens (Qwen) and 4x4 patches + CLS (LLaVA: 16
-tokens).
+Families: ``qwen2_5_vl`` (M-RoPE positions), ``qwen3_vl`` (M-RoPE and deepstack),
+``llava`` (a Llama text model, plain positions), ``gemma3``. Images of 56x56 give 4
+tokens (Qwen2.5-VL, Qwen3-VL at 64x64 after its resize) and 4x4 patches + CLS (LLaVA:
+16 tokens).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy as np
 import tiny_models
 from mlx.utils import tree_flatten
 
-FAMILIES = ("qwen2_5_vl", "llava", "gemma3")
+FAMILIES = ("qwen2_5_vl", "llava", "gemma3", "qwen3_vl")
 
 _QWEN_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 _LLAVA_TOKENS = ("<image>",)
@@ -139,6 +140,57 @@ def _qwen_files(ids: dict[str, int]) -> tuple[dict, dict]:
     return config, pre
 
 
+def _qwen3_files(ids: dict[str, int]) -> tuple[dict, dict]:
+    """Qwen3-VL: M-RoPE, and deepstack (vision features of inner vision layers added to
+    the first text layers' hidden states at the image positions)."""
+    config = {
+        "model_type": "qwen3_vl",
+        "architectures": ["Qwen3VLForConditionalGeneration"],
+        "image_token_id": ids["<|image_pad|>"],
+        "video_token_id": ids["<|video_pad|>"],
+        "vision_start_token_id": ids["<|vision_start|>"],
+        "vision_end_token_id": ids["<|vision_end|>"],
+        "eos_token_id": ids[tiny_models.EOS_TOKEN],
+        "tie_word_embeddings": False,
+        "text_config": {
+            **_text_config(ids, "qwen3_vl_text"),
+            "head_dim": 16,
+            "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3]},
+        },
+        "vision_config": {
+            "model_type": "qwen3_vl",
+            "depth": 3,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "out_hidden_size": TEXT_HIDDEN,
+            "num_heads": 2,
+            "patch_size": 16,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "num_position_embeddings": 16,
+            "deepstack_visual_indexes": [0, 1],
+            "in_channels": 3,
+        },
+    }
+    pre = {
+        "image_processor_type": "Qwen2VLImageProcessorFast",
+        "processor_class": "Qwen3VLProcessor",
+        "do_resize": True,
+        "do_rescale": True,
+        "do_normalize": True,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "size": {"shortest_edge": 64 * 64, "longest_edge": 128 * 128},
+        "min_pixels": 64 * 64,
+        "max_pixels": 128 * 128,
+        "patch_size": 16,
+        "merge_size": 2,
+        "temporal_patch_size": 2,
+        "resample": 3,
+    }
+    return config, pre
+
+
 def _llava_files(ids: dict[str, int]) -> tuple[dict, dict]:
     config = {
         "model_type": "llava",
@@ -247,6 +299,8 @@ def _init(model: Any, seed: int, gemma: bool = False) -> dict[str, mx.array]:
         else:
             fan_in = int(np.prod(shape[1:]))
             w = rng.standard_normal(shape) / np.sqrt(fan_in)
+            if "deepstack_merger_list" in name and "linear_fc2" in name:
+                w = 4.0 * w  # strong enough that a model without deepstack answers otherwise
         out[name] = mx.array(w.astype(np.float32))
     return out
 
@@ -260,6 +314,9 @@ def build_tiny_vlm(family: str, dest: Path, *, seed: int = 0) -> Path:
     if family == "qwen2_5_vl":
         ids = _add_tokens(dest, _QWEN_TOKENS, _QWEN_TEMPLATE)
         config, pre = _qwen_files(ids)
+    elif family == "qwen3_vl":
+        ids = _add_tokens(dest, _QWEN_TOKENS, _QWEN_TEMPLATE)
+        config, pre = _qwen3_files(ids)
     elif family == "llava":
         ids = _add_tokens(dest, _LLAVA_TOKENS, _LLAVA_TEMPLATE)
         config, pre = _llava_files(ids)

@@ -57,7 +57,7 @@ def reference(loaded, ids: list[int], mm, n: int) -> list[int]:
     return out
 
 
-@pytest.fixture(scope="module", params=["qwen2_5_vl", "llava", "gemma3"])
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "llava", "gemma3", "qwen3_vl"])
 def vlm(request, tmp_path_factory):
     path = get_tiny_vlm(request.param, tmp_path_factory.mktemp("vlm"))
     return load_model(str(path))

@@ -81,9 +81,11 @@ class VisionEncoder:
             ids = mx.array([[self.parts.image_token_id] * sum(im.num_tokens for im in batch)])
             arrays = _concat(batch)
             pixels = arrays.pop("pixel_values")
-            emb = self.parts.vlm.get_input_embeddings(
-                ids, pixels, mask=mx.ones_like(ids), **arrays
-            ).inputs_embeds[0]
+            got = self.parts.vlm.get_input_embeddings(ids, pixels, mask=mx.ones_like(ids), **arrays)
+            emb = got.inputs_embeds[0]
+            if self.parts.deepstack:
+                # Qwen3-VL: each layer's deepstack rows beside the token's embedding.
+                emb = mx.concatenate([emb, *got.deepstack_visual_embeds], axis=-1)
             self.calls += 1
             self.images_encoded += len(batch)
             k = 0

@@ -20,10 +20,10 @@ import mlx.nn as nn
 import numpy as np
 
 # Families whose language model takes M-RoPE positions ([3, B, L]: time, height, width).
-MROPE_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl"})
+MROPE_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl"})
 # Families whose image placeholders are one run of the image token per image, filled
 # wholly by the image's features, which `encoder` can compute for many images in one call.
-SUPPORTED_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl", "llava", "gemma3"})
+SUPPORTED_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "gemma3"})
 
 
 def vision_family(path: Path) -> str | None:
@@ -65,15 +65,20 @@ class VisionParts:
     image_token_id: int
     video_token_id: int | None
     mrope: bool
+    # Qwen3-VL's deepstack: how many inner vision layers' features are added to the first
+    # text layers' hidden states at the image positions (0 for other families). The
+    # encoder's output per image token is then [main | layer 0 | layer 1 ...] on one row.
+    deepstack: int = 0
 
 
 class LanguageAdapter(nn.Module):
     """An mlx-vlm language model in mlx-lm's calling convention."""
 
-    def __init__(self, language_model: nn.Module, mrope: bool) -> None:
+    def __init__(self, language_model: nn.Module, mrope: bool, deepstack: int = 0) -> None:
         super().__init__()
         self.language_model = language_model
         self._mrope = mrope
+        self._deepstack = deepstack
 
     @property
     def layers(self) -> list[nn.Module]:
@@ -110,6 +115,8 @@ class LanguageAdapter(nn.Module):
         cache: list[Any] | None = None,
         input_embeddings: mx.array | None = None,
         position_ids: mx.array | None = None,
+        visual_pos_masks: mx.array | None = None,
+        deepstack_visual_embeds: list[mx.array] | None = None,
     ) -> mx.array:
         lm = self.language_model
         if not self._mrope:
@@ -120,7 +127,15 @@ class LanguageAdapter(nn.Module):
             position_ids = mx.broadcast_to(mx.arange(off, off + L)[None, None], (3, B, L))
         # The inner model directly, with explicit positions: the outer one keeps
         # per-generation rope state that a batch of unrelated sequences cannot share.
-        h = lm.model(inputs, inputs_embeds=input_embeddings, cache=cache, position_ids=position_ids)
+        ds = {}
+        if deepstack_visual_embeds is not None:
+            ds = {
+                "visual_pos_masks": visual_pos_masks,
+                "deepstack_visual_embeds": deepstack_visual_embeds,
+            }
+        h = lm.model(
+            inputs, inputs_embeds=input_embeddings, cache=cache, position_ids=position_ids, **ds
+        )
         if lm.args.tie_word_embeddings:
             return lm.model.embed_tokens.as_linear(h)
         return lm.lm_head(h)
@@ -150,12 +165,22 @@ class LanguageAdapter(nn.Module):
                 rows.append((b, it.start, end, media.mm.images[i], media.features[i]))
         if rows:
             emb = self.embed(inputs)
+            H = emb.shape[-1]
+            mask = np.zeros((B, L), dtype=bool)
+            stack: list[mx.array] = []  # deepstack rows, batch-major as the model reads them
             for b, start, end, im, feats in rows:
                 lo, hi = max(start, im.start), min(end, im.end)
-                emb[b, lo - start : hi - start] = feats[lo - im.start : hi - im.start].astype(
-                    emb.dtype
-                )
+                part = feats[lo - im.start : hi - im.start]
+                emb[b, lo - start : hi - start] = part[:, :H].astype(emb.dtype)
+                mask[b, lo - start : hi - start] = True
+                stack.append(part[:, H:])
             kw["input_embeddings"] = emb
+            if self._deepstack:
+                ds = mx.concatenate(stack).astype(emb.dtype)  # rows are in batch, then span order
+                kw["visual_pos_masks"] = mx.array(mask)
+                kw["deepstack_visual_embeds"] = [
+                    ds[:, k * H : (k + 1) * H] for k in range(self._deepstack)
+                ]
         return kw
 
 
@@ -182,6 +207,7 @@ def load_vlm(path: Path, weights: bool = True) -> tuple[LanguageAdapter, VisionP
     if image_token is None:
         raise ValueError(f"the {family} config names no image token")
     mrope = family in MROPE_FAMILIES
+    deepstack = len(getattr(cfg.vision_config, "deepstack_visual_indexes", None) or [])
     parts = VisionParts(
         vlm=vlm,
         processor=processor,
@@ -189,7 +215,8 @@ def load_vlm(path: Path, weights: bool = True) -> tuple[LanguageAdapter, VisionP
         image_token_id=int(image_token),
         video_token_id=getattr(cfg, "video_token_id", None),
         mrope=mrope,
+        deepstack=deepstack,
     )
     if weights:
         mx.eval(vlm.parameters())
-    return LanguageAdapter(vlm.language_model, mrope), parts, config
+    return LanguageAdapter(vlm.language_model, mrope, deepstack), parts, config
