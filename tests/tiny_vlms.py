@@ -23,10 +23,17 @@ import numpy as np
 import tiny_models
 from mlx.utils import tree_flatten
 
-FAMILIES = ("qwen2_5_vl", "llava", "gemma3", "qwen3_vl")
+FAMILIES = ("qwen2_5_vl", "llava", "gemma3", "qwen3_vl", "idefics3", "smolvlm")
 
 _QWEN_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 _LLAVA_TOKENS = ("<image>",)
+_IDEFICS_TOKENS = (
+    "<fake_token_around_image>",
+    "<image>",
+    "<global-img>",
+    *(f"<row_{r}_col_{c}>" for r in (1, 2) for c in (1, 2)),
+    "<end_of_utterance>",
+)
 _GEMMA_TOKENS = ("<start_of_image>", "<end_of_image>", "<image_soft_token>")
 
 # Qwen2-VL's template for image parts (and plain text), ChatML around it.
@@ -48,6 +55,10 @@ _QWEN_TEMPLATE = (
 _LLAVA_TEMPLATE = _QWEN_TEMPLATE.replace(
     "'<|vision_start|><|image_pad|><|vision_end|>'", "'<image>\\n'"
 ).replace("'<|vision_start|><|video_pad|><|vision_end|>'", "'<image>\\n'")
+
+_IDEFICS_TEMPLATE = _QWEN_TEMPLATE.replace(
+    "'<|vision_start|><|image_pad|><|vision_end|>'", "'<image>'"
+).replace("'<|vision_start|><|video_pad|><|vision_end|>'", "'<image>'")
 
 _GEMMA_TEMPLATE = _QWEN_TEMPLATE.replace(
     "'<|vision_start|><|image_pad|><|vision_end|>'", "'<start_of_image>'"
@@ -191,6 +202,52 @@ def _qwen3_files(ids: dict[str, int]) -> tuple[dict, dict]:
     return config, pre
 
 
+def _idefics_files(ids: dict[str, int], family: str) -> tuple[dict, dict]:
+    """Idefics3 / SmolVLM: a picture is cut into tiles (2x2 of 56 px here) plus a global
+    view, each 4 image tokens, with row/column markers between the tiles' runs."""
+    text = {**_text_config(ids, "llama")}
+    if family == "smolvlm":
+        text["head_dim"] = 16
+    config = {
+        "model_type": family,
+        "architectures": [
+            "SmolVLMForConditionalGeneration"
+            if family == "smolvlm"
+            else "Idefics3ForConditionalGeneration"
+        ],
+        "image_token_id": ids["<image>"],
+        "scale_factor": 2,
+        "eos_token_id": ids[tiny_models.EOS_TOKEN],
+        "text_config": text,
+        "vision_config": {
+            "model_type": f"{family}_vision",
+            "num_hidden_layers": 2,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_attention_heads": 2,
+            "patch_size": 14,
+            "image_size": 56,
+        },
+    }
+    cls = "SmolVLM" if family == "smolvlm" else "Idefics3"
+    pre = {
+        "image_processor_type": f"{cls}ImageProcessor",
+        "processor_class": f"{cls}Processor",
+        "do_resize": True,
+        "do_rescale": True,
+        "do_normalize": True,
+        "do_convert_rgb": True,
+        "do_pad": True,
+        "do_image_splitting": True,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "max_image_size": {"longest_edge": 56},
+        "size": {"longest_edge": 112},
+        "resample": 1,
+    }
+    return config, pre
+
+
 def _llava_files(ids: dict[str, int]) -> tuple[dict, dict]:
     config = {
         "model_type": "llava",
@@ -317,6 +374,12 @@ def build_tiny_vlm(family: str, dest: Path, *, seed: int = 0) -> Path:
     elif family == "qwen3_vl":
         ids = _add_tokens(dest, _QWEN_TOKENS, _QWEN_TEMPLATE)
         config, pre = _qwen3_files(ids)
+    elif family in ("idefics3", "smolvlm"):
+        ids = _add_tokens(dest, _IDEFICS_TOKENS, _IDEFICS_TEMPLATE)
+        config, pre = _idefics_files(ids, family)
+        (dest / "processor_config.json").write_text(
+            json.dumps({"processor_class": pre["processor_class"], "image_seq_len": 4})
+        )
     elif family == "llava":
         ids = _add_tokens(dest, _LLAVA_TOKENS, _LLAVA_TEMPLATE)
         config, pre = _llava_files(ids)

@@ -57,7 +57,9 @@ def reference(loaded, ids: list[int], mm, n: int) -> list[int]:
     return out
 
 
-@pytest.fixture(scope="module", params=["qwen2_5_vl", "llava", "gemma3", "qwen3_vl"])
+@pytest.fixture(
+    scope="module", params=["qwen2_5_vl", "llava", "gemma3", "qwen3_vl", "idefics3", "smolvlm"]
+)
 def vlm(request, tmp_path_factory):
     path = get_tiny_vlm(request.param, tmp_path_factory.mktemp("vlm"))
     return load_model(str(path))
@@ -126,8 +128,11 @@ def test_preempted_image_requests_recompute_to_the_same_tokens(vlm) -> None:
     n = 2 * GEN
     reqs = {f"r{i}": prompt(vlm, 1, "Describe the picture in detail.", [20 + i]) for i in range(6)}
     refs = {k: reference(vlm, ids, mm, n) for k, (ids, mm) in reqs.items()}
-    longest = max(len(ids) for ids, _ in reqs.values()) + n
-    core = EngineCore(vlm, _config(block_size=4, num_blocks=longest // 4 + 8))
+    prompt_len = max(len(ids) for ids, _ in reqs.values())
+    # Room for two prompts (and one whole sequence), not for two whole sequences.
+    blocks = max(2 * (prompt_len // 4 + 1) + 2, (prompt_len + n) // 4 + 2)
+    assert blocks < 2 * ((prompt_len + n) // 4)
+    core = EngineCore(vlm, _config(block_size=4, num_blocks=blocks))
     for k, (ids, mm) in reqs.items():
         core.add_request(
             k, ids, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, mm=mm)

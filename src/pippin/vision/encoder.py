@@ -1,11 +1,12 @@
 """The vision tower as its own step: the images a step's prompt chunks reach, encoded in
 one call, with a bounded LRU of encoder outputs keyed by content.
 
-An image's output is the embeddings of its placeholder span, computed by mlx-vlm's own
-`get_input_embeddings` over a row made only of placeholder tokens: whatever the family
-does to merge features (projectors, scaling) is its own code. Several images go in one
-call as one row of their spans back to back, with their pixel arrays concatenated, which
-every family in `load.SUPPORTED_FAMILIES` merges in order.
+An image's output is the embeddings of its span, computed by mlx-vlm's own
+`get_input_embeddings` over a row made of the span's tokens (image tokens, and any tile
+markers between them): whatever the family does to merge features (projectors, scaling)
+is its own code. Several images go in one call as one row of their spans back to back,
+with their pixel arrays concatenated (images whose arrays agree in shape past the first
+axis), which every family in `load.SUPPORTED_FAMILIES` merges in order.
 """
 
 from __future__ import annotations
@@ -73,12 +74,14 @@ class VisionEncoder:
         """Each image's span embeddings [num_tokens, hidden], in one call per group of
         images that carry the same arrays."""
         out: list[mx.array | None] = [None] * len(images)
-        groups: dict[tuple[str, ...], list[int]] = {}
+        groups: dict[tuple[Any, ...], list[int]] = {}
         for i, im in enumerate(images):
-            groups.setdefault(tuple(sorted(im.arrays)), []).append(i)
+            shapes = tuple((n, im.arrays[n].shape[1:]) for n in sorted(im.arrays))
+            groups.setdefault(shapes, []).append(i)
         for idx in groups.values():
             batch = [images[i] for i in idx]
-            ids = mx.array([[self.parts.image_token_id] * sum(im.num_tokens for im in batch)])
+            row = [t for im in batch for t in self._span(im)]
+            ids = mx.array([row])
             arrays = _concat(batch)
             pixels = arrays.pop("pixel_values")
             got = self.parts.vlm.get_input_embeddings(ids, pixels, mask=mx.ones_like(ids), **arrays)
@@ -93,6 +96,9 @@ class VisionEncoder:
                 out[i] = emb[k : k + im.num_tokens]
                 k += im.num_tokens
         return [o for o in out if o is not None]
+
+    def _span(self, im: ImageInput) -> tuple[int, ...]:
+        return im.tokens or (self.parts.image_token_id,) * im.num_tokens
 
     def prepare(self, items: list[Any]) -> None:
         """Make sure every image that the rows `items` (start, length, seq with `media`)

@@ -23,6 +23,10 @@ class ImageInput:
     end: int
     # The encoder's inputs for this image alone (pixel_values, image_grid_thw, ...).
     arrays: dict[str, np.ndarray]
+    # The span's token ids where they are not all the image token: Idefics3 / SmolVLM
+    # tiles, whose runs of image tokens have row/column markers between them (the
+    # markers' embeddings are then part of the encoder's output). Empty: all image tokens.
+    tokens: tuple[int, ...] = ()
 
     @property
     def num_tokens(self) -> int:

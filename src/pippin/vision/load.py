@@ -21,9 +21,12 @@ import numpy as np
 
 # Families whose language model takes M-RoPE positions ([3, B, L]: time, height, width).
 MROPE_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl"})
-# Families whose image placeholders are one run of the image token per image, filled
-# wholly by the image's features, which `encoder` can compute for many images in one call.
-SUPPORTED_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "gemma3"})
+# Families whose image placeholders become one span per image (a run of the image token,
+# or Idefics3's tile runs with markers between), filled by the image's features, which
+# `encoder` can compute for many images in one call.
+SUPPORTED_FAMILIES = frozenset(
+    {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "gemma3", "idefics3", "smolvlm"}
+)
 
 
 def vision_family(path: Path) -> str | None:
@@ -107,7 +110,9 @@ class LanguageAdapter(nn.Module):
         return out
 
     def embed(self, tokens: mx.array) -> mx.array:
-        return self.language_model.model.embed_tokens(tokens)
+        # Idefics3's language model holds its embeddings itself, not in an inner `model`.
+        inner = getattr(self.language_model, "model", self.language_model)
+        return inner.embed_tokens(tokens)
 
     def __call__(
         self,
