@@ -23,7 +23,7 @@ import numpy as np
 import tiny_models
 from mlx.utils import tree_flatten
 
-FAMILIES = ("qwen2_5_vl", "llava", "gemma3", "qwen3_vl", "idefics3", "smolvlm")
+FAMILIES = ("qwen2_5_vl", "llava", "gemma3", "qwen3_vl", "idefics3", "smolvlm", "mistral3")
 
 _QWEN_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 _LLAVA_TOKENS = ("<image>",)
@@ -34,6 +34,7 @@ _IDEFICS_TOKENS = (
     *(f"<row_{r}_col_{c}>" for r in (1, 2) for c in (1, 2)),
     "<end_of_utterance>",
 )
+_MISTRAL_TOKENS = ("[IMG]", "[IMG_BREAK]", "[IMG_END]")
 _GEMMA_TOKENS = ("<start_of_image>", "<end_of_image>", "<image_soft_token>")
 
 # Qwen2-VL's template for image parts (and plain text), ChatML around it.
@@ -59,6 +60,10 @@ _LLAVA_TEMPLATE = _QWEN_TEMPLATE.replace(
 _IDEFICS_TEMPLATE = _QWEN_TEMPLATE.replace(
     "'<|vision_start|><|image_pad|><|vision_end|>'", "'<image>'"
 ).replace("'<|vision_start|><|video_pad|><|vision_end|>'", "'<image>'")
+
+_MISTRAL_TEMPLATE = _QWEN_TEMPLATE.replace(
+    "'<|vision_start|><|image_pad|><|vision_end|>'", "'[IMG]'"
+).replace("'<|vision_start|><|video_pad|><|vision_end|>'", "'[IMG]'")
 
 _GEMMA_TEMPLATE = _QWEN_TEMPLATE.replace(
     "'<|vision_start|><|image_pad|><|vision_end|>'", "'<start_of_image>'"
@@ -248,6 +253,45 @@ def _idefics_files(ids: dict[str, int], family: str) -> tuple[dict, dict]:
     return config, pre
 
 
+def _mistral3_files(ids: dict[str, int]) -> tuple[dict, dict]:
+    """Mistral Small 3.1: a Pixtral vision tower (2D RoPE over patches), patches merged
+    2x2, one row of image tokens per patch row with [IMG_BREAK] between, [IMG_END] last."""
+    config = {
+        "model_type": "mistral3",
+        "architectures": ["Mistral3ForConditionalGeneration"],
+        "image_token_index": ids["[IMG]"],
+        "spatial_merge_size": 2,
+        "vision_feature_layer": -1,
+        "eos_token_id": ids[tiny_models.EOS_TOKEN],
+        "text_config": {**_text_config(ids, "mistral"), "head_dim": 16},
+        "vision_config": {
+            "model_type": "pixtral",
+            "num_hidden_layers": 2,
+            "hidden_size": 32,
+            "head_dim": 16,
+            "intermediate_size": 64,
+            "num_attention_heads": 2,
+            "image_size": 56,
+            "patch_size": 14,
+            "rope_theta": 10000.0,
+        },
+    }
+    pre = {
+        "image_processor_type": "PixtralImageProcessor",
+        "processor_class": "Mistral3Processor",
+        "do_resize": True,
+        "do_rescale": True,
+        "do_normalize": True,
+        "do_convert_rgb": True,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "patch_size": {"height": 14, "width": 14},
+        "size": {"longest_edge": 56},
+        "resample": 3,
+    }
+    return config, pre
+
+
 def _llava_files(ids: dict[str, int]) -> tuple[dict, dict]:
     config = {
         "model_type": "llava",
@@ -379,6 +423,21 @@ def build_tiny_vlm(family: str, dest: Path, *, seed: int = 0) -> Path:
         config, pre = _idefics_files(ids, family)
         (dest / "processor_config.json").write_text(
             json.dumps({"processor_class": pre["processor_class"], "image_seq_len": 4})
+        )
+    elif family == "mistral3":
+        ids = _add_tokens(dest, _MISTRAL_TOKENS, _MISTRAL_TEMPLATE)
+        config, pre = _mistral3_files(ids)
+        (dest / "processor_config.json").write_text(
+            json.dumps(
+                {
+                    "processor_class": "Mistral3Processor",
+                    "patch_size": 14,
+                    "spatial_merge_size": 2,
+                    "image_token": "[IMG]",
+                    "image_break_token": "[IMG_BREAK]",
+                    "image_end_token": "[IMG_END]",
+                }
+            )
         )
     elif family == "llava":
         ids = _add_tokens(dest, _LLAVA_TOKENS, _LLAVA_TEMPLATE)

@@ -25,8 +25,20 @@ MROPE_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl"})
 # or Idefics3's tile runs with markers between), filled by the image's features, which
 # `encoder` can compute for many images in one call.
 SUPPORTED_FAMILIES = frozenset(
-    {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "gemma3", "idefics3", "smolvlm"}
+    {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "gemma3", "idefics3", "smolvlm", "mistral3"}
 )
+# Text models of a supported family that pippin cannot batch correctly yet: Ministral 3's
+# and Mistral 4's attention scale depends on the position, and mlx-vlm computes it from
+# the first row's cache offset for the whole batch.
+UNSUPPORTED_TEXT_MODELS = frozenset({"ministral3", "mistral4"})
+
+
+def text_model_type(path: Path) -> str | None:
+    try:
+        text = json.loads((path / "config.json").read_text()).get("text_config")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return str(text.get("model_type", "")) if isinstance(text, dict) else None
 
 
 def vision_family(path: Path) -> str | None:
@@ -46,6 +58,8 @@ def is_vlm_folder(path: Path) -> bool:
     supported family, with mlx-vlm installed. Others (a family not supported yet, or no
     `vision` extra) load as before, through mlx-lm, as text models."""
     family = vision_family(path)
+    if text_model_type(path) in UNSUPPORTED_TEXT_MODELS:
+        return False
     return family in SUPPORTED_FAMILIES and vision_available()
 
 
@@ -195,7 +209,7 @@ def load_vlm(path: Path, weights: bool = True) -> tuple[LanguageAdapter, VisionP
 
     config = load_config(path)
     family = config.get("model_type", "")
-    if family not in SUPPORTED_FAMILIES:
+    if family not in SUPPORTED_FAMILIES or text_model_type(path) in UNSUPPORTED_TEXT_MODELS:
         raise ValueError(
             f"vision model family {family!r} is not supported yet "
             f"(supported: {', '.join(sorted(SUPPORTED_FAMILIES))})"
