@@ -23,7 +23,16 @@ import numpy as np
 import tiny_models
 from mlx.utils import tree_flatten
 
-FAMILIES = ("qwen2_5_vl", "llava", "gemma3", "qwen3_vl", "idefics3", "smolvlm", "mistral3")
+FAMILIES = (
+    "qwen2_5_vl",
+    "llava",
+    "gemma3",
+    "qwen3_vl",
+    "idefics3",
+    "smolvlm",
+    "mistral3",
+    "pixtral",
+)
 
 _QWEN_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 _LLAVA_TOKENS = ("<image>",)
@@ -253,14 +262,19 @@ def _idefics_files(ids: dict[str, int], family: str) -> tuple[dict, dict]:
     return config, pre
 
 
-def _mistral3_files(ids: dict[str, int]) -> tuple[dict, dict]:
-    """Mistral Small 3.1: a Pixtral vision tower (2D RoPE over patches), patches merged
-    2x2, one row of image tokens per patch row with [IMG_BREAK] between, [IMG_END] last."""
+def _mistral3_files(ids: dict[str, int], family: str) -> tuple[dict, dict]:
+    """Mistral Small 3.1 (``mistral3``: patches merged 2x2) and Pixtral (``pixtral``: one
+    token a patch): a Pixtral vision tower (2D RoPE over patches), one row of image
+    tokens per patch row with [IMG_BREAK] between, [IMG_END] last."""
     config = {
-        "model_type": "mistral3",
-        "architectures": ["Mistral3ForConditionalGeneration"],
+        "model_type": family,
+        "architectures": [
+            "Mistral3ForConditionalGeneration"
+            if family == "mistral3"
+            else "LlavaForConditionalGeneration"
+        ],
         "image_token_index": ids["[IMG]"],
-        "spatial_merge_size": 2,
+        "spatial_merge_size": 2 if family == "mistral3" else 1,
         "vision_feature_layer": -1,
         "eos_token_id": ids[tiny_models.EOS_TOKEN],
         "text_config": {**_text_config(ids, "mistral"), "head_dim": 16},
@@ -278,7 +292,7 @@ def _mistral3_files(ids: dict[str, int]) -> tuple[dict, dict]:
     }
     pre = {
         "image_processor_type": "PixtralImageProcessor",
-        "processor_class": "Mistral3Processor",
+        "processor_class": "Mistral3Processor" if family == "mistral3" else "PixtralProcessor",
         "do_resize": True,
         "do_rescale": True,
         "do_normalize": True,
@@ -424,15 +438,15 @@ def build_tiny_vlm(family: str, dest: Path, *, seed: int = 0) -> Path:
         (dest / "processor_config.json").write_text(
             json.dumps({"processor_class": pre["processor_class"], "image_seq_len": 4})
         )
-    elif family == "mistral3":
+    elif family in ("mistral3", "pixtral"):
         ids = _add_tokens(dest, _MISTRAL_TOKENS, _MISTRAL_TEMPLATE)
-        config, pre = _mistral3_files(ids)
+        config, pre = _mistral3_files(ids, family)
         (dest / "processor_config.json").write_text(
             json.dumps(
                 {
-                    "processor_class": "Mistral3Processor",
+                    "processor_class": pre["processor_class"],
                     "patch_size": 14,
-                    "spatial_merge_size": 2,
+                    "spatial_merge_size": config["spatial_merge_size"],
                     "image_token": "[IMG]",
                     "image_break_token": "[IMG_BREAK]",
                     "image_end_token": "[IMG_END]",

@@ -25,7 +25,17 @@ MROPE_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl"})
 # or Idefics3's tile runs with markers between), filled by the image's features, which
 # `encoder` can compute for many images in one call.
 SUPPORTED_FAMILIES = frozenset(
-    {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "gemma3", "idefics3", "smolvlm", "mistral3"}
+    {
+        "qwen2_vl",
+        "qwen2_5_vl",
+        "qwen3_vl",
+        "llava",
+        "gemma3",
+        "idefics3",
+        "smolvlm",
+        "mistral3",
+        "pixtral",
+    }
 )
 # Text models of a supported family that pippin cannot batch correctly yet: Ministral 3's
 # and Mistral 4's attention scale depends on the position, and mlx-vlm computes it from
