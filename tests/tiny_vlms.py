@@ -121,16 +121,26 @@ def _text_config(ids: dict[str, int], model_type: str) -> dict[str, Any]:
     }
 
 
-def _qwen_files(ids: dict[str, int]) -> tuple[dict, dict]:
-    config = {
-        **_text_config(ids, "qwen2_5_vl"),
-        "architectures": ["Qwen2_5_VLForConditionalGeneration"],
-        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+# The image processor steps every family's tiny checkpoint takes.
+_PREPROCESS = {"do_resize": True, "do_rescale": True, "do_normalize": True}
+
+
+def _qwen_token_ids(ids: dict[str, int]) -> dict[str, int]:
+    return {
         "image_token_id": ids["<|image_pad|>"],
         "video_token_id": ids["<|video_pad|>"],
         "vision_start_token_id": ids["<|vision_start|>"],
         "vision_end_token_id": ids["<|vision_end|>"],
         "eos_token_id": ids[tiny_models.EOS_TOKEN],
+    }
+
+
+def _qwen_files(ids: dict[str, int]) -> tuple[dict, dict]:
+    config = {
+        **_text_config(ids, "qwen2_5_vl"),
+        "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+        **_qwen_token_ids(ids),
         "vision_config": {
             "model_type": "qwen2_5_vl",
             "depth": 2,
@@ -150,9 +160,7 @@ def _qwen_files(ids: dict[str, int]) -> tuple[dict, dict]:
     pre = {
         "image_processor_type": "Qwen2VLImageProcessor",
         "processor_class": "Qwen2_5_VLProcessor",
-        "do_resize": True,
-        "do_rescale": True,
-        "do_normalize": True,
+        **_PREPROCESS,
         "image_mean": [0.48145466, 0.4578275, 0.40821073],
         "image_std": [0.26862954, 0.26130258, 0.27577711],
         "min_pixels": 56 * 56,
@@ -171,11 +179,7 @@ def _qwen3_files(ids: dict[str, int]) -> tuple[dict, dict]:
     config = {
         "model_type": "qwen3_vl",
         "architectures": ["Qwen3VLForConditionalGeneration"],
-        "image_token_id": ids["<|image_pad|>"],
-        "video_token_id": ids["<|video_pad|>"],
-        "vision_start_token_id": ids["<|vision_start|>"],
-        "vision_end_token_id": ids["<|vision_end|>"],
-        "eos_token_id": ids[tiny_models.EOS_TOKEN],
+        **_qwen_token_ids(ids),
         "tie_word_embeddings": False,
         "text_config": {
             **_text_config(ids, "qwen3_vl_text"),
@@ -200,9 +204,7 @@ def _qwen3_files(ids: dict[str, int]) -> tuple[dict, dict]:
     pre = {
         "image_processor_type": "Qwen2VLImageProcessorFast",
         "processor_class": "Qwen3VLProcessor",
-        "do_resize": True,
-        "do_rescale": True,
-        "do_normalize": True,
+        **_PREPROCESS,
         "image_mean": [0.5, 0.5, 0.5],
         "image_std": [0.5, 0.5, 0.5],
         "size": {"shortest_edge": 64 * 64, "longest_edge": 128 * 128},
@@ -247,9 +249,7 @@ def _idefics_files(ids: dict[str, int], family: str) -> tuple[dict, dict]:
     pre = {
         "image_processor_type": f"{cls}ImageProcessor",
         "processor_class": f"{cls}Processor",
-        "do_resize": True,
-        "do_rescale": True,
-        "do_normalize": True,
+        **_PREPROCESS,
         "do_convert_rgb": True,
         "do_pad": True,
         "do_image_splitting": True,
@@ -293,9 +293,7 @@ def _mistral3_files(ids: dict[str, int], family: str) -> tuple[dict, dict]:
     pre = {
         "image_processor_type": "PixtralImageProcessor",
         "processor_class": "Mistral3Processor" if family == "mistral3" else "PixtralProcessor",
-        "do_resize": True,
-        "do_rescale": True,
-        "do_normalize": True,
+        **_PREPROCESS,
         "do_convert_rgb": True,
         "image_mean": [0.5, 0.5, 0.5],
         "image_std": [0.5, 0.5, 0.5],
@@ -334,9 +332,7 @@ def _llava_files(ids: dict[str, int]) -> tuple[dict, dict]:
         "crop_size": {"height": 56, "width": 56},
         "size": {"shortest_edge": 56},
         "do_center_crop": True,
-        "do_resize": True,
-        "do_rescale": True,
-        "do_normalize": True,
+        **_PREPROCESS,
         "do_convert_rgb": True,
         "image_mean": [0.48145466, 0.4578275, 0.40821073],
         "image_std": [0.26862954, 0.26130258, 0.27577711],
@@ -379,9 +375,7 @@ def _gemma_files(ids: dict[str, int]) -> tuple[dict, dict]:
         "image_processor_type": "Gemma3ImageProcessor",
         "processor_class": "Gemma3Processor",
         "size": {"height": 56, "width": 56},
-        "do_resize": True,
-        "do_rescale": True,
-        "do_normalize": True,
+        **_PREPROCESS,
         "do_convert_rgb": True,
         "do_pan_and_scan": False,
         "image_mean": [0.5, 0.5, 0.5],
