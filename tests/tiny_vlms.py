@@ -6,7 +6,9 @@ tokens and a chat template that writes them), so ``mlx_vlm.load`` reads it with 
 processor. The tokenizer is tiny_models' trained BPE with the image tokens added.
 
 Families: ``qwen2_5_vl`` (M-RoPE positions), ``qwen3_vl`` (M-RoPE and deepstack),
-``llava`` (a Llama text model, plain positions), ``gemma3``. Images of 56x56 give 4
+``llava`` (a Llama text model, plain positions), ``gemma3``, ``idefics2``, ``idefics3``
+and ``smolvlm`` (tiles with markers between their runs), ``mistral3`` and ``pixtral``
+(rows of image tokens with breaks). Images of 56x56 give 4
 tokens (Qwen2.5-VL, Qwen3-VL at 64x64 after its resize) and 4x4 patches + CLS (LLaVA:
 16 tokens).
 """
@@ -30,6 +32,7 @@ FAMILIES = (
     "qwen3_vl",
     "idefics3",
     "smolvlm",
+    "idefics2",
     "mistral3",
     "pixtral",
 )
@@ -262,6 +265,48 @@ def _idefics_files(ids: dict[str, int], family: str) -> tuple[dict, dict]:
     return config, pre
 
 
+def _idefics2_files(ids: dict[str, int]) -> tuple[dict, dict]:
+    """Idefics2: a perceiver resampler gives each picture (and each of its 4 tiles plus
+    itself) 4 latents, each run between <fake_token_around_image> markers."""
+    config = {
+        "model_type": "idefics2",
+        "architectures": ["Idefics2ForConditionalGeneration"],
+        "image_token_id": ids["<image>"],
+        "eos_token_id": ids[tiny_models.EOS_TOKEN],
+        "text_config": _text_config(ids, "mistral"),
+        "vision_config": {
+            "model_type": "idefics2",
+            "num_hidden_layers": 2,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_attention_heads": 2,
+            "patch_size": 14,
+            "image_size": 56,
+        },
+        "perceiver_config": {
+            "model_type": "idefics2",
+            "resampler_depth": 1,
+            "resampler_head_dim": 16,
+            "resampler_n_heads": 2,
+            "resampler_n_latents": 4,
+            "num_key_value_heads": 1,
+        },
+    }
+    pre = {
+        "image_processor_type": "Idefics2ImageProcessor",
+        "processor_class": "Idefics2Processor",
+        **_PREPROCESS,
+        "do_convert_rgb": True,
+        "do_pad": True,
+        "do_image_splitting": True,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "size": {"shortest_edge": 56, "longest_edge": 56},
+        "resample": 2,
+    }
+    return config, pre
+
+
 def _mistral3_files(ids: dict[str, int], family: str) -> tuple[dict, dict]:
     """Mistral Small 3.1 (``mistral3``: patches merged 2x2) and Pixtral (``pixtral``: one
     token a patch): a Pixtral vision tower (2D RoPE over patches), one row of image
@@ -432,6 +477,12 @@ def build_tiny_vlm(family: str, dest: Path, *, seed: int = 0) -> Path:
         (dest / "processor_config.json").write_text(
             json.dumps({"processor_class": pre["processor_class"], "image_seq_len": 4})
         )
+    elif family == "idefics2":
+        ids = _add_tokens(dest, _IDEFICS_TOKENS, _IDEFICS_TEMPLATE)
+        config, pre = _idefics2_files(ids)
+        (dest / "processor_config.json").write_text(
+            json.dumps({"processor_class": "Idefics2Processor", "image_seq_len": 4})
+        )
     elif family in ("mistral3", "pixtral"):
         ids = _add_tokens(dest, _MISTRAL_TOKENS, _MISTRAL_TEMPLATE)
         config, pre = _mistral3_files(ids, family)
@@ -485,7 +536,8 @@ def build_tiny_vlm(family: str, dest: Path, *, seed: int = 0) -> Path:
     module, _ = get_model_and_args(cfg)
     cfg.setdefault("text_config", {})
     mc = module.ModelConfig.from_dict(cfg)
-    mc = update_module_configs(mc, module, cfg, ["text", "vision"])
+    parts = ["text", "vision", *(["perceiver"] if "perceiver_config" in cfg else [])]
+    mc = update_module_configs(mc, module, cfg, parts)
     model = module.Model(mc)
     weights = _init(model, seed, gemma=family == "gemma3")
     mx.save_safetensors(str(dest / "model.safetensors"), weights, metadata={"format": "mlx"})

@@ -33,6 +33,7 @@ SUPPORTED_FAMILIES = frozenset(
         "gemma3",
         "idefics3",
         "smolvlm",
+        "idefics2",
         "mistral3",
         "pixtral",
     }
