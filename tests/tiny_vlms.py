@@ -5,7 +5,7 @@ Each is a folder laid out as the Hugging Face checkpoint of its family (``config
 tokens and a chat template that writes them), so ``mlx_vlm.load`` reads it with its own
 processor. The tokenizer is tiny_models' trained BPE with the image tokens added.
 
-Families: ``qwen2_5_vl`` (M-RoPE positions), ``qwen3_vl`` (M-RoPE and deepstack),
+Families: ``qwen2_vl``, ``qwen2_5_vl`` (M-RoPE positions), ``qwen3_vl`` (M-RoPE and deepstack),
 ``llava`` (a Llama text model, plain positions), ``gemma3``, ``idefics2``, ``idefics3``
 and ``smolvlm`` (tiles with markers between their runs), ``mistral3`` and ``pixtral``
 (rows of image tokens with breaks). Images of 56x56 give 4
@@ -26,6 +26,7 @@ import tiny_models
 from mlx.utils import tree_flatten
 
 FAMILIES = (
+    "qwen2_vl",
     "qwen2_5_vl",
     "llava",
     "gemma3",
@@ -174,6 +175,27 @@ def _qwen_files(ids: dict[str, int]) -> tuple[dict, dict]:
         "resample": 3,
     }
     return config, pre
+
+
+def _qwen2_files(ids: dict[str, int]) -> tuple[dict, dict]:
+    """Qwen2-VL: Qwen2.5-VL's layout with the older vision tower (no window attention)."""
+    config, pre = _qwen_files(ids)
+    config["model_type"] = "qwen2_vl"
+    config["architectures"] = ["Qwen2VLForConditionalGeneration"]
+    config["vision_config"] = {
+        "model_type": "qwen2_vl",
+        "depth": 2,
+        "embed_dim": 32,
+        "hidden_size": TEXT_HIDDEN,
+        "num_heads": 2,
+        "mlp_ratio": 2,
+        "patch_size": 14,
+        "spatial_patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "in_channels": 3,
+    }
+    return config, {**pre, "processor_class": "Qwen2VLProcessor"}
 
 
 def _qwen3_files(ids: dict[str, int]) -> tuple[dict, dict]:
@@ -468,6 +490,9 @@ def build_tiny_vlm(family: str, dest: Path, *, seed: int = 0) -> Path:
     if family == "qwen2_5_vl":
         ids = _add_tokens(dest, _QWEN_TOKENS, _QWEN_TEMPLATE)
         config, pre = _qwen_files(ids)
+    elif family == "qwen2_vl":
+        ids = _add_tokens(dest, _QWEN_TOKENS, _QWEN_TEMPLATE)
+        config, pre = _qwen2_files(ids)
     elif family == "qwen3_vl":
         ids = _add_tokens(dest, _QWEN_TOKENS, _QWEN_TEMPLATE)
         config, pre = _qwen3_files(ids)
