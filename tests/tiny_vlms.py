@@ -5,9 +5,12 @@ Each is a folder laid out as the Hugging Face checkpoint of its family (``config
 tokens and a chat template that writes them), so ``mlx_vlm.load`` reads it with its own
 processor. The tokenizer is tiny_models' trained BPE with the image tokens added.
 
-Families: ``qwen2_5_vl`` (M-RoPE positions), ``llava`` (a Llama text model, plain
-positions). Images of 56x56 give 4 tokens (Qwen) and 4x4 patches + CLS (LLaVA: 16
-tokens).
+Families: ``qwen2_vl``, ``qwen2_5_vl`` (M-RoPE positions), ``qwen3_vl`` (M-RoPE and deepstack),
+``llava`` (a Llama text model, plain positions), ``gemma3``, ``idefics2``, ``idefics3``
+and ``smolvlm`` (tiles with markers between their runs), ``mistral3`` and ``pixtral``
+(rows of image tokens with breaks). Images of 56x56 give 4
+tokens (Qwen2.5-VL, Qwen3-VL at 64x64 after its resize) and 4x4 patches + CLS (LLaVA:
+16 tokens).
 """
 
 from __future__ import annotations
@@ -22,10 +25,29 @@ import numpy as np
 import tiny_models
 from mlx.utils import tree_flatten
 
-FAMILIES = ("qwen2_5_vl", "llava", "gemma3")
+FAMILIES = (
+    "qwen2_vl",
+    "qwen2_5_vl",
+    "llava",
+    "gemma3",
+    "qwen3_vl",
+    "idefics3",
+    "smolvlm",
+    "idefics2",
+    "mistral3",
+    "pixtral",
+)
 
 _QWEN_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 _LLAVA_TOKENS = ("<image>",)
+_IDEFICS_TOKENS = (
+    "<fake_token_around_image>",
+    "<image>",
+    "<global-img>",
+    *(f"<row_{r}_col_{c}>" for r in (1, 2) for c in (1, 2)),
+    "<end_of_utterance>",
+)
+_MISTRAL_TOKENS = ("[IMG]", "[IMG_BREAK]", "[IMG_END]")
 _GEMMA_TOKENS = ("<start_of_image>", "<end_of_image>", "<image_soft_token>")
 
 # Qwen2-VL's template for image parts (and plain text), ChatML around it.
@@ -47,6 +69,14 @@ _QWEN_TEMPLATE = (
 _LLAVA_TEMPLATE = _QWEN_TEMPLATE.replace(
     "'<|vision_start|><|image_pad|><|vision_end|>'", "'<image>\\n'"
 ).replace("'<|vision_start|><|video_pad|><|vision_end|>'", "'<image>\\n'")
+
+_IDEFICS_TEMPLATE = _QWEN_TEMPLATE.replace(
+    "'<|vision_start|><|image_pad|><|vision_end|>'", "'<image>'"
+).replace("'<|vision_start|><|video_pad|><|vision_end|>'", "'<image>'")
+
+_MISTRAL_TEMPLATE = _QWEN_TEMPLATE.replace(
+    "'<|vision_start|><|image_pad|><|vision_end|>'", "'[IMG]'"
+).replace("'<|vision_start|><|video_pad|><|vision_end|>'", "'[IMG]'")
 
 _GEMMA_TEMPLATE = _QWEN_TEMPLATE.replace(
     "'<|vision_start|><|image_pad|><|vision_end|>'", "'<start_of_image>'"
@@ -95,16 +125,26 @@ def _text_config(ids: dict[str, int], model_type: str) -> dict[str, Any]:
     }
 
 
-def _qwen_files(ids: dict[str, int]) -> tuple[dict, dict]:
-    config = {
-        **_text_config(ids, "qwen2_5_vl"),
-        "architectures": ["Qwen2_5_VLForConditionalGeneration"],
-        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+# The image processor steps every family's tiny checkpoint takes.
+_PREPROCESS = {"do_resize": True, "do_rescale": True, "do_normalize": True}
+
+
+def _qwen_token_ids(ids: dict[str, int]) -> dict[str, int]:
+    return {
         "image_token_id": ids["<|image_pad|>"],
         "video_token_id": ids["<|video_pad|>"],
         "vision_start_token_id": ids["<|vision_start|>"],
         "vision_end_token_id": ids["<|vision_end|>"],
         "eos_token_id": ids[tiny_models.EOS_TOKEN],
+    }
+
+
+def _qwen_files(ids: dict[str, int]) -> tuple[dict, dict]:
+    config = {
+        **_text_config(ids, "qwen2_5_vl"),
+        "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+        **_qwen_token_ids(ids),
         "vision_config": {
             "model_type": "qwen2_5_vl",
             "depth": 2,
@@ -124,9 +164,7 @@ def _qwen_files(ids: dict[str, int]) -> tuple[dict, dict]:
     pre = {
         "image_processor_type": "Qwen2VLImageProcessor",
         "processor_class": "Qwen2_5_VLProcessor",
-        "do_resize": True,
-        "do_rescale": True,
-        "do_normalize": True,
+        **_PREPROCESS,
         "image_mean": [0.48145466, 0.4578275, 0.40821073],
         "image_std": [0.26862954, 0.26130258, 0.27577711],
         "min_pixels": 56 * 56,
@@ -134,6 +172,200 @@ def _qwen_files(ids: dict[str, int]) -> tuple[dict, dict]:
         "patch_size": 14,
         "merge_size": 2,
         "temporal_patch_size": 2,
+        "resample": 3,
+    }
+    return config, pre
+
+
+def _qwen2_files(ids: dict[str, int]) -> tuple[dict, dict]:
+    """Qwen2-VL: Qwen2.5-VL's layout with the older vision tower (no window attention)."""
+    config, pre = _qwen_files(ids)
+    config["model_type"] = "qwen2_vl"
+    config["architectures"] = ["Qwen2VLForConditionalGeneration"]
+    config["vision_config"] = {
+        "model_type": "qwen2_vl",
+        "depth": 2,
+        "embed_dim": 32,
+        "hidden_size": TEXT_HIDDEN,
+        "num_heads": 2,
+        "mlp_ratio": 2,
+        "patch_size": 14,
+        "spatial_patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "in_channels": 3,
+    }
+    return config, {**pre, "processor_class": "Qwen2VLProcessor"}
+
+
+def _qwen3_files(ids: dict[str, int]) -> tuple[dict, dict]:
+    """Qwen3-VL: M-RoPE, and deepstack (vision features of inner vision layers added to
+    the first text layers' hidden states at the image positions)."""
+    config = {
+        "model_type": "qwen3_vl",
+        "architectures": ["Qwen3VLForConditionalGeneration"],
+        **_qwen_token_ids(ids),
+        "tie_word_embeddings": False,
+        "text_config": {
+            **_text_config(ids, "qwen3_vl_text"),
+            "head_dim": 16,
+            "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3]},
+        },
+        "vision_config": {
+            "model_type": "qwen3_vl",
+            "depth": 3,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "out_hidden_size": TEXT_HIDDEN,
+            "num_heads": 2,
+            "patch_size": 16,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "num_position_embeddings": 16,
+            "deepstack_visual_indexes": [0, 1],
+            "in_channels": 3,
+        },
+    }
+    pre = {
+        "image_processor_type": "Qwen2VLImageProcessorFast",
+        "processor_class": "Qwen3VLProcessor",
+        **_PREPROCESS,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "size": {"shortest_edge": 64 * 64, "longest_edge": 128 * 128},
+        "min_pixels": 64 * 64,
+        "max_pixels": 128 * 128,
+        "patch_size": 16,
+        "merge_size": 2,
+        "temporal_patch_size": 2,
+        "resample": 3,
+    }
+    return config, pre
+
+
+def _idefics_files(ids: dict[str, int], family: str) -> tuple[dict, dict]:
+    """Idefics3 / SmolVLM: a picture is cut into tiles (2x2 of 56 px here) plus a global
+    view, each 4 image tokens, with row/column markers between the tiles' runs."""
+    text = {**_text_config(ids, "llama")}
+    if family == "smolvlm":
+        text["head_dim"] = 16
+    config = {
+        "model_type": family,
+        "architectures": [
+            "SmolVLMForConditionalGeneration"
+            if family == "smolvlm"
+            else "Idefics3ForConditionalGeneration"
+        ],
+        "image_token_id": ids["<image>"],
+        "scale_factor": 2,
+        "eos_token_id": ids[tiny_models.EOS_TOKEN],
+        "text_config": text,
+        "vision_config": {
+            "model_type": f"{family}_vision",
+            "num_hidden_layers": 2,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_attention_heads": 2,
+            "patch_size": 14,
+            "image_size": 56,
+        },
+    }
+    cls = "SmolVLM" if family == "smolvlm" else "Idefics3"
+    pre = {
+        "image_processor_type": f"{cls}ImageProcessor",
+        "processor_class": f"{cls}Processor",
+        **_PREPROCESS,
+        "do_convert_rgb": True,
+        "do_pad": True,
+        "do_image_splitting": True,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "max_image_size": {"longest_edge": 56},
+        "size": {"longest_edge": 112},
+        "resample": 1,
+    }
+    return config, pre
+
+
+def _idefics2_files(ids: dict[str, int]) -> tuple[dict, dict]:
+    """Idefics2: a perceiver resampler gives each picture (and each of its 4 tiles plus
+    itself) 4 latents, each run between <fake_token_around_image> markers."""
+    config = {
+        "model_type": "idefics2",
+        "architectures": ["Idefics2ForConditionalGeneration"],
+        "image_token_id": ids["<image>"],
+        "eos_token_id": ids[tiny_models.EOS_TOKEN],
+        "text_config": _text_config(ids, "mistral"),
+        "vision_config": {
+            "model_type": "idefics2",
+            "num_hidden_layers": 2,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_attention_heads": 2,
+            "patch_size": 14,
+            "image_size": 56,
+        },
+        "perceiver_config": {
+            "model_type": "idefics2",
+            "resampler_depth": 1,
+            "resampler_head_dim": 16,
+            "resampler_n_heads": 2,
+            "resampler_n_latents": 4,
+            "num_key_value_heads": 1,
+        },
+    }
+    pre = {
+        "image_processor_type": "Idefics2ImageProcessor",
+        "processor_class": "Idefics2Processor",
+        **_PREPROCESS,
+        "do_convert_rgb": True,
+        "do_pad": True,
+        "do_image_splitting": True,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "size": {"shortest_edge": 56, "longest_edge": 56},
+        "resample": 2,
+    }
+    return config, pre
+
+
+def _mistral3_files(ids: dict[str, int], family: str) -> tuple[dict, dict]:
+    """Mistral Small 3.1 (``mistral3``: patches merged 2x2) and Pixtral (``pixtral``: one
+    token a patch): a Pixtral vision tower (2D RoPE over patches), one row of image
+    tokens per patch row with [IMG_BREAK] between, [IMG_END] last."""
+    config = {
+        "model_type": family,
+        "architectures": [
+            "Mistral3ForConditionalGeneration"
+            if family == "mistral3"
+            else "LlavaForConditionalGeneration"
+        ],
+        "image_token_index": ids["[IMG]"],
+        "spatial_merge_size": 2 if family == "mistral3" else 1,
+        "vision_feature_layer": -1,
+        "eos_token_id": ids[tiny_models.EOS_TOKEN],
+        "text_config": {**_text_config(ids, "mistral"), "head_dim": 16},
+        "vision_config": {
+            "model_type": "pixtral",
+            "num_hidden_layers": 2,
+            "hidden_size": 32,
+            "head_dim": 16,
+            "intermediate_size": 64,
+            "num_attention_heads": 2,
+            "image_size": 56,
+            "patch_size": 14,
+            "rope_theta": 10000.0,
+        },
+    }
+    pre = {
+        "image_processor_type": "PixtralImageProcessor",
+        "processor_class": "Mistral3Processor" if family == "mistral3" else "PixtralProcessor",
+        **_PREPROCESS,
+        "do_convert_rgb": True,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "patch_size": {"height": 14, "width": 14},
+        "size": {"longest_edge": 56},
         "resample": 3,
     }
     return config, pre
@@ -167,9 +399,7 @@ def _llava_files(ids: dict[str, int]) -> tuple[dict, dict]:
         "crop_size": {"height": 56, "width": 56},
         "size": {"shortest_edge": 56},
         "do_center_crop": True,
-        "do_resize": True,
-        "do_rescale": True,
-        "do_normalize": True,
+        **_PREPROCESS,
         "do_convert_rgb": True,
         "image_mean": [0.48145466, 0.4578275, 0.40821073],
         "image_std": [0.26862954, 0.26130258, 0.27577711],
@@ -212,9 +442,7 @@ def _gemma_files(ids: dict[str, int]) -> tuple[dict, dict]:
         "image_processor_type": "Gemma3ImageProcessor",
         "processor_class": "Gemma3Processor",
         "size": {"height": 56, "width": 56},
-        "do_resize": True,
-        "do_rescale": True,
-        "do_normalize": True,
+        **_PREPROCESS,
         "do_convert_rgb": True,
         "do_pan_and_scan": False,
         "image_mean": [0.5, 0.5, 0.5],
@@ -247,6 +475,8 @@ def _init(model: Any, seed: int, gemma: bool = False) -> dict[str, mx.array]:
         else:
             fan_in = int(np.prod(shape[1:]))
             w = rng.standard_normal(shape) / np.sqrt(fan_in)
+            if "deepstack_merger_list" in name and "linear_fc2" in name:
+                w = 4.0 * w  # strong enough that a model without deepstack answers otherwise
         out[name] = mx.array(w.astype(np.float32))
     return out
 
@@ -260,6 +490,39 @@ def build_tiny_vlm(family: str, dest: Path, *, seed: int = 0) -> Path:
     if family == "qwen2_5_vl":
         ids = _add_tokens(dest, _QWEN_TOKENS, _QWEN_TEMPLATE)
         config, pre = _qwen_files(ids)
+    elif family == "qwen2_vl":
+        ids = _add_tokens(dest, _QWEN_TOKENS, _QWEN_TEMPLATE)
+        config, pre = _qwen2_files(ids)
+    elif family == "qwen3_vl":
+        ids = _add_tokens(dest, _QWEN_TOKENS, _QWEN_TEMPLATE)
+        config, pre = _qwen3_files(ids)
+    elif family in ("idefics3", "smolvlm"):
+        ids = _add_tokens(dest, _IDEFICS_TOKENS, _IDEFICS_TEMPLATE)
+        config, pre = _idefics_files(ids, family)
+        (dest / "processor_config.json").write_text(
+            json.dumps({"processor_class": pre["processor_class"], "image_seq_len": 4})
+        )
+    elif family == "idefics2":
+        ids = _add_tokens(dest, _IDEFICS_TOKENS, _IDEFICS_TEMPLATE)
+        config, pre = _idefics2_files(ids)
+        (dest / "processor_config.json").write_text(
+            json.dumps({"processor_class": "Idefics2Processor", "image_seq_len": 4})
+        )
+    elif family in ("mistral3", "pixtral"):
+        ids = _add_tokens(dest, _MISTRAL_TOKENS, _MISTRAL_TEMPLATE)
+        config, pre = _mistral3_files(ids, family)
+        (dest / "processor_config.json").write_text(
+            json.dumps(
+                {
+                    "processor_class": pre["processor_class"],
+                    "patch_size": 14,
+                    "spatial_merge_size": config["spatial_merge_size"],
+                    "image_token": "[IMG]",
+                    "image_break_token": "[IMG_BREAK]",
+                    "image_end_token": "[IMG_END]",
+                }
+            )
+        )
     elif family == "llava":
         ids = _add_tokens(dest, _LLAVA_TOKENS, _LLAVA_TEMPLATE)
         config, pre = _llava_files(ids)
@@ -298,7 +561,8 @@ def build_tiny_vlm(family: str, dest: Path, *, seed: int = 0) -> Path:
     module, _ = get_model_and_args(cfg)
     cfg.setdefault("text_config", {})
     mc = module.ModelConfig.from_dict(cfg)
-    mc = update_module_configs(mc, module, cfg, ["text", "vision"])
+    parts = ["text", "vision", *(["perceiver"] if "perceiver_config" in cfg else [])]
+    mc = update_module_configs(mc, module, cfg, parts)
     model = module.Model(mc)
     weights = _init(model, seed, gemma=family == "gemma3")
     mx.save_safetensors(str(dest / "model.safetensors"), weights, metadata={"format": "mlx"})

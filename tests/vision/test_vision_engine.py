@@ -10,7 +10,7 @@ pytest.importorskip("mlx_vlm")
 
 from engine_runs import _config, _run  # noqa: E402
 from PIL import Image  # noqa: E402
-from tiny_vlms import get_tiny_vlm  # noqa: E402
+from tiny_vlms import FAMILIES, get_tiny_vlm  # noqa: E402
 
 from pippin.engine.core import EngineCore  # noqa: E402
 from pippin.engine.types import SamplingParams  # noqa: E402
@@ -57,7 +57,7 @@ def reference(loaded, ids: list[int], mm, n: int) -> list[int]:
     return out
 
 
-@pytest.fixture(scope="module", params=["qwen2_5_vl", "llava", "gemma3"])
+@pytest.fixture(scope="module", params=list(FAMILIES))
 def vlm(request, tmp_path_factory):
     path = get_tiny_vlm(request.param, tmp_path_factory.mktemp("vlm"))
     return load_model(str(path))
@@ -126,8 +126,11 @@ def test_preempted_image_requests_recompute_to_the_same_tokens(vlm) -> None:
     n = 2 * GEN
     reqs = {f"r{i}": prompt(vlm, 1, "Describe the picture in detail.", [20 + i]) for i in range(6)}
     refs = {k: reference(vlm, ids, mm, n) for k, (ids, mm) in reqs.items()}
-    longest = max(len(ids) for ids, _ in reqs.values()) + n
-    core = EngineCore(vlm, _config(block_size=4, num_blocks=longest // 4 + 8))
+    prompt_len = max(len(ids) for ids, _ in reqs.values())
+    # Room for two prompts (and one whole sequence), not for two whole sequences.
+    blocks = max(2 * (prompt_len // 4 + 1) + 2, (prompt_len + n) // 4 + 2)
+    assert blocks < 2 * ((prompt_len + n) // 4)
+    core = EngineCore(vlm, _config(block_size=4, num_blocks=blocks))
     for k, (ids, mm) in reqs.items():
         core.add_request(
             k, ids, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, mm=mm)
@@ -155,3 +158,22 @@ def test_encoder_cache_serves_the_same_image_at_another_position(vlm) -> None:
     got = _run(core)
     assert core.vision.images_encoded == 1 and core.vision.cache.hits == 1
     assert got["b"]["ids"][0] == reference(vlm, *b, 4)
+
+
+@pytest.mark.parametrize(("text_model", "served"), [("mistral", True), ("ministral3", False)])
+def test_mistral3_with_a_position_scaled_text_model_is_not_served_as_a_vlm(
+    tmp_path, text_model: str, served: bool
+) -> None:
+    """Ministral 3's attention scale follows the position, which mlx-vlm takes from the
+    first row for a whole batch: such a checkpoint is not served through the vision path."""
+    import json
+
+    from pippin.vision.load import is_vlm_folder
+
+    config = {
+        "model_type": "mistral3",
+        "vision_config": {},
+        "text_config": {"model_type": text_model},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert is_vlm_folder(tmp_path) is served

@@ -1,11 +1,12 @@
 """The vision tower as its own step: the images a step's prompt chunks reach, encoded in
 one call, with a bounded LRU of encoder outputs keyed by content.
 
-An image's output is the embeddings of its placeholder span, computed by mlx-vlm's own
-`get_input_embeddings` over a row made only of placeholder tokens: whatever the family
-does to merge features (projectors, scaling) is its own code. Several images go in one
-call as one row of their spans back to back, with their pixel arrays concatenated, which
-every family in `load.SUPPORTED_FAMILIES` merges in order.
+An image's output is the embeddings of its span, computed by mlx-vlm's own
+`get_input_embeddings` over a row made of the span's tokens (image tokens, and any tile
+markers between them): whatever the family does to merge features (projectors, scaling)
+is its own code. Several images go in one call as one row of their spans back to back,
+with their pixel arrays concatenated (images whose arrays agree in shape past the first
+axis), which every family in `load.SUPPORTED_FAMILIES` merges in order.
 """
 
 from __future__ import annotations
@@ -79,15 +80,17 @@ class VisionEncoder:
             # (audio clips of different lengths go in calls of their own).
             shapes = tuple((n, im.arrays[n].shape[1:]) for n in sorted(im.arrays))
             groups.setdefault((im.token_id, shapes), []).append(i)
-        for (token_id, _), idx in groups.items():
+        for idx in groups.values():
             batch = [images[i] for i in idx]
-            tid = self.parts.image_token_id if token_id is None else token_id
-            ids = mx.array([[tid] * sum(im.num_tokens for im in batch)])
+            row = [t for im in batch for t in self._span(im)]
+            ids = mx.array([row])
             arrays = _concat(batch)
             pixels = arrays.pop("pixel_values", None)
-            emb = self.parts.vlm.get_input_embeddings(
-                ids, pixels, mask=mx.ones_like(ids), **arrays
-            ).inputs_embeds[0]
+            got = self.parts.vlm.get_input_embeddings(ids, pixels, mask=mx.ones_like(ids), **arrays)
+            emb = got.inputs_embeds[0]
+            if self.parts.deepstack:
+                # Qwen3-VL: each layer's deepstack rows beside the token's embedding.
+                emb = mx.concatenate([emb, *got.deepstack_visual_embeds], axis=-1)
             self.calls += 1
             self.images_encoded += len(batch)
             k = 0
@@ -95,6 +98,10 @@ class VisionEncoder:
                 out[i] = emb[k : k + im.num_tokens]
                 k += im.num_tokens
         return [o for o in out if o is not None]
+
+    def _span(self, im: ImageInput) -> tuple[int, ...]:
+        placeholder = self.parts.image_token_id if im.token_id is None else im.token_id
+        return im.tokens or (placeholder,) * im.num_tokens
 
     def prepare(self, items: list[Any]) -> None:
         """Make sure every image that the rows `items` (start, length, seq with `media`)

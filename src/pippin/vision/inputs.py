@@ -26,6 +26,10 @@ class ImageInput:
     # The placeholder token of its span when not the model's image token (an audio clip:
     # the audio token, with input_features in its arrays instead of pixels).
     token_id: int | None = None
+    # The span's token ids where they are not all the image token: Idefics3 / SmolVLM
+    # tiles, whose runs of image tokens have row/column markers between them (the
+    # markers' embeddings are then part of the encoder's output). Empty: all image tokens.
+    tokens: tuple[int, ...] = ()
 
     @property
     def num_tokens(self) -> int:

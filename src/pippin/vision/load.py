@@ -21,10 +21,36 @@ import mlx.nn as nn
 import numpy as np
 
 # Families whose language model takes M-RoPE positions ([3, B, L]: time, height, width).
-MROPE_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl"})
-# Families whose image placeholders are one run of the image token per image, filled
-# wholly by the image's features, which `encoder` can compute for many images in one call.
-SUPPORTED_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl", "llava", "gemma3"})
+MROPE_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl"})
+# Families whose image placeholders become one span per image (a run of the image token,
+# or Idefics3's tile runs with markers between), filled by the image's features, which
+# `encoder` can compute for many images in one call.
+SUPPORTED_FAMILIES = frozenset(
+    {
+        "qwen2_vl",
+        "qwen2_5_vl",
+        "qwen3_vl",
+        "llava",
+        "gemma3",
+        "idefics3",
+        "smolvlm",
+        "idefics2",
+        "mistral3",
+        "pixtral",
+    }
+)
+# Text models of a supported family that pippin cannot batch correctly yet: Ministral 3's
+# and Mistral 4's attention scale depends on the position, and mlx-vlm computes it from
+# the first row's cache offset for the whole batch.
+UNSUPPORTED_TEXT_MODELS = frozenset({"ministral3", "mistral4"})
+
+
+def text_model_type(path: Path) -> str | None:
+    try:
+        text = json.loads((path / "config.json").read_text()).get("text_config")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return str(text.get("model_type", "")) if isinstance(text, dict) else None
 
 
 def vision_family(path: Path) -> str | None:
@@ -44,6 +70,8 @@ def is_vlm_folder(path: Path) -> bool:
     supported family, with mlx-vlm installed. Others (a family not supported yet, or no
     `vision` extra) load as before, through mlx-lm, as text models."""
     family = vision_family(path)
+    if text_model_type(path) in UNSUPPORTED_TEXT_MODELS:
+        return False
     audio = family in AUDIO_FAMILIES and has_audio_tower(path)
     return (family in SUPPORTED_FAMILIES or audio) and vision_available()
 
@@ -70,15 +98,20 @@ class VisionParts:
     # The audio placeholder token of a model that takes audio in chat (`omni`), else None.
     audio_token_id: int | None = None
     takes_images: bool = True
+    # Qwen3-VL's deepstack: how many inner vision layers' features are added to the first
+    # text layers' hidden states at the image positions (0 for other families). The
+    # encoder's output per image token is then [main | layer 0 | layer 1 ...] on one row.
+    deepstack: int = 0
 
 
 class LanguageAdapter(nn.Module):
     """An mlx-vlm language model in mlx-lm's calling convention."""
 
-    def __init__(self, language_model: nn.Module, mrope: bool) -> None:
+    def __init__(self, language_model: nn.Module, mrope: bool, deepstack: int = 0) -> None:
         super().__init__()
         self.language_model = language_model
         self._mrope = mrope
+        self._deepstack = deepstack
 
     @property
     def layers(self) -> list[nn.Module]:
@@ -107,7 +140,9 @@ class LanguageAdapter(nn.Module):
         return out
 
     def embed(self, tokens: mx.array) -> mx.array:
-        return self.language_model.model.embed_tokens(tokens)
+        # Idefics3's language model holds its embeddings itself, not in an inner `model`.
+        inner = getattr(self.language_model, "model", self.language_model)
+        return inner.embed_tokens(tokens)
 
     def __call__(
         self,
@@ -115,6 +150,8 @@ class LanguageAdapter(nn.Module):
         cache: list[Any] | None = None,
         input_embeddings: mx.array | None = None,
         position_ids: mx.array | None = None,
+        visual_pos_masks: mx.array | None = None,
+        deepstack_visual_embeds: list[mx.array] | None = None,
     ) -> mx.array:
         lm = self.language_model
         if not self._mrope:
@@ -125,7 +162,15 @@ class LanguageAdapter(nn.Module):
             position_ids = mx.broadcast_to(mx.arange(off, off + L)[None, None], (3, B, L))
         # The inner model directly, with explicit positions: the outer one keeps
         # per-generation rope state that a batch of unrelated sequences cannot share.
-        h = lm.model(inputs, inputs_embeds=input_embeddings, cache=cache, position_ids=position_ids)
+        ds = {}
+        if deepstack_visual_embeds is not None:
+            ds = {
+                "visual_pos_masks": visual_pos_masks,
+                "deepstack_visual_embeds": deepstack_visual_embeds,
+            }
+        h = lm.model(
+            inputs, inputs_embeds=input_embeddings, cache=cache, position_ids=position_ids, **ds
+        )
         if lm.args.tie_word_embeddings:
             return lm.model.embed_tokens.as_linear(h)
         return lm.lm_head(h)
@@ -155,12 +200,22 @@ class LanguageAdapter(nn.Module):
                 rows.append((b, it.start, end, media.mm.images[i], media.features[i]))
         if rows:
             emb = self.embed(inputs)
+            H = emb.shape[-1]
+            mask = np.zeros((B, L), dtype=bool)
+            stack: list[mx.array] = []  # deepstack rows, batch-major as the model reads them
             for b, start, end, im, feats in rows:
                 lo, hi = max(start, im.start), min(end, im.end)
-                emb[b, lo - start : hi - start] = feats[lo - im.start : hi - im.start].astype(
-                    emb.dtype
-                )
+                part = feats[lo - im.start : hi - im.start]
+                emb[b, lo - start : hi - start] = part[:, :H].astype(emb.dtype)
+                mask[b, lo - start : hi - start] = True
+                stack.append(part[:, H:])
             kw["input_embeddings"] = emb
+            if self._deepstack:
+                ds = mx.concatenate(stack).astype(emb.dtype)  # rows are in batch, then span order
+                kw["visual_pos_masks"] = mx.array(mask)
+                kw["deepstack_visual_embeds"] = [
+                    ds[:, k * H : (k + 1) * H] for k in range(self._deepstack)
+                ]
         return kw
 
 
@@ -250,7 +305,9 @@ def load_vlm(path: Path, weights: bool = True) -> tuple[LanguageAdapter, VisionP
 
     config = load_config(path)
     family = config.get("model_type", "")
-    if family not in SUPPORTED_FAMILIES and family not in AUDIO_FAMILIES:
+    if (family not in SUPPORTED_FAMILIES and family not in AUDIO_FAMILIES) or text_model_type(
+        path
+    ) in UNSUPPORTED_TEXT_MODELS:
         raise ValueError(
             f"vision model family {family!r} is not supported yet "
             f"(supported: {', '.join(sorted(SUPPORTED_FAMILIES))})"
@@ -267,6 +324,7 @@ def load_vlm(path: Path, weights: bool = True) -> tuple[LanguageAdapter, VisionP
     if image_token is None:
         raise ValueError(f"the {family} config names no image token")
     mrope = family in MROPE_FAMILIES
+    deepstack = len(getattr(cfg.vision_config, "deepstack_visual_indexes", None) or [])
     parts = VisionParts(
         vlm=vlm,
         processor=processor,
@@ -274,9 +332,10 @@ def load_vlm(path: Path, weights: bool = True) -> tuple[LanguageAdapter, VisionP
         image_token_id=int(image_token),
         video_token_id=getattr(cfg, "video_token_id", None),
         mrope=mrope,
+        deepstack=deepstack,
     )
     if weights:
         mx.eval(vlm.parameters())
     if family in AUDIO_FAMILIES:
         return adapt_audio_family(parts), parts, config
-    return LanguageAdapter(vlm.language_model, mrope), parts, config
+    return LanguageAdapter(vlm.language_model, mrope, deepstack), parts, config

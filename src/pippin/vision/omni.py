@@ -98,7 +98,7 @@ def expand_audio(
         start = len(out) + first
         out.extend(expansion)
         key = content_key(sha, arrays)
-        items.append(ImageInput(key, start, start + n, arrays, parts.audio_token_id))
+        items.append(ImageInput(key, start, start + n, arrays, token_id=parts.audio_token_id))
         grown.append((pos, len(expansion) - 1))
         prev = pos + 1
     out.extend(ids[prev:])

@@ -5,7 +5,8 @@ where it has one, as Gemma 3's, else its image token); the model's own processor
 what each image becomes (how many image tokens, with which markers around them) and its
 pixel arrays. Each image is processed alone (so its arrays are its own, and its content
 key covers exactly them), then its placeholder in the prompt is replaced by that
-expansion; the image's span is the run of image tokens in it.
+expansion; the image's span runs from its first image token to its last (one run for
+most families; Idefics3's tiles have markers between their runs).
 """
 
 from __future__ import annotations
@@ -35,19 +36,19 @@ def placeholder(parts: VisionParts) -> str:
 
 def process_image(
     parts: VisionParts, tokenizer: Any, image: Image.Image
-) -> tuple[list[int], int, dict[str, np.ndarray]]:
-    """What one image's placeholder becomes: its tokens, where the run of image tokens
-    starts in them, and the image's encoder inputs."""
+) -> tuple[list[int], int, int, dict[str, np.ndarray]]:
+    """What one image's placeholder becomes: its tokens, where its span (first to last
+    image token) starts and ends in them, and the image's encoder inputs."""
     out = parts.processor(text=[placeholder(parts)], images=[image])
     ids = [int(t) for t in np.asarray(out["input_ids"]).reshape(-1)]
     bos = getattr(tokenizer, "bos_token_id", None)
     if bos is not None and ids and ids[0] == bos:
         ids = ids[1:]  # the processor's tokenizer call adds it; the prompt has its own
     where = [i for i, t in enumerate(ids) if t == parts.image_token_id]
-    if not where or where[-1] - where[0] + 1 != len(where):
-        raise PromptImageError("the processor did not give the image one run of image tokens")
+    if not where:
+        raise PromptImageError("the processor gave the image no image tokens")
     arrays = {k: np.asarray(v) for k, v in out.items() if k not in _SKIP and v is not None}
-    return ids, where[0], arrays
+    return ids, where[0], where[-1] + 1, arrays
 
 
 def build(
@@ -74,12 +75,15 @@ def build(
     inputs: list[ImageInput] = []
     prev = 0
     for pos, (image, sha) in zip(where, images):
-        expansion, first, arrays = process_image(parts, tokenizer, image)
-        n = sum(1 for t in expansion if t == parts.image_token_id)
+        expansion, first, last, arrays = process_image(parts, tokenizer, image)
+        span = tuple(expansion[first:last])
+        tokens = span if any(t != parts.image_token_id for t in span) else ()
         out.extend(ids[prev:pos])
         start = len(out) + first
         out.extend(expansion)
-        inputs.append(ImageInput(content_key(sha, arrays), start, start + n, arrays))
+        inputs.append(
+            ImageInput(content_key(sha, arrays), start, start + len(span), arrays, tokens)
+        )
         prev = pos + 1
     out.extend(ids[prev:])
     positions, delta = None, 0
