@@ -82,7 +82,7 @@ def build(
         start = len(out) + first
         out.extend(expansion)
         inputs.append(
-            ImageInput(content_key(sha, arrays), start, start + len(span), arrays, tokens)
+            ImageInput(content_key(sha, arrays), start, start + len(span), arrays, tokens=tokens)
         )
         prev = pos + 1
     out.extend(ids[prev:])
