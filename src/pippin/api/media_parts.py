@@ -23,6 +23,7 @@ from pippin.vision.media import MediaError, MediaLimits
 
 if TYPE_CHECKING:
     from pippin.api.live_model import LiveModel
+    from pippin.api.registry import ModelEntry
     from pippin.vision.inputs import MultiModal
 
 # OpenAI's `detail: "low"`: the picture is shrunk to fit this square first.
@@ -80,6 +81,20 @@ def check_model_takes_media(state: LiveModel, media: MediaParts) -> None:
             "This model does not accept image or video input; "
             "send text only, or serve a vision-language model.",
         )
+
+
+def takes_images(entry: ModelEntry) -> bool:
+    """Whether a chat model takes images: a loaded one has a vision part; an unloaded
+    one's folder holds a checkpoint pippin serves as a VLM (a Hub id not yet here: no)."""
+    from pathlib import Path
+
+    from pippin.vision.load import is_vlm_folder
+
+    live = entry.live
+    if live is not None and live.loaded is not None:
+        return live.loaded.vision is not None
+    source = entry.spec.model
+    return bool(source) and Path(source).is_dir() and is_vlm_folder(Path(source))
 
 
 def _low_detail(image: Any) -> tuple[Any, str | None]:
