@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import base64
 import io
+import json
+import sys
 from collections.abc import Iterator
 
 import anthropic
@@ -16,6 +18,7 @@ import pytest
 pytest.importorskip("mlx_vlm")
 ollama = pytest.importorskip("ollama")
 
+from mcp_test_server import SCRIPT  # noqa: E402
 from PIL import Image  # noqa: E402
 from server_utils import Server, run_server  # noqa: E402
 from tiny_vlms import get_tiny_vlm  # noqa: E402
@@ -30,8 +33,23 @@ def png(seed: int, size: tuple[int, int] = (56, 56)) -> bytes:
 
 @pytest.fixture(scope="module")
 def vlm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    path = get_tiny_vlm("qwen2_5_vl", tmp_path_factory.mktemp("vlm"))
-    with run_server(str(path), "--served-model-name", "tiny-vl", "--block-size", "4") as server:
+    tmp = tmp_path_factory.mktemp("vlm")
+    path = get_tiny_vlm("qwen2_5_vl", tmp)
+    mcp = tmp / "mcp.json"
+    mcp.write_text(
+        json.dumps({"mcpServers": {"local": {"command": sys.executable, "args": [SCRIPT]}}})
+    )
+    with run_server(
+        str(path),
+        "--served-model-name",
+        "tiny-vl",
+        "--block-size",
+        "4",
+        "--mcp-config",
+        str(mcp),
+        "--mcp-max-calls",
+        "1",
+    ) as server:
         yield server
 
 
@@ -158,3 +176,72 @@ def test_claude_code_pasted_screenshot(vlm_server: Server) -> None:
         usage.input_tokens + read + (usage.cache_creation_input_tokens or 0) == counted.input_tokens
     )
     assert final.stop_reason in ("end_turn", "max_tokens", "tool_use")
+
+
+def test_images_with_mcp_tools_survive_the_tool_loop(vlm_server: Server) -> None:
+    """An approved call runs on the server before the model's turn; that turn's prompt,
+    rendered again with the call and its result, still holds the picture."""
+    url = "data:image/png;base64," + base64.b64encode(png(4)).decode()
+    approved = [
+        {
+            "type": "mcp_approval_request",
+            "id": "mcpr_1",
+            "server_label": "local",
+            "name": "lookup_code",
+            "arguments": json.dumps({"city": "Paris"}),
+        },
+        {"type": "mcp_approval_response", "approval_request_id": "mcpr_1", "approve": True},
+    ]
+    tool = {"type": "mcp", "server_label": "local", "require_approval": "never"}
+
+    def respond(with_image: bool) -> dict:
+        content: list[dict] = [{"type": "input_text", "text": "What is the door code?"}]
+        if with_image:
+            content.insert(0, {"type": "input_image", "image_url": url})
+        r = vlm_server.http().post(
+            "/v1/responses",
+            json={
+                "model": "tiny-vl",
+                "input": [{"role": "user", "content": content}, *approved],
+                "tools": [tool],
+                "temperature": 0,
+                "max_output_tokens": 4,
+            },
+        )
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    seen, plain = respond(True), respond(False)
+    call = next(i for i in seen["output"] if i["type"] == "mcp_call")
+    assert call["output"] == "PX-4417" and call["approval_request_id"] == "mcpr_1"
+    # The image's 4 tokens and its start/end markers, in the turn after the call.
+    assert seen["usage"]["input_tokens"] == plain["usage"]["input_tokens"] + 6
+    # Chat's `mcp` tools and Anthropic's `mcp_servers` take images too (no call needed).
+    chat = vlm_server.client().chat.completions.create(
+        model="tiny-vl",
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": url}},
+                    {"type": "text", "text": "Hi"},
+                ],
+            }
+        ],
+        tools=[tool],  # type: ignore[list-item]
+        max_tokens=2,
+    )
+    assert chat.usage is not None and chat.usage.prompt_tokens > 6
+    anth = anthropic.Anthropic(base_url=vlm_server.url, api_key="unused", max_retries=0)
+    block = {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/png", "data": url.split(",")[1]},
+    }
+    m = anth.beta.messages.create(
+        model="tiny-vl",
+        max_tokens=2,
+        messages=[{"role": "user", "content": [block, {"type": "text", "text": "Hi"}]}],
+        mcp_servers=[{"type": "url", "url": "http://unused.invalid/", "name": "local"}],
+        betas=["mcp-client-2025-04-04"],
+    )
+    assert m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0) > 6

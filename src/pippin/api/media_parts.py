@@ -48,6 +48,8 @@ class MediaParts:
     """The media of one request, in prompt order."""
 
     refs: list[MediaRef] = field(default_factory=list)
+    # The loaded pictures, kept: the MCP tool loop renders the prompt again every turn.
+    pictures: list[tuple[Any, str]] | None = None
 
     def __bool__(self) -> bool:
         return bool(self.refs)
@@ -135,6 +137,8 @@ async def load(state: LiveModel, media: MediaParts, limits: MediaLimits) -> list
     expanded in place (their placeholders too). 400s name the part at fault."""
     if not media:
         return []
+    if media.pictures is not None:
+        return media.pictures
     check_model_takes_media(state, media)
     videos = [r for r in media.refs if r.kind == "video"]
     images = len(media.refs) - len(videos)
@@ -167,6 +171,7 @@ async def load(state: LiveModel, media: MediaParts, limits: MediaLimits) -> list
             ref.placeholder.clear()
             ref.placeholder.update({"type": "frames", "count": len(res)})
         out.extend(res)
+    media.pictures = out
     return out
 
 
