@@ -5,30 +5,21 @@ request Claude Code sends with a pasted screenshot."""
 from __future__ import annotations
 
 import base64
-import io
 import json
 import sys
 from collections.abc import Iterator
 
 import anthropic
 import httpx
-import numpy as np
 import pytest
 
 pytest.importorskip("mlx_vlm")
 ollama = pytest.importorskip("ollama")
 
 from mcp_test_server import SCRIPT  # noqa: E402
-from PIL import Image  # noqa: E402
+from media_helpers import noise_png as png  # noqa: E402
 from server_utils import Server, run_server  # noqa: E402
 from tiny_vlms import get_tiny_vlm  # noqa: E402
-
-
-def png(seed: int, size: tuple[int, int] = (56, 56)) -> bytes:
-    arr = (np.random.default_rng(seed).random((size[1], size[0], 3)) * 255).astype(np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, format="PNG")
-    return buf.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +41,6 @@ def vlm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "--mcp-max-calls",
         "1",
     ) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def text_server(tiny_models) -> Iterator[Server]:
-    with run_server(str(tiny_models("llama")), "--served-model-name", "tiny") as server:
         yield server
 
 
