@@ -32,6 +32,14 @@ def picture(
     return image
 
 
+def noise_png(seed: int, size: tuple[int, int] = (56, 56)) -> bytes:
+    """A PNG of random pixels: each seed a different picture, for answers that depend on it."""
+    import numpy as np
+
+    arr = (np.random.default_rng(seed).random((size[1], size[0], 3)) * 255).astype(np.uint8)
+    return encode(Image.fromarray(arr))
+
+
 def encode(image: Image.Image, fmt: str = "PNG") -> bytes:
     out = io.BytesIO()
     image.save(out, fmt)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import io
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,16 +14,9 @@ import pytest
 
 pytest.importorskip("mlx_vlm")
 
-from PIL import Image  # noqa: E402
+from media_helpers import noise_png as png  # noqa: E402
 from server_utils import Server, run_server  # noqa: E402
 from tiny_vlms import get_tiny_vlm  # noqa: E402
-
-
-def png(seed: int, size: tuple[int, int] = (56, 56)) -> bytes:
-    arr = (np.random.default_rng(seed).random((size[1], size[0], 3)) * 255).astype(np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, format="PNG")
-    return buf.getvalue()
 
 
 def data_url(seed: int, size: tuple[int, int] = (56, 56)) -> str:
@@ -43,12 +35,6 @@ def vlm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "--limit-mm-per-prompt",
         '{"image": 3, "video": 1}',
     ) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def text_server(tiny_models) -> Iterator[Server]:
-    with run_server(str(tiny_models("llama")), "--served-model-name", "tiny") as server:
         yield server
 
 

@@ -24,7 +24,7 @@ from pippin.api.chat_pipeline import (
     ParsedStep,
     arguments_for_template,
     output_parsing,
-    render_prompt,
+    render_media_prompt,
     run_parsed,
 )
 from pippin.api.common import closing
@@ -34,6 +34,7 @@ from pippin.engine.client import EngineClient
 from pippin.engine.types import SamplingParams
 
 if TYPE_CHECKING:
+    from pippin.api.media_parts import MediaParts
     from pippin.api.state import ServerState
     from pippin.mcp.manager import CallResult, ServerConn, ToolInfo
 
@@ -208,6 +209,9 @@ class TurnMaker:
     new_id: Callable[[], str] = random_call_id
     one_call: bool = False
     messages_param: str = "messages"
+    # The request's images and videos: their placeholders stay in the messages, so every
+    # turn's prompt holds them again (loaded once).
+    media: MediaParts | None = None
 
     def tools(self, offer_mcp: bool) -> list[dict[str, Any]] | None:
         tools = list(self.client_tools or [])
@@ -220,12 +224,13 @@ class TurnMaker:
     ) -> Turn | None:
         """The next turn; None when no room is left for it (the answer is cut off)."""
         tools = self.tools(offer_mcp)
-        ids = await render_prompt(
+        ids, mm = await render_media_prompt(
             self.state,
             self.tokenizer,
             messages,
             tools,
             self.template_kwargs,
+            self.media,
             messages_param=self.messages_param,
         )
         limits = self.state.limits
@@ -233,7 +238,7 @@ class TurnMaker:
         room = min(self.base.max_tokens - used, limits.max_model_len - len(ids))
         if room < 1:
             return None
-        params = replace(self.base, max_tokens=room, constraint=None)
+        params = replace(self.base, max_tokens=room, constraint=None, mm=mm)
         new_parser, params = await output_parsing(
             self.state,
             self.tokenizer,
@@ -574,7 +579,8 @@ def request_loop(
     **turns: Any,
 ) -> ToolLoop:
     """The loop of one request with MCP tools, after its first turn (`turns`: the rest of
-    `TurnMaker`'s settings: thinking budget, call ids, one call, the messages' param)."""
+    `TurnMaker`'s settings: thinking budget, call ids, one call, the messages' param, the
+    request's media)."""
     limit = state.settings.mcp.max_calls
     maker = TurnMaker(state, tokenizer, client_tools, tools, template_kwargs, first.params, **turns)
     return ToolLoop(

@@ -23,6 +23,7 @@ from pippin.vision.media import MediaError, MediaLimits
 
 if TYPE_CHECKING:
     from pippin.api.live_model import LiveModel
+    from pippin.api.registry import ModelEntry
     from pippin.vision.inputs import MultiModal
 
 # OpenAI's `detail: "low"`: the picture is shrunk to fit this square first.
@@ -49,6 +50,8 @@ class MediaParts:
     """The media of one request, in prompt order."""
 
     refs: list[MediaRef] = field(default_factory=list)
+    # The loaded pictures, kept: the MCP tool loop renders the prompt again every turn.
+    pictures: list[tuple[Any, str]] | None = None
 
     def __bool__(self) -> bool:
         return bool(self.refs)
@@ -101,6 +104,20 @@ def check_model_takes_media(state: LiveModel, media: MediaParts) -> None:
                 "This model does not accept image or video input; "
                 "send text only, or serve a vision-language model.",
             )
+
+
+def takes_images(entry: ModelEntry) -> bool:
+    """Whether a chat model takes images: a loaded one has a vision part; an unloaded
+    one's folder holds a checkpoint pippin serves as a VLM (a Hub id not yet here: no)."""
+    from pathlib import Path
+
+    from pippin.vision.load import is_vlm_folder
+
+    live = entry.live
+    if live is not None and live.loaded is not None:
+        return live.loaded.vision is not None
+    source = entry.spec.model
+    return bool(source) and Path(source).is_dir() and is_vlm_folder(Path(source))
 
 
 def _low_detail(image: Any) -> tuple[Any, str | None]:
@@ -164,6 +181,8 @@ async def load(state: LiveModel, media: MediaParts, limits: MediaLimits) -> list
     expanded in place (their placeholders too). 400s name the part at fault."""
     if not media:
         return []
+    if media.pictures is not None:
+        return media.pictures
     check_model_takes_media(state, media)
     assert state.loaded is not None
     videos = [r for r in media.refs if r.kind == "video"]
@@ -197,6 +216,7 @@ async def load(state: LiveModel, media: MediaParts, limits: MediaLimits) -> list
             ref.placeholder.clear()
             ref.placeholder.update({"type": "frames", "count": len(res)})
         out.extend(res)
+    media.pictures = out
     return out
 
 

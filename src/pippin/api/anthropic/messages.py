@@ -433,6 +433,7 @@ class Prompt:
     mcp: McpTools | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
     mm: Any = None  # the images' data for the engine (pippin.vision.inputs.MultiModal)
+    media: MediaParts | None = None  # their parts, which the MCP loop renders again
 
     def context_management(self) -> dict[str, Any] | None:
         if self.applied_edits is None:
@@ -477,12 +478,12 @@ async def _prompt(
     rendered: list[dict[str, Any]] = []
 
     mm: list[Any] = [None]
+    medias: list[MediaParts] = []
 
     async def render(history: list[Any]) -> list[int]:
         media = MediaParts()
         messages = template_messages(req.system, history, media)
-        if media and mcp is not None:
-            raise _error("Images cannot be combined with MCP servers yet.", media.first_param)
+        medias[:] = [media]
         rendered[:] = messages
         ids, mm[0] = await render_media_prompt(
             state,
@@ -506,7 +507,7 @@ async def _prompt(
         "kwargs": kwargs,
     }
     if req.context_management is None:
-        return Prompt(ids, tools, mm=mm[0], **extra)
+        return Prompt(ids, tools, mm=mm[0], media=medias[0], **extra)
     applied: list[dict[str, Any]] = []
     # Edits apply in order (Anthropic: clear_thinking first), each to the last one's result.
     for edit in req.context_management.edits:
@@ -524,7 +525,7 @@ async def _prompt(
             kind, count = "cleared_tool_uses", uses
         before, ids = len(ids), await render(history)
         applied.append({"type": edit.type, kind: count, "cleared_input_tokens": before - len(ids)})
-    return Prompt(ids, tools, applied, original, mm=mm[0], **extra)
+    return Prompt(ids, tools, applied, original, mm=mm[0], media=medias[0], **extra)
 
 
 def _triggered(edit: ClearToolUses, history: list[Any], prompt_tokens: int) -> bool:
@@ -987,6 +988,7 @@ async def create_message(request: Request) -> Any:
             thinking_budget=budget,
             new_id=_tool_id,
             one_call=bool(req.tool_choice and req.tool_choice.disable_parallel_tool_use),
+            media=prompt.media,
         )
     if req.stream:
         return StreamingResponse(run.stream(), media_type="text/event-stream", headers=SSE_HEADERS)

@@ -19,13 +19,14 @@ from pippin.api.chat_pipeline import (
     ParsedStep,
     grammar_error,
     output_parsing,
-    render_prompt,
+    render_media_prompt,
     run_parsed,
 )
 from pippin.api.common import cancel_on_disconnect, closing, parse_request
 from pippin.api.errors import OpenAIError, bad_request
 from pippin.api.live_model import LiveModel
 from pippin.api.logprobs import TokenRenderer
+from pippin.api.media_parts import MediaParts
 from pippin.api.ollama.protocol import (
     ChatRequest,
     GenerateFields,
@@ -69,20 +70,34 @@ def line(obj: dict[str, Any]) -> bytes:
 # --- request -> prompt -----------------------------------------------------------
 
 
-def no_images(images: list[str] | None, param: str) -> None:
-    if images:
-        # pippin serves no vision model yet: say so rather than answer without the image.
-        raise bad_request(f"this model does not support image input ({param})", param=param)
+def with_images(
+    content: str, images: list[str] | None, param: str, media: MediaParts
+) -> str | list[dict[str, Any]]:
+    """A message's text with its `images` (base64, no media type: the bytes say) before
+    it, as Ollama's templates place them; plain text when there are none."""
+    if not images:
+        return content
+    parts = [media.base64(b64, None, f"{param}[{j}]") for j, b64 in enumerate(images)]
+    return [*parts, {"type": "text", "text": content}]
 
 
-def template_messages(messages: list[Message]) -> list[dict[str, Any]]:
-    """Ollama messages -> the dicts Hugging Face chat templates take."""
+def check_vision(state: LiveModel, media: MediaParts, name: str) -> None:
+    """Ollama's 400 for images sent to a model without vision."""
+    if media and (state.loaded is None or state.loaded.vision is None):
+        raise bad_request(
+            f'"{name}" does not support vision (image input)', param=media.first_param
+        )
+
+
+def template_messages(messages: list[Message], media: MediaParts) -> list[dict[str, Any]]:
+    """Ollama messages -> the dicts Hugging Face chat templates take (images collected
+    into `media`)."""
     out: list[dict[str, Any]] = []
     for i, m in enumerate(messages):
-        no_images(m.images, f"messages[{i}].images")
         if m.role not in ("system", "user", "assistant", "tool"):
             raise bad_request(f"invalid role {m.role!r} in messages[{i}]", param="messages")
-        msg: dict[str, Any] = {"role": m.role, "content": m.content or ""}
+        content = with_images(m.content or "", m.images, f"messages[{i}].images", media)
+        msg: dict[str, Any] = {"role": m.role, "content": content}
         if m.role == "assistant":
             if m.thinking:
                 msg["reasoning_content"] = m.thinking
@@ -267,6 +282,7 @@ async def prepare(
     *,
     chat: bool,
     started: int,
+    mm: Any = None,
 ) -> OllamaRun:
     """Sampling settings from `options`, the output parser and the `format` grammar."""
     assert state.limits is not None
@@ -290,6 +306,7 @@ async def prepare(
         logprobs=logprobs,
         top_logprobs=req.top_logprobs or 0,
     )
+    params.mm = mm  # the images' data (pippin.vision.inputs.MultiModal), if any
     new_parser, params = await output_parsing(
         state, tokenizer, prompt_ids, params, tools, spec=format_spec(req.format)
     )
@@ -362,12 +379,25 @@ async def chat(request: Request) -> Any:
     if not req.messages:
         return await loaded_answer(server, req.model, True, req.keep_alive)
     state, name, engine, loaded = await _model(server, req)
-    messages = template_messages(req.messages)
+    media = MediaParts()
+    messages = template_messages(req.messages, media)
+    check_vision(state, media, name)
     tools = [t.model_dump(exclude_none=True) for t in req.tools or []] or None
     kwargs = think_kwargs(state, req.think, name)
-    prompt_ids = await render_prompt(state, loaded.tokenizer, messages, tools, kwargs)
+    prompt_ids, mm = await render_media_prompt(
+        state, loaded.tokenizer, messages, tools, kwargs, media
+    )
     run = await prepare(
-        state, engine, loaded.tokenizer, prompt_ids, req, name, tools, chat=True, started=started
+        state,
+        engine,
+        loaded.tokenizer,
+        prompt_ids,
+        req,
+        name,
+        tools,
+        chat=True,
+        started=started,
+        mm=mm,
     )
     return await answer(request, run, req.stream)
 
@@ -376,7 +406,9 @@ async def chat(request: Request) -> Any:
 async def generate(request: Request) -> Any:
     started, req, server = await _opened(request, GenerateRequest)
     name = chat_name(server, req.model)
-    no_images(req.images, "images")
+    if req.images and req.raw:
+        # A raw prompt has no template to place the images in.
+        raise bad_request("images cannot be sent with a raw prompt", param="images")
     if req.suffix:
         raise bad_request(f'"{name}" does not support insert', param="suffix")
     if req.template:
@@ -394,14 +426,23 @@ async def generate(request: Request) -> Any:
         raise bad_request(f"invalid token {bad} in context", param="context")
     kwargs = think_kwargs(state, req.think, name)
     prompt = req.prompt or ""
+    media = MediaParts()
+    mm = None
     if req.raw:
         # As written; special tokens (BOS) only at the start of a fresh context.
         encode = loaded.tokenizer.encode
         ids = await asyncio.to_thread(encode, prompt, add_special_tokens=not context)
     else:
-        messages = [{"role": "system", "content": req.system}] if req.system else []
-        messages.append({"role": "user", "content": prompt})
-        ids = await render_prompt(state, loaded.tokenizer, messages, None, kwargs)
+        messages: list[dict[str, Any]] = (
+            [{"role": "system", "content": req.system}] if req.system else []
+        )
+        messages.append(
+            {"role": "user", "content": with_images(prompt, req.images, "images", media)}
+        )
+        check_vision(state, media, name)
+        ids, mm = await render_media_prompt(
+            state, loaded.tokenizer, messages, None, kwargs, media, messages_param="prompt"
+        )
     run = await prepare(
         state,
         engine,
@@ -412,5 +453,6 @@ async def generate(request: Request) -> Any:
         None,
         chat=False,
         started=started,
+        mm=mm,
     )
     return await answer(request, run, req.stream)

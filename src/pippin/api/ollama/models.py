@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 
 from pippin.api.common import parse_request
 from pippin.api.live_model import LiveModel
+from pippin.api.media_parts import takes_images
 from pippin.api.ollama.protocol import ShowRequest
 from pippin.api.ollama.served import Listed, expires_at, find, listed, running
 from pippin.api.openapi import ollama_route
@@ -92,6 +93,8 @@ def _capabilities(m: Listed, live: LiveModel | None) -> list[str]:
     caps = ["completion", "tools"]
     if live is not None and live.parsers is not None and live.parsers.reasoning is not None:
         caps.append("thinking")
+    if m.entry is not None and takes_images(m.entry):
+        caps.append("vision")
     return caps
 
 

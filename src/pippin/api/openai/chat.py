@@ -617,10 +617,6 @@ async def create_chat_completion(request: Request) -> Any:
     client_tools = tools
     mcp = mcp_tools(req, state)  # the server's MCP servers, before the model is chosen
     if mcp is not None:
-        if media:
-            raise unsupported_value(
-                media.first_param, "Images and videos cannot be combined with MCP tools yet."
-            )
         mcp.check_clash(tools, "tools")
         tools = [*(tools or []), *mcp.functions()] or None
     state = await use_model(state, req.model)
@@ -711,6 +707,7 @@ async def create_chat_completion(request: Request) -> Any:
             kwargs,
             thinking_budget=req.thinking_token_budget,
             one_call=req.parallel_tool_calls is False,
+            media=media,
         )
     if req.stream:
         return StreamingResponse(run.stream(), media_type="text/event-stream", headers=SSE_HEADERS)

@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from pippin.api.media_parts import takes_images
 from pippin.api.openapi import openai_route
 from pippin.api.registry import LOADED, ModelEntry
 from pippin.api.state import ServerState, check_model, get_state
@@ -27,6 +28,8 @@ def _chat_card(state: ServerState, entry: ModelEntry, name: str) -> dict[str, An
         "root": entry.spec.model or entry.name,
         "state": entry.state,
         "pinned": entry.pinned,
+        # What it takes besides text ("vision": images and videos), for clients to offer.
+        "capabilities": ["chat", "vision"] if takes_images(entry) else ["chat"],
     }
     live = entry.live
     if entry.state == LOADED and live is not None and live.engine is not None:

@@ -1004,10 +1004,6 @@ async def create_response(request: Request) -> Any:
     conv = template_messages(req.instructions, conversation)
     messages = conv.out
     pending = conv.pending()
-    if conv.media and mcp is not None:
-        raise unsupported_value(
-            conv.media.first_param, "Images cannot be combined with MCP tools yet."
-        )
     if pending and mcp is None:
         raise bad_request(
             "Approved MCP calls run with the request's 'mcp' tools; name their server in 'tools'.",
@@ -1070,6 +1066,7 @@ async def create_response(request: Request) -> Any:
             pending=pending,
             one_call=req.parallel_tool_calls is False,
             messages_param="input",
+            media=conv.media,
         )
         # As OpenAI: a server's tools are listed once in a conversation.
         run.list_tools = [

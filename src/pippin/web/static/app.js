@@ -169,7 +169,9 @@ async function refreshModels() {
   list.replaceChildren();
   select.replaceChildren();
   sttModel = null;
+  visionModels.clear();
   for (const m of data) {
+    if ((m.capabilities || []).includes("vision")) visionModels.add(m.id);
     const li = document.createElement("li");
     li.textContent = m.id + (m.max_model_len ? ` — context ${m.max_model_len} tokens` : "")
       + (m.kind ? ` (${m.kind})` : "");
@@ -181,6 +183,7 @@ async function refreshModels() {
     select.appendChild(o);
   }
   if (chosen) select.value = chosen;
+  showAttach();
   showSpeech(data.filter((m) => "voices" in m));
   $("transcribe").hidden = !sttModel;
 }
@@ -260,7 +263,70 @@ $("speech-form").addEventListener("submit", (e) => {
 });
 
 // --- chat ---------------------------------------------------------------------------
-function addMessage(role, text) {
+const visionModels = new Set(); // chat models whose /v1/models card lists "vision"
+let attached = []; // data: URLs of the images for the next message
+
+// Only a vision model takes images: others hide the button (and drop what was attached).
+function showAttach() {
+  const vision = visionModels.has($("chat-model").value);
+  $("chat-attach").hidden = !vision;
+  if (!vision) setAttached([]);
+}
+
+function thumb(url) {
+  const img = document.createElement("img");
+  img.className = "thumb";
+  img.src = url;
+  img.alt = "attached image";
+  return img;
+}
+
+function setAttached(urls) {
+  attached = urls;
+  const box = $("chat-attached");
+  box.replaceChildren(...urls.map(thumb));
+  if (urls.length) {
+    const clear = document.createElement("button");
+    clear.type = "button";
+    clear.className = "link";
+    clear.textContent = "remove";
+    clear.addEventListener("click", () => setAttached([]));
+    box.appendChild(clear);
+  }
+  box.hidden = urls.length === 0;
+}
+
+function readAsDataURL(file) {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(reader.result);
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(file);
+  });
+}
+
+async function attach(files) {
+  const images = [...files].filter((f) => f.type.startsWith("image/"));
+  if (!images.length || !visionModels.has($("chat-model").value)) return false;
+  setAttached([...attached, ...(await Promise.all(images.map(readAsDataURL)))]);
+  return true;
+}
+
+$("chat-model").addEventListener("change", showAttach);
+$("chat-attach").addEventListener("click", () => $("chat-file").click());
+$("chat-file").addEventListener("change", async () => {
+  await attach($("chat-file").files);
+  $("chat-file").value = "";
+});
+$("chat-input").addEventListener("paste", (e) => {
+  const files = [...(e.clipboardData || {}).files || []];
+  if (files.some((f) => f.type.startsWith("image/")) && visionModels.has($("chat-model").value)) {
+    e.preventDefault();
+    attach(files);
+  }
+});
+
+function addMessage(role, text, images) {
   const div = document.createElement("div");
   div.className = "msg " + role;
   const who = document.createElement("span");
@@ -273,7 +339,14 @@ function addMessage(role, text) {
   body.textContent = text || "";
   const meta = document.createElement("span");
   meta.className = "meta";
-  div.append(who, reasoning, body, meta);
+  div.append(who, reasoning);
+  if (images && images.length) {
+    const pictures = document.createElement("span");
+    pictures.className = "pictures";
+    pictures.append(...images.map(thumb));
+    div.append(pictures);
+  }
+  div.append(body, meta);
   $("chat-log").appendChild(div);
   $("chat-log").scrollTop = $("chat-log").scrollHeight;
   return { div, reasoning, body, meta };
@@ -303,8 +376,14 @@ async function* sseEvents(response) {
 }
 
 async function send(text) {
-  conversation.push({ role: "user", content: text });
-  addMessage("user", text);
+  // Images go first, as OpenAI image_url parts holding data: URLs.
+  const images = attached;
+  setAttached([]);
+  const content = images.length
+    ? [...images.map((url) => ({ type: "image_url", image_url: { url } })), { type: "text", text }]
+    : text;
+  conversation.push({ role: "user", content });
+  addMessage("user", text, images);
   const out = addMessage("assistant", "");
   out.div.classList.add("streaming");
   $("chat-send").hidden = true;
