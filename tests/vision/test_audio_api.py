@@ -54,12 +54,6 @@ def omni_server(omni_path) -> Iterator[Server]:
         yield server
 
 
-@pytest.fixture(scope="module")
-def text_server(tiny_models) -> Iterator[Server]:
-    with run_server(str(tiny_models("llama")), "--served-model-name", "tiny") as server:
-        yield server
-
-
 def ask(server: Server, content: list, model: str = "tiny-omni", max_tokens: int = 6):
     return server.client().chat.completions.create(
         model=model,
