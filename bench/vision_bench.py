@@ -22,6 +22,7 @@ import asyncio
 import base64
 import io
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
 from pippin.bench.client import RequestResult, stream_request
 from pippin.bench.servers import Server, ServerSpec, free_port, package_version
 from pippin.bench.stats import percentile
@@ -118,7 +120,7 @@ def body(kind: str, messages: list[dict[str, Any]], tokens: int, eos: list[int])
 
 def make_vision_server(kind: str, model: Path, log_dir: Path) -> Server:
     port = free_port()
-    env = dict(__import__("os").environ)
+    env = dict(os.environ)
     py = sys.executable
     if kind == "pippin":
         env["PYTHONPATH"] = str(ROOT / "src") + (
@@ -223,7 +225,9 @@ def run_server(
             for i in range(n_requests):
                 text = f"Describe picture {li}-{i} in detail."
                 png = images[(li * n_requests + i) % len(images)]
-                msgs = [{"role": "user", "content": [image_part(png), {"type": "text", "text": text}]}]
+                msgs = [
+                    {"role": "user", "content": [image_part(png), {"type": "text", "text": text}]}
+                ]
                 bodies.append(body(kind, msgs, tokens, eos))
             results, wall = asyncio.run(_load(url, mf, bodies, conc))
             ok = [r for r in results if r.ok]
