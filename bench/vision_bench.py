@@ -283,23 +283,29 @@ def build_model(args: argparse.Namespace, root: Path) -> Path:
 
 
 def _random_weights(dest: Path) -> None:
-    """Re-make the weights for the edited config (bf16, small normal noise)."""
+    """Re-make the weights for the edited config (bf16; unit norms, fan-in scaled matrices)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_vlm.utils import get_model_and_args, update_module_configs
 
     cfg = json.loads((dest / "config.json").read_text())
+    cfg.setdefault("text_config", {})
     arch, _ = get_model_and_args(cfg)
     mc = arch.ModelConfig.from_dict(cfg)
     mc = update_module_configs(mc, arch, cfg, ["text", "vision"])
     model = arch.Model(mc)
     params = {}
     for k, v in tree_flatten(model.parameters()):
-        if "norm" in k and k.endswith("weight"):
-            params[k] = mx.ones(v.shape, mx.bfloat16)
+        if v.ndim == 1:
+            w = mx.ones(v.shape) if "norm" in k else mx.zeros(v.shape)
         else:
-            params[k] = (0.02 * mx.random.normal(v.shape)).astype(mx.bfloat16)
-    mx.save_safetensors(str(dest / "model.safetensors"), params)
+            fan_in = 1
+            for d in v.shape[1:]:
+                fan_in *= d
+            w = mx.random.normal(v.shape) * (1.0 if "embed" in k else fan_in**-0.5)
+        params[k] = w.astype(mx.bfloat16)
+        mx.eval(params[k])
+    mx.save_safetensors(str(dest / "model.safetensors"), params, metadata={"format": "mlx"})
 
 
 def markdown(rows: list[Row]) -> str:
