@@ -53,3 +53,12 @@ def test_table_gives_the_ratio_at_each_concurrency() -> None:
     table = vb.markdown(rows)
     assert "pippin / mlx_vlm tok/s at 4: **3.00x**" in table
     assert "100 / 2,000 = 0.05" in table
+
+
+def test_tiny_build_keeps_a_1024x768_picture_near_its_size(tmp_path: Path) -> None:
+    vb = _module()
+    args = vb.argparse.Namespace(model=None, build_shape=None)
+    model = vb.build_model(args, tmp_path)
+    pre = json.loads((model / "preprocessor_config.json").read_text())
+    assert pre["max_pixels"] == vb.QWEN_MAX_PIXELS >= 1024 * 768
+    assert vb.eos_ids(model)  # what mlx_vlm.server's logit_bias holds back
