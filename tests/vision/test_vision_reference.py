@@ -1,0 +1,108 @@
+"""Tiny random-weight VLMs: mlx-vlm's logits (the model pippin's greedy tokens are shown to
+equal in test_vision_engine) against transformers' implementation of the same family, on
+the same weights and the same processor outputs (token ids and pixel values)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mlx_vlm")
+torch = pytest.importorskip(
+    "torch", reason="torch is needed for the reference: pip install torch==2.13.0"
+)
+
+import mlx.core as mx  # noqa: E402
+from test_vision_engine import prompt  # noqa: E402
+from tiny_vlms import get_tiny_vlm  # noqa: E402
+
+from pippin.store.loader import load_model  # noqa: E402
+
+AGREE = ("qwen2_vl", "qwen2_5_vl")
+# Not yet explained: these differ even on a text-only prompt, so in the text model or in how
+# transformers reads the tiny config; strict, so a fix shows up here.
+UNEXPLAINED = ("llava", "gemma3")
+
+
+def _mlx_name(name: str, mlx_names: set[str]) -> str:
+    """transformers 5's parameter name -> the MLX checkpoint's (mlx-vlm's sanitize, inverted)."""
+    if name == "lm_head.weight":
+        return "language_model.lm_head.weight"
+    name = name.removeprefix("model.")
+    if name.startswith("language_model."):
+        return "language_model.model." + name.removeprefix("language_model.")
+    if name.startswith("visual."):
+        return "vision_tower." + name.removeprefix("visual.")
+    if name not in mlx_names and name.startswith("vision_tower."):
+        return "vision_tower.vision_model." + name.removeprefix("vision_tower.")
+    return name
+
+
+def hf_model(path):
+    import transformers
+    from transformers import AutoConfig
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    cfg = AutoConfig.from_pretrained(path)
+    cls = getattr(transformers, cfg.architectures[0])
+    model = cls._from_config(cfg, dtype=torch.float32).eval()
+    weights = {k: np.array(v) for k, v in mx.load(str(path / "model.safetensors")).items()}
+    state = {}
+    for name, ref in model.state_dict().items():
+        key = _mlx_name(name, set(weights))
+        if key not in weights:
+            continue  # parts the family's forward never uses (SigLIP's pooling head)
+        w = weights.pop(key)
+        if w.shape != tuple(ref.shape):
+            w = np.moveaxis(w, -1, 1)  # MLX convolutions keep channels last
+        state[name] = torch.from_numpy(np.ascontiguousarray(w))
+    assert not weights, f"MLX weights transformers has no place for: {sorted(weights)}"
+    model.load_state_dict(state, strict=False)
+    return cfg, model
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        *AGREE,
+        *(
+            pytest.param(f, marks=pytest.mark.xfail(strict=True, raises=AssertionError))
+            for f in UNEXPLAINED
+        ),
+    ],
+)
+def pair(request, tmp_path_factory):
+    path = get_tiny_vlm(request.param, tmp_path_factory.mktemp("vlm"))
+    return load_model(str(path)), *hf_model(path)
+
+
+@pytest.mark.parametrize("n_images", [0, 1, 2])
+def test_logits_match_transformers(pair, n_images: int) -> None:
+    loaded, cfg, model = pair
+    ids, mm = prompt(loaded, n_images, "What is in this picture?", list(range(1, n_images + 1)))
+    arrays = (
+        {k: np.concatenate([im.arrays[k] for im in mm.images]) for k in mm.images[0].arrays}
+        if mm is not None
+        else {"pixel_values": None}
+    )
+    vlm = loaded.vision.vlm
+    if hasattr(vlm.language_model, "_position_ids"):
+        vlm.language_model._position_ids = None
+        vlm.language_model._rope_deltas = None
+    x = mx.array([ids])
+    kw = {k: None if v is None else mx.array(v) for k, v in arrays.items()}
+    got = np.array(vlm(x, kw.pop("pixel_values"), mask=mx.ones_like(x), **kw).logits[0])
+    image_token = getattr(cfg, "image_token_id", None) or cfg.image_token_index
+    inputs = {k: torch.from_numpy(v) for k, v in arrays.items() if v is not None}
+    t_ids = torch.tensor([ids])
+    with torch.no_grad():
+        ref = model(
+            input_ids=t_ids,
+            attention_mask=torch.ones_like(t_ids),
+            mm_token_type_ids=(t_ids == image_token).long(),
+            **inputs,
+        ).logits[0]
+    ref = ref.numpy()
+    scale = float(np.abs(ref).max())
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-3 * scale)
