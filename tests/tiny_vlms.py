@@ -423,6 +423,10 @@ def _gemma_files(ids: dict[str, int]) -> tuple[dict, dict]:
             **_text_config(ids, "gemma3_text"),
             "head_dim": 16,
             "query_pre_attn_scalar": 16,
+            # Gemma 3's own bases (as its checkpoints write them): mlx-vlm reads none of
+            # rope_theta and uses these; transformers reads rope_theta for global layers.
+            "rope_theta": 1_000_000.0,
+            "rope_local_base_freq": 10_000.0,
             # Small windows, so prompts cross them: sliding layers read only their window.
             "sliding_window": 8,
             "sliding_window_pattern": 2,
