@@ -19,9 +19,9 @@ from tiny_vlms import get_tiny_vlm  # noqa: E402
 from pippin.store.loader import load_model  # noqa: E402
 
 AGREE = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "gemma3")
-# Not yet explained: differs even on a text-only prompt (max abs ~50), so in the text model or
-# in how transformers reads the tiny config; strict, so a fix shows up here.
-UNEXPLAINED = ("mistral3",)
+# Not yet explained: agree on text, differ once an image is in (max abs ~1.9 of ~4): the
+# Pixtral tower, the patch merger or the projector; strict, so a fix shows up here.
+IMAGES_UNEXPLAINED = ("mistral3",)
 # Not compared yet: idefics2, idefics3, smolvlm and pixtral need more of the name mapping
 # (and config reading) than _mlx_name does.
 
@@ -40,20 +40,24 @@ def _mlx_name(name: str, mlx_names: set[str]) -> str:
     return name
 
 
-def hf_model(path):
+def hf_model(path, loaded):
     import transformers
     from transformers import AutoConfig
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     cfg = AutoConfig.from_pretrained(path)
+    # Tie as mlx-vlm does: its Gemma 3 always uses the embeddings as lm_head (its sanitize
+    # replaces the checkpoint's), the others the checkpoint's own lm_head.
+    lm = loaded.vision.vlm.language_model
+    tied = bool(mx.array_equal(lm.lm_head.weight, lm.model.embed_tokens.weight))
+    cfg.tie_word_embeddings = tied
+    cfg.get_text_config().tie_word_embeddings = tied
     cls = getattr(transformers, cfg.architectures[0])
     model = cls._from_config(cfg, dtype=torch.float32).eval()
     weights = {k: np.array(v) for k, v in mx.load(str(path / "model.safetensors")).items()}
     state = {}
-    if model.lm_head.weight is model.get_input_embeddings().weight:
-        # Tied (Gemma 3's default): mlx-vlm's Gemma 3 ties too, replacing the checkpoint's
-        # lm_head with the embeddings, so the tiny checkpoint's own lm_head is unused by both.
+    if tied:
         weights.pop("language_model.lm_head.weight")
     for name, ref in model.state_dict().items():
         if name == "lm_head.weight" and "language_model.lm_head.weight" not in weights:
@@ -72,22 +76,19 @@ def hf_model(path):
 
 @pytest.fixture(
     scope="module",
-    params=[
-        *AGREE,
-        *(
-            pytest.param(f, marks=pytest.mark.xfail(strict=True, raises=AssertionError))
-            for f in UNEXPLAINED
-        ),
-    ],
+    params=[*AGREE, *IMAGES_UNEXPLAINED],
 )
 def pair(request, tmp_path_factory):
     path = get_tiny_vlm(request.param, tmp_path_factory.mktemp("vlm"))
-    return load_model(str(path)), *hf_model(path)
+    loaded = load_model(str(path))
+    return loaded, *hf_model(path, loaded)
 
 
 @pytest.mark.parametrize("n_images", [0, 1, 2])
-def test_logits_match_transformers(pair, n_images: int) -> None:
+def test_logits_match_transformers(request, pair, n_images: int) -> None:
     loaded, cfg, model = pair
+    if n_images and loaded.vision.vlm.config.model_type in IMAGES_UNEXPLAINED:
+        request.applymarker(pytest.mark.xfail(strict=True, raises=AssertionError))
     ids, mm = prompt(loaded, n_images, "What is in this picture?", list(range(1, n_images + 1)))
     arrays = (
         {k: np.concatenate([im.arrays[k] for im in mm.images]) for k in mm.images[0].arrays}
@@ -131,7 +132,8 @@ def test_gemma3_image_tokens_attend_both_ways_in_transformers(tmp_path) -> None:
     causally. Without token_type_ids (above) the two agree; with them they must differ, so
     this test notices if either side changes."""
     path = get_tiny_vlm("gemma3", tmp_path)
-    loaded, cfg, model = load_model(str(path)), *hf_model(path)
+    loaded = load_model(str(path))
+    cfg, model = hf_model(path, loaded)
     ids, mm = prompt(loaded, 1, "What is in this picture?", [1])
     t_ids = torch.tensor([ids])
     types = (t_ids == cfg.image_token_index).long()
