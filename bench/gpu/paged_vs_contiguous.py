@@ -105,7 +105,7 @@ def make_core(model, prompts: list[list[int]], gen: int) -> EngineCore:
         loaded,
         EngineConfig(
             num_blocks=max(blocks, 4096),
-            max_model_len=4096,
+            max_model_len=max(4096, max(len(p) for p in prompts) + gen + 16),
             max_num_batched_tokens=8192,
             max_num_seqs=max(256, len(prompts)),
         ),

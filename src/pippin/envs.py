@@ -75,6 +75,11 @@ VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
         "auto: the paged-attention CUDA kernel for decode batches where it pays; "
         "0: never (the gather path); 1: for every decode batch.",
     ),
+    "PIPPIN_PAGED_SPLIT": (
+        _on("PIPPIN_PAGED_SPLIT"),
+        "0: long contexts of few decode rows on the gather path instead of the paged "
+        "kernel with each row's context split over thread blocks (flash-decoding).",
+    ),
     "PIPPIN_PREFILL_ATTENTION": (
         _flag("PIPPIN_PREFILL_ATTENTION", "auto"),
         "auto: prompt chunks' attention composed of plain ops on CUDA (no cuDNN plan per "

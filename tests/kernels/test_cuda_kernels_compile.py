@@ -75,6 +75,21 @@ def test_paged_attention_compiles(
 
 
 @needs_nvrtc
+@pytest.mark.parametrize("B,hq,hkv,d", [(1, 32, 8, 128), (2, 16, 2, 64)])
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32])
+def test_split_paged_attention_compiles(
+    recorder: Recorder, B: int, hq: int, hkv: int, d: int, dtype: mx.Dtype
+) -> None:
+    """The split kernel (grid y = the splits) and the kernel that merges the parts."""
+    q, k, v, tables, offsets = _case(B, hq, hkv, d, dtype, max_len=8000)
+    paged_attention.paged_decode_attention(q, k, v, tables, offsets, d**-0.5, 16, split=True)
+    names = [launch.name for launch in recorder.launches]
+    assert names == ["pippin_paged_decode_split", "pippin_paged_decode_combine"]
+    assert recorder.launches[0].grid[1] == paged_attention.num_splits(B, hkv, 8000)
+    _compile_all(recorder)
+
+
+@needs_nvrtc
 @pytest.mark.parametrize("kind", ["llama", "llama3", "traditional", "qwen3"])
 @pytest.mark.parametrize("B,hq,hkv,d", [(3, 32, 8, 64), (2, 16, 2, 128)])
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32])

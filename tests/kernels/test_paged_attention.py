@@ -22,11 +22,20 @@ from pippin.runner import paged_cache
 
 
 def _case(
-    B: int, hq: int, hkv: int, d: int, dtype: mx.Dtype, bs: int = 16, seed: int = 0
+    B: int,
+    hq: int,
+    hkv: int,
+    d: int,
+    dtype: mx.Dtype,
+    bs: int = 16,
+    seed: int = 0,
+    max_len: int = 300,
 ) -> tuple[mx.array, ...]:
     rng = np.random.default_rng(seed)
-    lens = rng.integers(1, 300, size=B)
-    lens[0] = 1  # a row whose only key is the new token
+    lens = rng.integers(1, max_len, size=B)
+    if max_len > 300:
+        lens[-1] = max_len  # a row as long as the case allows
+    lens[0] = 1 if B > 1 or max_len <= 300 else max_len  # a row whose only key is the new one
     nb = int((lens.max() + bs - 1) // bs)
     num_blocks = B * nb + 3
     perm = rng.permutation(num_blocks)  # blocks scattered over the pool
@@ -65,6 +74,45 @@ def test_kernel_matches_gather_path(B: int, hq: int, hkv: int, d: int, dtype: mx
     err = mx.max(mx.abs(got.astype(mx.float32) - ref)).item()
     assert got.shape == q.shape and got.dtype == dtype
     assert err < tol, err
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    "B,hq,hkv,d,max_len",
+    [(1, 32, 8, 128, 16_384), (3, 32, 8, 128, 5_000), (2, 16, 2, 64, 70_000), (40, 8, 8, 64, 3000)],
+)
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32])
+def test_split_kernel_matches_gather_path(
+    B: int, hq: int, hkv: int, d: int, max_len: int, dtype: mx.Dtype
+) -> None:
+    """The context split over thread blocks (flash-decoding), rows of 1 key to `max_len`:
+    runs of 32-token chunks that end mid-block, and empty runs past a short row's end."""
+    q, k, v, tables, offsets = _case(B, hq, hkv, d, dtype, max_len=max_len, seed=B)
+    width = tables.shape[1] * 16
+    assert paged_attention.split_wanted(B, width)
+    assert paged_attention.num_splits(B, hkv, width) > 1
+    scale = d**-0.5
+    got = paged_attention.paged_decode_attention(q, k, v, tables, offsets, scale, 16, split=True)
+    unsplit = paged_attention.paged_decode_attention(q, k, v, tables, offsets, scale, 16)
+    f32 = [a.astype(mx.float32) for a in (q, k, v)]
+    ref = paged_attention.reference_decode_attention(*f32, tables, offsets, scale, 16)
+    tol = 1e-4 if dtype == mx.float32 else 2e-2
+    assert got.shape == q.shape and got.dtype == dtype
+    assert mx.max(mx.abs(got.astype(mx.float32) - ref)).item() < tol
+    assert mx.max(mx.abs(unsplit.astype(mx.float32) - ref)).item() < tol
+
+
+def test_split_choice() -> None:
+    """Few rows over a long context split it; many rows or short contexts do not, and the
+    split count depends on shapes alone (one compiled trace per shape)."""
+    assert paged_attention.worth_it(1, 16_384) and paged_attention.split_wanted(1, 16_384)
+    assert not paged_attention.worth_it(1, 16_384, split=False)
+    assert not paged_attention.split_wanted(1, 1024)
+    assert not paged_attention.split_wanted(256, 16_384)
+    assert paged_attention.num_splits(1, 8, 16_384) == 64
+    assert paged_attention.num_splits(1, 8, 65_536) == 64
+    assert paged_attention.num_splits(1, 8, 2304) == 9
+    assert paged_attention.num_splits(32, 8, 4096) == 2
 
 
 @pytest.mark.parametrize("compiled", ["1", "0"])

@@ -14,6 +14,7 @@ class KernelConfig:
     enabled: bool = True
     # The rest are for measuring one change at a time; see `pippin.envs` for each.
     paged_kernel: str = "auto"  # auto | 0 | 1
+    paged_split: bool = True  # long contexts of few rows: the kernel split (flash-decoding)
     prefill_attention: str = "auto"  # auto | composed | fused
     fused_attention: bool = True
     fused_layer: str = "1"  # see fused_layer.projections
@@ -30,6 +31,7 @@ class KernelConfig:
     def from_env(cls) -> KernelConfig:
         return cls(
             paged_kernel=envs.PIPPIN_PAGED_KERNEL,
+            paged_split=envs.PIPPIN_PAGED_SPLIT,
             prefill_attention=envs.PIPPIN_PREFILL_ATTENTION,
             fused_attention=envs.PIPPIN_FUSED_ATTENTION,
             fused_layer=envs.PIPPIN_FUSED_LAYER,

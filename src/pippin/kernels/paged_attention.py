@@ -16,8 +16,15 @@ otherwise calls the original. The gather path stays the fallback, and the
 default wherever the kernel cannot run (CPU, Metal, models that call MLX's
 attention directly, prefill).
 
+A batch of few rows over a long context would give the kernel too few thread blocks
+(one per row and KV head: 8 for one row of Llama 3) to load the GPU, so there the
+context is split, as flash-decoding does: each (row, KV head) gets `num_splits` blocks
+over consecutive runs of its tokens, each writes its unnormalised output with its
+running max and sum, and a second kernel merges the parts.
+
 Set `PIPPIN_PAGED_KERNEL=0` to turn the kernel off, `=1` to force it on for any
-decode batch (the default: see `worth_it`).
+decode batch (the default: see `worth_it`); `PIPPIN_PAGED_SPLIT=0` keeps long contexts
+of few rows on the gather path, as before the split.
 """
 
 from __future__ import annotations
@@ -31,13 +38,19 @@ import mlx.nn as nn
 from pippin.kernels import device
 from pippin.kernels.device import on_cuda
 
-# The kernel gives each (row, KV head) one thread block and does not split a row's
-# context, so a few rows of long context would leave most of the GPU idle: those
-# take the gather path. Rows at or above MIN_ROWS, or contexts up to SOLO_CONTEXT
-# tokens, take the kernel (for one row of a 512-token context it saves the
-# gather, the mask and the unfused masked attention: about 200 ops per step).
+# Unsplit, the kernel gives each (row, KV head) one thread block, so a few rows of long
+# context would leave most of the GPU idle. Rows at or above MIN_ROWS, or contexts up to
+# SOLO_CONTEXT tokens, take it unsplit (for one row of a 512-token context it saves the
+# gather, the mask and the unfused masked attention: about 200 ops per step); fewer than
+# SPLIT_MAX_ROWS rows over more than SPLIT_MIN_CONTEXT keys take it split.
 MIN_ROWS = 16
 SOLO_CONTEXT = 8192
+SPLIT_MAX_ROWS = 64
+SPLIT_MIN_CONTEXT = 2048
+# A split spans at least SPLIT_TOKENS keys (one pass of 8 warps of 32 tokens), and a
+# call has about TARGET_BLOCKS thread blocks (an H100/H200 holds 4+ per SM, 132 SMs).
+SPLIT_TOKENS = 256
+TARGET_BLOCKS = 512
 
 # The kernel in three parts, so that `fused_attention` can put its own prologue (norms,
 # RoPE, the KV write) in place of loading q: declarations, the q load, the attention.
@@ -65,6 +78,13 @@ SOURCE_HEAD = r"""
     const int NB = tables_shape[1];  // runtime, so a growing context compiles nothing new
     const size_t NSLOTS = k_shape[1];
     const float sc = scale[0];
+    // This block's run of 32-token chunks: all of them unless the grid splits the
+    // context (gridDim.y > 1); a run past the end is empty (its block writes m = -inf,
+    // l = 0).
+    const int nchunks_all = (len + 31) / 32;
+    const int per_split = (nchunks_all + gridDim.y - 1) / gridDim.y;
+    const int c_begin = blockIdx.y * per_split;
+    const int c_end = min(nchunks_all, c_begin + per_split);
 """
 
 _LOAD_Q = r"""
@@ -74,7 +94,7 @@ _LOAD_Q = r"""
     __syncthreads();
 """
 
-SOURCE_ATTEND = r"""
+_ATTEND_LOOP = r"""
     float m[G], l[G], acc[G][VPT];
     #pragma unroll
     for (int g = 0; g < G; ++g) {
@@ -84,8 +104,7 @@ SOURCE_ATTEND = r"""
         for (int i = 0; i < VPT; ++i) acc[g][i] = 0.f;
     }
     const size_t head = (size_t)kvh * NSLOTS;
-    const int nchunks = (len + 31) / 32;
-    for (int c = warp; c < nchunks; c += NWARPS) {
+    for (int c = c_begin + warp; c < c_end; c += NWARPS) {
         const int t = c * 32 + lane;
         const bool valid = t < len;
         int slot = 0;
@@ -152,6 +171,10 @@ SOURCE_ATTEND = r"""
         for (int i = 0; i < VPT; ++i) red_acc[warp][g][lane * VPT + i] = acc[g][i];
     }
     __syncthreads();
+"""
+
+# The warps' parts merged: the normalised output (unsplit), or this split's part.
+_MERGE_WARPS = r"""
     for (int i = threadIdx.x; i < G * D; i += NWARPS * 32) {
         const int g = i / D;
         const int d = i % D;
@@ -167,11 +190,52 @@ SOURCE_ATTEND = r"""
                 den += red_l[w][g] * f;
             }
         }
+"""
+
+_WRITE_OUT = r"""
         out[(size_t)bh * G * D + i] = static_cast<T>(num / den);
     }
 """
 
+# out [B * HKV, S, G, D + 2] float32: the unnormalised output, then m and l.
+_WRITE_PART = r"""
+        float* part = out + (((size_t)bh * gridDim.y + blockIdx.y) * G + g) * (D + 2);
+        part[d] = num;
+        if (d == 0) {
+            part[D] = mx_;
+            part[D + 1] = den;
+        }
+    }
+"""
+
+SOURCE_ATTEND = _ATTEND_LOOP + _MERGE_WARPS + _WRITE_OUT
+
 _SOURCE = SOURCE_HEAD + _LOAD_Q + SOURCE_ATTEND
+_SOURCE_SPLIT = SOURCE_HEAD + _LOAD_Q + _ATTEND_LOOP + _MERGE_WARPS + _WRITE_PART
+
+# One thread per output element: the splits' parts merged by their maxima.
+_SOURCE_COMBINE = r"""
+    const int S = part_shape[1];
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)part_shape[0] * G * D) return;
+    const size_t bh = i / (G * D);
+    const int g = (i / D) % G;
+    const int d = i % D;
+    const float* p = part + (bh * S * G + g) * (D + 2);
+    constexpr size_t STEP = (size_t)G * (D + 2);
+    float mx_ = __int_as_float(0xff800000);
+    for (int s = 0; s < S; ++s) mx_ = fmaxf(mx_, p[s * STEP + D]);
+    float num = 0.f, den = 0.f;
+    for (int s = 0; s < S; ++s) {
+        const float l = p[s * STEP + D + 1];
+        if (l > 0.f) {
+            const float f = __expf(p[s * STEP + D] - mx_);
+            num += p[s * STEP + d] * f;
+            den += l * f;
+        }
+    }
+    out[i] = static_cast<T>(num / den);
+"""
 
 # mlx-lm model modules whose attention is plain (no soft-capping, sinks or windows)
 # and goes through the shared `scaled_dot_product_attention`.
@@ -221,21 +285,35 @@ def enabled_for(
     return True
 
 
-def use_kernel(layout: Any, always: bool = False) -> None:
-    """Mark a decode batch (one new token per row) of enough rows for the kernel (any
-    decode batch when `always`: `PIPPIN_PAGED_KERNEL=1`)."""
-    if layout.pad_len != 1 or not worth_it(len(layout.starts), layout.kv_width, always):
+def use_kernel(layout: Any, always: bool = False, split: bool = True) -> None:
+    """Mark a decode batch (one new token per row) for the kernel where it pays (any
+    decode batch when `always`: `PIPPIN_PAGED_KERNEL=1`); `split`: whether long contexts
+    of few rows may take it split (`PIPPIN_PAGED_SPLIT`)."""
+    rows = len(layout.starts)
+    if layout.pad_len != 1 or not worth_it(rows, layout.kv_width, always, split):
         return
     layout.paged_kernel = True
+    layout.paged_split = split_wanted(rows, layout.kv_width, split)
     off = layout.offset
     layout.offsets = off if isinstance(off, mx.array) else mx.array([off], dtype=mx.int32)
 
 
-def worth_it(rows: int, kv_tokens: int, always: bool = False) -> bool:
+def worth_it(rows: int, kv_tokens: int, always: bool = False, split: bool = True) -> bool:
     """Whether a decode batch of `rows` reading up to `kv_tokens` keys each takes the kernel."""
-    if always:
+    if always or split_wanted(rows, kv_tokens, split):
         return True
     return rows >= MIN_ROWS or kv_tokens <= SOLO_CONTEXT
+
+
+def split_wanted(rows: int, kv_tokens: int, split: bool = True) -> bool:
+    """Whether such a batch's attention splits each row's context over thread blocks."""
+    return split and rows < SPLIT_MAX_ROWS and kv_tokens > SPLIT_MIN_CONTEXT
+
+
+def num_splits(rows: int, hkv: int, kv_tokens: int) -> int:
+    """Thread blocks per (row, KV head): enough for about TARGET_BLOCKS in all, each
+    over at least SPLIT_TOKENS keys."""
+    return max(1, min(kv_tokens // SPLIT_TOKENS, -(-TARGET_BLOCKS // (rows * hkv))))
 
 
 def warps(g: int, d: int, extra: int = 0) -> int:
@@ -255,20 +333,25 @@ def paged_decode_attention(
     offsets: mx.array,
     scale: float,
     block_size: int,
+    split: bool = False,
 ) -> mx.array:
     """Attention of one new token per row over the row's paged KV.
 
     queries [B, Hq, 1, D]; pools [Hkv, slots, D]; tables [B, nb] int32 block ids;
     offsets [B] int32, the tokens before the new one (the new one is already in
-    the pool). Returns [B, Hq, 1, D]."""
+    the pool); `split`: the context split over thread blocks (`num_splits` of them,
+    from the shapes alone, so a compiled step keeps one trace per shape).
+    Returns [B, Hq, 1, D]."""
     B, hq, L, d = queries.shape
     hkv = k_pool.shape[0]
     assert L == 1 and hq % hkv == 0 and d % 32 == 0
     g = hq // hkv
     nw = warps(g, d)
-    out = device.cuda_kernel(
-        "pippin_paged_decode", ("q", "k", "v", "tables", "offsets", "scale"), _SOURCE
-    )(
+    s = num_splits(B, hkv, tables.shape[1] * block_size) if split else 1
+    name, source = ("pippin_paged_decode", _SOURCE)
+    if s > 1:
+        name, source = ("pippin_paged_decode_split", _SOURCE_SPLIT)
+    out = device.cuda_kernel(name, ("q", "k", "v", "tables", "offsets", "scale"), source)(
         inputs=[
             queries.reshape(B, hq, d),
             k_pool,
@@ -285,12 +368,22 @@ def paged_decode_attention(
             ("BS", block_size),
             ("NWARPS", nw),
         ],
-        grid=(B * hkv * nw * 32, 1, 1),
+        grid=(B * hkv * nw * 32, s, 1),
         threadgroup=(nw * 32, 1, 1),
+        output_shapes=[(B, hq, 1, d) if s == 1 else (B * hkv, s, g, d + 2)],
+        output_dtypes=[queries.dtype if s == 1 else mx.float32],
+    )
+    if s == 1:
+        return out[0]
+    n = B * hq * d
+    return device.cuda_kernel("pippin_paged_decode_combine", ("part",), _SOURCE_COMBINE)(
+        inputs=[out[0]],
+        template=[("T", queries.dtype), ("D", d), ("G", g)],
+        grid=(-(-n // 256) * 256, 1, 1),
+        threadgroup=(256, 1, 1),
         output_shapes=[(B, hq, 1, d)],
         output_dtypes=[queries.dtype],
-    )
-    return out[0]
+    )[0]
 
 
 def reference_decode_attention(

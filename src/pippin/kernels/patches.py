@@ -198,7 +198,8 @@ def _routed(original: Callable[..., mx.array], prefill_mode: str) -> Callable[..
                 if force
                 else paged_attention.paged_decode_attention
             )
-            return fn(queries, keys, values, lay.gather_blocks, lay.offsets, scale, lay.block_size)
+            args = (queries, keys, values, lay.gather_blocks, lay.offsets, scale, lay.block_size)
+            return fn(*args) if force else fn(*args, split=getattr(lay, "paged_split", False))
         if lay is not None and not hasattr(cache, "bits"):  # not quantised
             rows = prefill_attention.composed_rows(queries, keys, prefill_mode)
             if rows:

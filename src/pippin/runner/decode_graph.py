@@ -84,9 +84,11 @@ class DecodeGraph:
     ) -> tuple[mx.array, ...]:
         r = self.runner
         B = tokens.shape[0]
-        always = r.kernels.paged_kernel == "1"
-        kernel = self.kernel and paged_attention.worth_it(B, tables.shape[1] * r.block_size, always)
-        layout = DecodeLayout(tables, offsets, slots, r.block_size, kernel)
+        always, split = r.kernels.paged_kernel == "1", r.kernels.paged_split
+        width = tables.shape[1] * r.block_size
+        kernel = self.kernel and paged_attention.worth_it(B, width, always, split)
+        split = paged_attention.split_wanted(B, width, split)
+        layout = DecodeLayout(tables, offsets, slots, r.block_size, kernel, split)
         r.mark_fused(layout, B)
         pools = {i: r.pools[i].with_parts(p) for i, p in self._by_layer(parts).items()}
         caches = [r._view(pools[i], layout) for i in range(r.num_caches)]

@@ -97,7 +97,9 @@ class ModelRunner:
     def mark_fused(self, layout: Any, rows: int) -> None:
         """Which fused kernels a batch of `rows` rows runs, once `layout.paged_kernel` says
         whether it is a decode batch that takes the paged kernel."""
-        layout.fused_attention = layout.paged_kernel and self.fused_attention
+        # Its kernel does not split a long context: a split batch takes the paged one.
+        split = getattr(layout, "paged_split", False)
+        layout.fused_attention = layout.paged_kernel and self.fused_attention and not split
         small = fused_layer.applies(rows)
         layout.fused_layer = layout.fused_attention and self.fused_layer and small
 
@@ -241,7 +243,8 @@ class ModelRunner:
 
         layout = BatchLayout(starts, lengths, tables, self.block_size)
         if self.paged_kernel:
-            paged_attention.use_kernel(layout, always=self.kernels.paged_kernel == "1")
+            k = self.kernels
+            paged_attention.use_kernel(layout, k.paged_kernel == "1", k.paged_split)
             self.mark_fused(layout, B)
         caches: list[Any] = [
             self._view(self.pools[i], layout) if i in self.pools else self._stack_state(i, items)

@@ -133,6 +133,7 @@ class BatchLayout:
     # Set by `paged_attention.use_kernel` for a decode batch: attention reads the pools
     # through the block tables, so neither the gather nor a mask array is built.
     paged_kernel: bool = False
+    paged_split: bool = False  # and splits each row's context over thread blocks
     fused_attention: bool = False  # decode rows through `fused_attention`'s kernel
     fused_layer: bool = False  # and each layer through `fused_layer`'s kernels
     offsets: mx.array | None = None
@@ -203,6 +204,7 @@ class DecodeLayout:
         write_slots: mx.array,
         block_size: int,
         paged_kernel: bool,
+        paged_split: bool = False,
     ) -> None:
         self.gather_blocks = tables
         self.offsets = offsets
@@ -210,6 +212,7 @@ class DecodeLayout:
         self.write_slots = write_slots
         self.block_size = block_size
         self.paged_kernel = paged_kernel
+        self.paged_split = paged_kernel and paged_split
         self.kv_width = tables.shape[1] * block_size
 
     def mask(self, window_size: int | None, as_array: bool = False) -> mx.array | None:
