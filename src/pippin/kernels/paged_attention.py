@@ -143,17 +143,42 @@ _ATTEND_LOOP = r"""
             ps[warp][g][lane] = p;
         }
         __syncwarp();
+        // The chunk's V rows, 8 at a time: all 8 loads are issued before their sums, so
+        // a warp waits on memory once per 8 rows rather than once per row. Rows past the
+        // context load as 0 (their p is 0 too).
         const int n = min(32, len - c * 32);
-        for (int tt = 0; tt < n; ++tt) {
-            const T* vp = v + (head + slot_s[warp][tt]) * D + lane * VPT;
-            float vv[VPT];
+        for (int t0 = 0; t0 < n; t0 += 8) {
+            float vv[8][VPT];
             #pragma unroll
-            for (int i = 0; i < VPT; ++i) vv[i] = static_cast<float>(vp[i]);
-            #pragma unroll
-            for (int g = 0; g < G; ++g) {
-                const float p = ps[warp][g][tt];
+            for (int u = 0; u < 8; ++u) {
+                __align__(16) T e[VPT];
+                if (t0 + u < n) {
+                    const T* vp = v + (head + slot_s[warp][t0 + u]) * D + lane * VPT;
+                    if constexpr (VPT * sizeof(T) == 16) {
+                        *reinterpret_cast<uint4*>(e) = *reinterpret_cast<const uint4*>(vp);
+                    } else if constexpr (VPT * sizeof(T) == 8) {
+                        *reinterpret_cast<uint2*>(e) = *reinterpret_cast<const uint2*>(vp);
+                    } else if constexpr (VPT * sizeof(T) == 4) {
+                        *reinterpret_cast<unsigned*>(e) = *reinterpret_cast<const unsigned*>(vp);
+                    } else {
+                        #pragma unroll
+                        for (int i = 0; i < VPT; ++i) e[i] = vp[i];
+                    }
+                } else {
+                    #pragma unroll
+                    for (int i = 0; i < VPT; ++i) e[i] = static_cast<T>(0.f);
+                }
                 #pragma unroll
-                for (int i = 0; i < VPT; ++i) acc[g][i] += p * vv[i];
+                for (int i = 0; i < VPT; ++i) vv[u][i] = static_cast<float>(e[i]);
+            }
+            #pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                #pragma unroll
+                for (int g = 0; g < G; ++g) {
+                    const float p = ps[warp][g][t0 + u];
+                    #pragma unroll
+                    for (int i = 0; i < VPT; ++i) acc[g][i] += p * vv[u][i];
+                }
             }
         }
         __syncwarp();
