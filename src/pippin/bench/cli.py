@@ -56,7 +56,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         metavar="SPEC",
         help="a server to start, measure and stop: '[VAR=VALUE ...] [NAME=]KIND:MODEL "
         "[FLAGS ...]' with KIND pippin, mlx_lm, vllm_mlx or cmd, MODEL a path, a Hub id or "
-        "random:NAME (tiny-qwen3, llama-3.2-1b, llama-3.1-8b, qwen3-0.6b, each optionally "
+        "random:NAME (tiny-qwen3, llama-3.2-1b, llama-3.1-8b, qwen3-0.6b, qwen3-30b-a3b, "
+        "gpt-oss-20b, each optionally "
         "-4bit or -8bit: random weights, built once), "
         "e.g. --serve 'pippin:random:tiny-qwen3 --max-model-len 4096' --serve "
         "mlx_lm:random:tiny-qwen3 (see docs/benchmarks.md)",
