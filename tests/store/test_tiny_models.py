@@ -153,7 +153,9 @@ def test_matches_transformers(tiny_models: TinyModelFactory, arch: str) -> None:
         ref_model = AutoModelForCausalLM.from_config(
             AutoConfig.from_pretrained(path), dtype=torch.float32
         ).eval()
-        state = gpt_oss_hf_state({k: np.array(v) for k, v in mx.load(str(path / "model.safetensors")).items()})
+        state = gpt_oss_hf_state(
+            {k: np.array(v) for k, v in mx.load(str(path / "model.safetensors")).items()}
+        )
         ref_model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=True)
     else:
         ref_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()

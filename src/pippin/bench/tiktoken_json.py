@@ -217,7 +217,5 @@ def qwen3_tokenizer_json() -> dict:
 
 
 def harmony_tokenizer_json() -> dict:
-    special = {
-        i: HARMONY_SPECIAL.get(i, f"<|reserved_{i}|>") for i in range(199998, HARMONY_VOCAB)
-    }
+    special = {i: HARMONY_SPECIAL.get(i, f"<|reserved_{i}|>") for i in range(199998, HARMONY_VOCAB)}
     return tokenizer_json(load_ranks(o200k_ranks_file()), O200K_PATTERN, special)
