@@ -380,7 +380,10 @@ def _measure(
         folders = [Path(s.model) for s in started.servers.values() if s.model]
         tokenizer = next((str(f) for f in folders if (f / "tokenizer.json").is_file()), None)
     if tokenizer and tokenizer != "none":
-        workload = replace(workload, words_per_token=words_per_token(tokenizer))
+        # The one measured with names itself in the report (a --tokenizer over the workload's).
+        workload = replace(
+            workload, tokenizer=tokenizer, words_per_token=words_per_token(tokenizer)
+        )
     cfg = BenchConfig(
         targets=_targets(args, entries, started),
         workload=workload,
