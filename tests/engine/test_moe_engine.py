@@ -9,6 +9,7 @@ from engine_runs import GEN, _agrees, _config, _loaded, _prompts, _reference, _r
 
 from pippin.engine.core import EngineCore
 from pippin.engine.types import SamplingParams
+from pippin.runner.model_runner import UnsupportedModelError
 
 
 @pytest.mark.parametrize("compiled", ["0", "1"])
@@ -67,3 +68,11 @@ def test_decode_batches_that_sort_by_expert_match_mlx_lm(
     res = _run(core)
     for i, (ref, gaps) in enumerate(refs):
         assert _agrees(res[str(i)]["ids"][0], ref, gaps), i
+
+
+def test_quantised_kv_is_refused_for_attention_sinks(tiny_models) -> None:
+    """mlx-lm's quantised attention has no sinks: the engine says so at start."""
+    loaded = _loaded(tiny_models("gpt_oss", head_dim=32))
+    config = _config(kv_bits=8, kv_group_size=32)
+    with pytest.raises(UnsupportedModelError, match="attention sinks.*without --kv-bits"):
+        EngineCore(loaded, config)
