@@ -297,19 +297,25 @@ def llama3_tokenizer_json() -> Path:
     return Path(spec.origin).parent / "tokenizer.json"
 
 
+def _tokenizer_config(out: Path, template: str, eos: str, **tokens: str | None) -> None:
+    """Write a `tokenizer_config.json` for the `tokenizer.json` in `out` (`tokens`: bos and
+    pad tokens where the model has them)."""
+    cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        **{f"{k}_token": v for k, v in tokens.items()},
+        "eos_token": eos,
+        "model_max_length": 131072,
+        "clean_up_tokenization_spaces": False,
+        "chat_template": template,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+
+
 def llama3_tokenizer(out: Path) -> int:
     """Write Llama 3's `tokenizer.json` and a `tokenizer_config.json` into `out`; returns
     the end-of-turn id."""
     shutil.copyfile(llama3_tokenizer_json(), out / "tokenizer.json")
-    cfg = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": "<|begin_of_text|>",
-        "eos_token": "<|eot_id|>",
-        "model_max_length": 131072,
-        "clean_up_tokenization_spaces": False,
-        "chat_template": LLAMA3_TEMPLATE,
-    }
-    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+    _tokenizer_config(out, LLAMA3_TEMPLATE, "<|eot_id|>", bos="<|begin_of_text|>")
     return LLAMA3_EOS[-1]
 
 
@@ -319,16 +325,7 @@ def qwen3_tokenizer(out: Path) -> list[int]:
     from pippin.bench import tiktoken_json
 
     tiktoken_json.write(out, tiktoken_json.qwen3_tokenizer_json())
-    cfg = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": None,
-        "eos_token": "<|im_end|>",
-        "pad_token": "<|endoftext|>",
-        "model_max_length": 131072,
-        "clean_up_tokenization_spaces": False,
-        "chat_template": CHATML,
-    }
-    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+    _tokenizer_config(out, CHATML, "<|im_end|>", bos=None, pad="<|endoftext|>")
     return QWEN3_EOS
 
 
@@ -339,16 +336,9 @@ def harmony_tokenizer(out: Path) -> list[int]:
     from pippin.bench import tiktoken_json
 
     tiktoken_json.write(out, tiktoken_json.harmony_tokenizer_json())
-    cfg = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": "<|startoftext|>",
-        "eos_token": "<|return|>",
-        "pad_token": "<|endoftext|>",
-        "model_max_length": 131072,
-        "clean_up_tokenization_spaces": False,
-        "chat_template": HARMONY_TEMPLATE,
-    }
-    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+    _tokenizer_config(
+        out, HARMONY_TEMPLATE, "<|return|>", bos="<|startoftext|>", pad="<|endoftext|>"
+    )
     return HARMONY_EOS
 
 
