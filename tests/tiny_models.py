@@ -28,7 +28,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
-ARCHS: tuple[str, ...] = ("llama", "qwen3", "gemma3", "qwen3_next")
+ARCHS: tuple[str, ...] = ("llama", "qwen3", "gemma3", "qwen3_next", "qwen3_moe", "gpt_oss")
 
 SPECIAL_TOKENS: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 EOS_TOKEN = "<|im_end|>"
@@ -173,6 +173,11 @@ def tiny_config(
             config["layer_types"] = [
                 "full_attention" if (i + 1) % p == 0 else "linear_attention" for i in range(n)
             ]
+        elif arch == "gpt_oss":
+            # Sliding first, then alternating, as in the real model.
+            config["layer_types"] = [
+                "full_attention" if i % 2 else "sliding_attention" for i in range(n)
+            ]
     return config
 
 
@@ -266,6 +271,61 @@ def _base_config(arch: str, vocab_size: int, eos_token_id: int, pad_token_id: in
             "norm_topk_prob": True,
             "tie_word_embeddings": False,
         }
+    if arch == "qwen3_moe":
+        # Qwen3-30B-A3B's structure: every layer a routed MoE (no shared expert), q/k norms.
+        return {
+            **common,
+            "architectures": ["Qwen3MoeForCausalLM"],
+            "model_type": "qwen3_moe",
+            "hidden_act": "silu",
+            "rope_theta": 1000000.0,
+            "attention_bias": False,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+            "norm_topk_prob": True,
+            "use_sliding_window": False,
+            "sliding_window": None,
+            "max_window_layers": 2,
+            "router_aux_loss_coef": 0.001,
+            "tie_word_embeddings": False,
+        }
+    if arch == "gpt_oss":
+        # gpt-oss-20b's structure: biased projections, attention sinks, sliding-window and
+        # full layers alternating, SwiGLU experts with a clamp, a YaRN RoPE.
+        return {
+            **common,
+            "architectures": ["GptOssForCausalLM"],
+            "model_type": "gpt_oss",
+            "num_hidden_layers": 4,
+            "intermediate_size": 32,
+            "hidden_act": "silu",
+            "rms_norm_eps": 1e-5,
+            "attention_bias": True,
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "experts_per_token": 2,
+            # A window shorter than a chat prompt, so ordinary tests cross it.
+            "sliding_window": 8,
+            "rope_theta": 150000.0,
+            "rope_scaling": {
+                "rope_type": "yarn",
+                "factor": 32.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "original_max_position_embeddings": 4096,
+                # gpt-oss-20b says false; mlx-lm 0.32's YaRN always rounds the correction
+                # range (true), so only true agrees with transformers.
+                "truncate": True,
+            },
+            "initial_context_length": 4096,
+            "swiglu_limit": 7.0,
+            "router_aux_loss_coef": 0.9,
+            "output_router_logits": False,
+            "tie_word_embeddings": False,
+        }
     raise ValueError(f"unknown tiny arch {arch!r}; expected one of {ARCHS}")
 
 
@@ -309,8 +369,11 @@ def _init_weights(model: Any, config: dict, seed: int) -> dict[str, np.ndarray]:
             elif name == "model.norm.weight" and tied:
                 scale = _LOGIT_STD / (_EMBED_STD * np.sqrt(hidden))
             w = scale * (1.0 + 0.1 * rng.standard_normal(shape)) - (1.0 if one_plus else 0.0)
-        elif len(shape) == 1:
-            w = 0.1 * rng.standard_normal(shape)  # biases
+        elif name.endswith("sinks"):
+            # gpt-oss's per-head sink logits: of the scale of the scores, so they matter.
+            w = rng.standard_normal(shape)
+        elif len(shape) == 1 or name.endswith(".bias"):
+            w = 0.1 * rng.standard_normal(shape)  # biases (stacked per expert too)
         elif "embed_tokens" in name:
             w = _EMBED_STD * rng.standard_normal(shape)
         elif name.startswith("lm_head"):
@@ -332,11 +395,14 @@ def _init_weights(model: Any, config: dict, seed: int) -> dict[str, np.ndarray]:
 def _to_hf_layout(arch: str, weights: dict[str, np.ndarray], config: dict) -> dict:
     """Turn MLX-named weights into the checkpoint layout of the Hugging Face model.
 
-    For llama, qwen3 and gemma3 the two are the same. For qwen3_next, mlx-lm's ``sanitize``
-    converts a checkpoint on load (experts stacked, conv1d axes moved, ``1 + w`` norms), so
-    the file holds the inverse, exactly as a real Qwen3-Next checkpoint does.
+    For llama, qwen3 and gemma3 the two are the same. For qwen3_next and qwen3_moe, mlx-lm's
+    ``sanitize`` converts a checkpoint on load (experts stacked; for qwen3_next also conv1d
+    axes moved and ``1 + w`` norms), so the file holds the inverse, exactly as a real
+    checkpoint does. gpt_oss is stored as mlx-lm holds it (gate and up experts apart), as
+    mlx-community's conversions are: its ``sanitize`` reads the original MXFP4 blocks, not
+    transformers' bf16 layout (`gpt_oss_hf_state` makes that one for the reference).
     """
-    if arch != "qwen3_next" or not any(".switch_mlp." in k for k in weights):
+    if arch not in ("qwen3_next", "qwen3_moe") or not any(".switch_mlp." in k for k in weights):
         # mlx-lm's qwen3_next sanitize converts only checkpoints with MoE layers; a dense
         # variant (num_experts=0) therefore has to be stored in MLX layout, which
         # transformers would misread.
@@ -349,18 +415,46 @@ def _to_hf_layout(arch: str, weights: dict[str, np.ndarray], config: dict) -> di
         ".q_norm.weight",
         ".k_norm.weight",
     )
+    next_ = arch == "qwen3_next"
     for name, w in weights.items():
         if ".switch_mlp." in name:
             prefix, proj = name.split(".switch_mlp.")
             proj_name = proj.split(".")[0]
             for e in range(config["num_experts"]):
                 out[f"{prefix}.experts.{e}.{proj_name}.weight"] = np.ascontiguousarray(w[e])
-        elif name.endswith("conv1d.weight"):
+        elif next_ and name.endswith("conv1d.weight"):
             out[name] = np.ascontiguousarray(np.moveaxis(w, 2, 1))  # (C, K, 1) -> (C, 1, K)
-        elif any(name.endswith(s) for s in hf_one_plus):
+        elif next_ and any(name.endswith(s) for s in hf_one_plus):
             out[name] = w - 1.0
         else:
             out[name] = w
+    return out
+
+
+def gpt_oss_hf_state(weights: dict[str, Any]) -> dict[str, Any]:
+    """A tiny gpt_oss checkpoint's arrays (mlx-lm's layout, numpy) as transformers'
+    `GptOssForCausalLM` names and lays them out: gate and up experts interleaved in one
+    [experts, in, 2 * out] `gate_up_proj`, `down_proj` [experts, in, out]."""
+    out: dict[str, Any] = {}
+    for name, w in weights.items():
+        if ".experts.gate_proj." in name or ".experts.up_proj." in name:
+            continue
+        if name.endswith(".experts.down_proj.weight"):
+            out[name.replace(".weight", "")] = np.ascontiguousarray(np.swapaxes(w, 1, 2))
+        elif name.endswith(".experts.down_proj.bias"):
+            out[name.replace("down_proj.bias", "down_proj_bias")] = w
+        else:
+            out[name] = w
+    for name, gate in weights.items():
+        if not name.endswith(".experts.gate_proj.weight"):
+            continue
+        prefix = name[: -len("gate_proj.weight")]
+        up = weights[prefix + "up_proj.weight"]
+        both = np.stack([gate, up], axis=2)  # [E, out, 2, in]: gate, up alternating
+        both = both.reshape(gate.shape[0], -1, gate.shape[2])
+        out[prefix + "gate_up_proj"] = np.ascontiguousarray(np.swapaxes(both, 1, 2))
+        bias = np.stack([weights[prefix + "gate_proj.bias"], weights[prefix + "up_proj.bias"]], 2)
+        out[prefix + "gate_up_proj_bias"] = bias.reshape(gate.shape[0], -1)
     return out
 
 

@@ -291,6 +291,7 @@ def test_pippin_against_mlx_lm_server(tmp_path: Path, capsys: pytest.CaptureFixt
     assert all(not alive(s["pid"]) for s in data["servers"])
     # Prompt lengths were counted in the model's own tokens (its tokenizer.json).
     assert data["config"]["workload"]["words_per_token"] < 1
+    assert Path(data["config"]["workload"]["tokenizer"]).name == "tiny-qwen3"  # and says so
     # pippin honours ignore_eos; mlx_lm.server may stop at an end token.
     pippin = next(r for r in data["summary"] if r["server"] == "pippin")
     assert pippin["output_tokens"] == 4 * 8

@@ -3,6 +3,7 @@ and `-4bit`/`-8bit` builds are quantised as mlx-community ships models."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import mlx.nn as nn
@@ -63,3 +64,110 @@ def test_real_tokenizer_workload() -> None:
     assert load_workload("long-context").prompt_tokens.args == (16384,)
     # Common English words are about a Llama 3 token each (the small BPE's differ).
     assert 0.8 < words_per_token("llama3") <= 1.2
+
+
+# The mixture-of-experts shapes at tiny sizes (their real vocabularies kept), through the
+# same build as the real ones: lazily, quantised, written by `save_model`.
+TINY_MOE = {
+    "qwen3-30b-a3b": {
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 64,
+        "torch_dtype": "float32",  # the fast dtype on CPU
+    },
+    "gpt-oss-20b": {
+        "hidden_size": 64,
+        "intermediate_size": 64,
+        "num_hidden_layers": 4,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "experts_per_token": 2,
+        "sliding_window": 8,
+        "torch_dtype": "float32",
+    },
+}
+
+
+@pytest.fixture(scope="module", params=sorted(TINY_MOE))
+def tiny_moe(request: pytest.FixtureRequest) -> Iterator[str]:
+    name = f"tiny-{request.param}"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(
+            models.CONFIGS, name, {**models.CONFIGS[request.param], **TINY_MOE[request.param]}
+        )
+        yield name
+
+
+@pytest.fixture(scope="module")
+def moe_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One folder for the module's builds: each is made once, as `build_model` reuses them."""
+    return tmp_path_factory.mktemp("bench-models")
+
+
+def test_quantised_moe_with_its_real_tokenizer(tiny_moe: str, moe_root: Path) -> None:
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear
+
+    path = models.build_model(f"{tiny_moe}-4bit", moe_root)
+    model, tokenizer = load(str(path))
+    experts = [m for _, m in model.named_modules() if isinstance(m, QuantizedSwitchLinear)]
+    layers = models.CONFIGS[tiny_moe]["num_hidden_layers"]
+    assert len(experts) == 3 * layers  # gate, up and down experts of every layer
+    assert {(m.group_size, m.bits, m.mode) for m in experts} == {(64, 4, "affine")}
+    assert isinstance(model.model.embed_tokens, nn.QuantizedEmbedding)
+    assert isinstance(model.lm_head, nn.QuantizedLinear) and model.lm_head.bits == 4
+    messages = [{"role": "user", "content": "Hello there"}]
+    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    if "qwen3" in tiny_moe:
+        # Qwen3's own ids: <|im_start|> 151644, "user" 872, "\n" 198, "Hello" 9707.
+        assert ids[:4] == [151644, 872, 198, 9707]
+        assert len(tokenizer._tokenizer.get_vocab()) == 151643 + 26
+        assert set(tokenizer.eos_token_ids) == {151645, 151643}
+    else:
+        routers = {m.bits for _, m in model.named_modules() if _.endswith("mlp.router")}
+        assert routers == {8}  # gpt-oss's own quantisation exception
+        # <|start|> 200006, "user" 1428, <|message|> 200008, "Hello" 13225.
+        assert ids[:4] == [200006, 1428, 200008, 13225]
+        assert ids[-2:] == [200006, 173781]  # <|start|>assistant
+        assert len(tokenizer._tokenizer.get_vocab()) == 201088
+        assert set(tokenizer.eos_token_ids) == {200002, 199999, 200012}
+    assert tokenizer.decode(ids).count("Hello there") == 1
+
+
+def test_lazy_build_writes_the_eager_model(tiny_moe: str, moe_root: Path) -> None:
+    """Writing the model as it is computed gives the weights an evaluated model has."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    path = models.build_model(tiny_moe, moe_root)
+    saved = mx.load(str(path / "model.safetensors"))
+    eager = dict(tree_flatten(models.random_model(dict(models.CONFIGS[tiny_moe])).parameters()))
+    assert saved.keys() == eager.keys()
+    assert all(mx.array_equal(saved[k], eager[k]).item() for k in eager)
+
+
+def test_quantised_moe_serves_as_mlx_lm_decodes(tiny_moe: str, moe_root: Path) -> None:
+    """pippin's engine on the built 4-bit model: mlx-lm's greedy tokens, alone and batched."""
+    from engine_runs import GEN, _agrees, _config, _loaded, _prompts, _reference, _run
+
+    from pippin.engine.core import EngineCore
+    from pippin.engine.types import SamplingParams
+
+    loaded = _loaded(models.build_model(f"{tiny_moe}-4bit", moe_root))
+    prompts = _prompts(5000, 4, seed=2)
+    refs = [_reference(loaded.model, p, GEN) for p in prompts]
+    core = EngineCore(loaded, _config())
+    greedy = SamplingParams(max_tokens=GEN, temperature=0.0, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        core.add_request(str(i), p, greedy)
+    res = _run(core)
+    for i, (ref, gaps) in enumerate(refs):
+        assert _agrees(res[str(i)]["ids"][0], ref, gaps), (i, res[str(i)]["ids"][0], ref)

@@ -26,7 +26,7 @@ from pippin.engine.types import SamplingParams, ThinkingBudget
 from pippin.kernels import device
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3", "qwen3_next"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3", "qwen3_next", "qwen3_moe", "gpt_oss"])
 def test_greedy_matches_mlx_lm_alone_and_batched(tiny_models, arch: str) -> None:
     loaded = _loaded(tiny_models(arch))
     vocab = loaded.model.args.vocab_size

@@ -116,7 +116,7 @@ def test_split_choice() -> None:
 
 
 @pytest.mark.parametrize("compiled", ["1", "0"])
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "qwen3_moe"])
 def test_engine_decode_through_paged_path_matches_gather(
     tiny_models, arch: str, compiled: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -155,7 +155,7 @@ def test_engine_decode_through_paged_path_matches_gather(
             assert t1 == t2 and abs(l1 - l2) < 5e-3, (rid, got, ref)
 
 
-@pytest.mark.parametrize("arch", ["gemma3", "qwen3_next"])
+@pytest.mark.parametrize("arch", ["gemma3", "qwen3_next", "gpt_oss"])
 def test_kernel_not_used_for_windows_or_recurrent_layers(
     tiny_models, arch: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -166,15 +166,23 @@ def test_kernel_not_used_for_windows_or_recurrent_layers(
 
 
 @pytest.mark.parametrize(
-    "arch,config", [("llama", {}), ("gemma3", {}), ("llama", {"kv_bits": 8, "kv_group_size": 32})]
+    "arch,config",
+    [
+        ("llama", {}),
+        ("gemma3", {}),
+        ("llama", {"kv_bits": 8, "kv_group_size": 32}),
+        ("gpt_oss", {}),
+    ],
 )
 def test_fresh_prefill_matches_reading_the_pool(
     tiny_models, arch: str, config: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Fresh prompts (no cached prefix) of different lengths, prefilled together, attend to
     their own keys as computed: the same tokens and logprobs as reading them back from the
-    pool. gemma3 has sliding-window layers; 8-bit KV attends to the quantised keys."""
-    loaded = _loaded(tiny_models(arch, head_dim=32) if arch != "gemma3" else tiny_models(arch))
+    pool. gemma3 and gpt_oss have sliding-window layers, gpt_oss attention sinks; 8-bit KV
+    attends to the quantised keys."""
+    windowed = arch in ("gemma3", "gpt_oss")
+    loaded = _loaded(tiny_models(arch) if windowed else tiny_models(arch, head_dim=32))
     rng = random.Random(3)
     prompts = [[rng.randrange(3, 200) for _ in range(rng.randrange(2, 40))] for _ in range(6)]
     config = {"max_num_batched_tokens": 512, **config}

@@ -13,14 +13,23 @@ from pippin.runner import decode_graph
 
 @pytest.mark.parametrize(
     "arch,config",
-    [("llama", {}), ("qwen3", {}), ("gemma3", {}), ("llama", {"kv_bits": 8, "kv_group_size": 32})],
+    [
+        ("llama", {}),
+        ("qwen3", {}),
+        ("gemma3", {}),
+        ("llama", {"kv_bits": 8, "kv_group_size": 32}),
+        ("qwen3_moe", {}),
+        ("gpt_oss", {}),
+    ],
 )
 def test_compiled_decode_matches_op_by_op(
     tiny_models, arch: str, config: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Batches that shrink through several padded sizes, contexts that cross block and
-    table-width buckets, and (gemma3) sliding-window layers: the same tokens and logprobs."""
-    loaded = _loaded(tiny_models(arch, head_dim=32) if arch != "gemma3" else tiny_models(arch))
+    table-width buckets, (gemma3, gpt_oss) sliding-window layers, (gpt_oss) attention sinks,
+    (qwen3_moe, gpt_oss) routed experts: the same tokens and logprobs."""
+    windowed = arch in ("gemma3", "gpt_oss")
+    loaded = _loaded(tiny_models(arch) if windowed else tiny_models(arch, head_dim=32))
     rng = random.Random(1)
     prompts = [[rng.randrange(3, 200) for _ in range(rng.randrange(1, 60))] for _ in range(11)]
     gens = [rng.randrange(5, 70) for _ in prompts]

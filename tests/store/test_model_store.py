@@ -528,6 +528,39 @@ def test_quantised_weights_unpacked_on_cpu_when_they_fit(
     assert "QuantizedLinear" in kinds(packed)
 
 
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])
+def test_quantised_experts_unpacked_on_cpu(tiny_models: Any, arch: str, tmp_path: Path) -> None:
+    """A 4-bit mixture-of-experts folder: on the CPU its stacked experts are unpacked to
+    float32 like every other quantised layer, with the packed model's outputs."""
+    if mx.default_device() != mx.cpu:
+        pytest.skip("unpacking is for the CPU only")
+    import shutil
+
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
+    from mlx_lm.utils import load as mlx_load
+    from mlx_lm.utils import quantize_model, save_config, save_model
+
+    src = tiny_models(arch, head_dim=32)
+    model, _ = mlx_load(str(src))
+    config = json.loads((src / "config.json").read_text())
+    model, config = quantize_model(model, config, group_size=32, bits=4)
+    save_model(tmp_path, model)
+    save_config(config, tmp_path / "config.json")
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copyfile(src / name, tmp_path / name)
+    packed, _ = mlx_load(str(tmp_path))
+    assert any(isinstance(m, QuantizedSwitchLinear) for _, m in packed.named_modules())
+
+    unpacked = load_model(str(tmp_path)).model
+    kinds = {type(m) for _, m in unpacked.named_modules()}
+    assert QuantizedSwitchLinear not in kinds and SwitchLinear in kinds
+    assert nn.QuantizedLinear not in kinds
+    tokens = mx.array([[1, 30, 200, 17, 300, 5, 9, 400, 12, 77, 3, 8, 150]])
+    expected = packed(tokens)
+    scale = float(mx.abs(expected).max())
+    assert float(mx.abs(expected - unpacked(tokens)).max()) < 1e-4 * scale
+
+
 def test_k_quants_requantised_to_mlx_affine_when_asked(
     vocab: dict[str, Any], tmp_path: Path, tmp_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

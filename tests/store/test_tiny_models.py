@@ -12,7 +12,7 @@ import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 from mlx_lm.utils import load, load_tokenizer
-from tiny_models import ARCHS, EOS_TOKEN, SPECIAL_TOKENS, build_tiny_model
+from tiny_models import ARCHS, EOS_TOKEN, SPECIAL_TOKENS, build_tiny_model, gpt_oss_hf_state
 
 TinyModelFactory = Callable[..., Path]
 
@@ -96,6 +96,11 @@ def test_cache_layer_types(tiny_models: TinyModelFactory) -> None:
     kinds = [type(c) for c in nxt.make_cache()]
     assert kinds == [ArraysCache, ArraysCache, ArraysCache, KVCache]
 
+    oss, _ = load(str(tiny_models("gpt_oss")))
+    kinds = [type(c) for c in oss.make_cache()]
+    assert kinds == [RotatingKVCache, KVCache, RotatingKVCache, KVCache]
+    assert oss.make_cache()[0].max_size == 8
+
 
 def test_gemma3_sliding_window_changes_logits(tiny_models: TinyModelFactory) -> None:
     """Same weights with the window widened: equal logits inside the window, not past it."""
@@ -140,7 +145,20 @@ def test_matches_transformers(tiny_models: TinyModelFactory, arch: str) -> None:
     generated, logprobs = _greedy(model, prompt, N_TOKENS)
     full = prompt + generated
 
-    ref_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    if arch == "gpt_oss":
+        # The file is in mlx-lm's layout (see tiny_models._to_hf_layout): transformers gets
+        # the same arrays in its own.
+        from transformers import AutoConfig
+
+        ref_model = AutoModelForCausalLM.from_config(
+            AutoConfig.from_pretrained(path), dtype=torch.float32
+        ).eval()
+        state = gpt_oss_hf_state(
+            {k: np.array(v) for k, v in mx.load(str(path / "model.safetensors")).items()}
+        )
+        ref_model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=True)
+    else:
+        ref_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     with torch.no_grad():
         ref = ref_model(torch.tensor([full])).logits[0].float()
     ref_logprobs = torch.log_softmax(ref, dim=-1).numpy()

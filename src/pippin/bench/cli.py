@@ -56,7 +56,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         metavar="SPEC",
         help="a server to start, measure and stop: '[VAR=VALUE ...] [NAME=]KIND:MODEL "
         "[FLAGS ...]' with KIND pippin, mlx_lm, vllm_mlx or cmd, MODEL a path, a Hub id or "
-        "random:NAME (tiny-qwen3, llama-3.2-1b, llama-3.1-8b, qwen3-0.6b, each optionally "
+        "random:NAME (tiny-qwen3, llama-3.2-1b, llama-3.1-8b, qwen3-0.6b, qwen3-30b-a3b, "
+        "gpt-oss-20b, each optionally "
         "-4bit or -8bit: random weights, built once), "
         "e.g. --serve 'pippin:random:tiny-qwen3 --max-model-len 4096' --serve "
         "mlx_lm:random:tiny-qwen3 (see docs/benchmarks.md)",
@@ -379,7 +380,10 @@ def _measure(
         folders = [Path(s.model) for s in started.servers.values() if s.model]
         tokenizer = next((str(f) for f in folders if (f / "tokenizer.json").is_file()), None)
     if tokenizer and tokenizer != "none":
-        workload = replace(workload, words_per_token=words_per_token(tokenizer))
+        # The one measured with names itself in the report (a --tokenizer over the workload's).
+        workload = replace(
+            workload, tokenizer=tokenizer, words_per_token=words_per_token(tokenizer)
+        )
     cfg = BenchConfig(
         targets=_targets(args, entries, started),
         workload=workload,

