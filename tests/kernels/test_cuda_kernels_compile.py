@@ -105,6 +105,22 @@ def test_fused_attention_compiles(
 
 
 @needs_nvrtc
+@pytest.mark.parametrize("kind", ["llama3", "qwen3"])
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32])
+def test_split_fused_attention_compiles(recorder: Recorder, kind: str, dtype: mx.Dtype) -> None:
+    """Split over a long context: the fused kernel writing parts, then the merge."""
+    B, hq, hkv, d = 1, 32, 8, 128
+    attn = _attention(kind, hq, hkv, d, dtype)
+    _, k, v, tables, offsets = _case(B, hq, hkv, d, dtype, max_len=8000)
+    qkv = mx.array(np.zeros((B, 1, (hq + 2 * hkv) * d)), dtype=dtype)
+    lay = _Layout(tables, offsets, 16, split=True)
+    fused_attention.fused_decode_attention(attn, qkv, [k, v], lay)
+    names = [launch.name for launch in recorder.launches]
+    assert names == ["pippin_fused_decode_attention_split", "pippin_paged_decode_combine"]
+    _compile_all(recorder)
+
+
+@needs_nvrtc
 def test_warm_builds_every_projection_for_one_row_and_several(
     tiny_models, recorder: Recorder, monkeypatch: pytest.MonkeyPatch
 ) -> None:

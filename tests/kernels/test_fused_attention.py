@@ -213,10 +213,11 @@ def _attention(kind: str, hq: int, hkv: int, d: int, dtype: mx.Dtype) -> nn.Modu
 
 
 class _Layout:
-    def __init__(self, tables: mx.array, offsets: mx.array, bs: int) -> None:
+    def __init__(self, tables: mx.array, offsets: mx.array, bs: int, split: bool = False) -> None:
         t = np.array(tables)
         o = np.array(offsets)
         self.gather_blocks, self.offsets, self.block_size = tables, offsets, bs
+        self.paged_split = split
         self.write_slots = mx.array(t[np.arange(len(o)), o // bs] * bs + o % bs, dtype=mx.int32)
 
 
@@ -229,11 +230,37 @@ def test_kernel_matches_reference(
 ) -> None:
     """The output, and the pools after the step: the new keys (normed, rotated) and values
     in their slots, every other slot untouched."""
+    _check_against_reference(kind, B, hq, hkv, d, dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind", ["llama3", "qwen3"])
+@pytest.mark.parametrize("B,hq,hkv,d,max_len", [(1, 32, 8, 128, 16_384), (3, 16, 2, 64, 5_000)])
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32])
+def test_split_kernel_matches_reference(
+    kind: str, B: int, hq: int, hkv: int, d: int, max_len: int, dtype: mx.Dtype
+) -> None:
+    """Split over a long context: block 0 of each (row, KV head) writes the new token and
+    takes the run of chunks that holds it; the parts merge to the reference's output."""
+    assert paged_attention.num_splits(B, hkv, max_len) > 1
+    _check_against_reference(kind, B, hq, hkv, d, dtype, max_len=max_len, split=True)
+
+
+def _check_against_reference(
+    kind: str,
+    B: int,
+    hq: int,
+    hkv: int,
+    d: int,
+    dtype: mx.Dtype,
+    max_len: int = 300,
+    split: bool = False,
+) -> None:
     from test_paged_attention import _case
 
     attn = _attention(kind, hq, hkv, d, dtype)
-    _, k, v, tables, offsets = _case(B, hq, hkv, d, dtype)
-    lay = _Layout(tables, offsets, 16)
+    _, k, v, tables, offsets = _case(B, hq, hkv, d, dtype, max_len=max_len)
+    lay = _Layout(tables, offsets, 16, split)
     qkv = mx.array(
         np.random.default_rng(3).standard_normal((B, 1, (hq + 2 * hkv) * d)), dtype=dtype
     )

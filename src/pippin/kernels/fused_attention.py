@@ -91,9 +91,10 @@ _PROLOGUE = r"""
     __syncthreads();
     // The new token's keys and values into the pools, in place; q rounded as RoPE returns it.
     const size_t slot_new = (size_t)tables[b * NB + pos / BS] * BS + pos % BS;
+    // Split over the context, only block 0 writes: it alone reads the new token's slot.
     T* kpool = const_cast<T*>(k) + ((size_t)kvh * NSLOTS + slot_new) * D;
     T* vpool = const_cast<T*>(v) + ((size_t)kvh * NSLOTS + slot_new) * D;
-    for (int d = threadIdx.x; d < D; d += NWARPS * 32) {
+    for (int d = threadIdx.x; d < D && blockIdx.y == 0; d += NWARPS * 32) {
         kpool[d] = static_cast<T>(ks[d]);
         vpool[d] = row[(HKV * G + HKV + kvh) * D + d];
     }
@@ -104,6 +105,7 @@ _PROLOGUE = r"""
 """
 
 _SOURCE = paged_attention.SOURCE_HEAD + _PROLOGUE + paged_attention.SOURCE_ATTEND
+_SOURCE_SPLIT = paged_attention.SOURCE_HEAD + _PROLOGUE + paged_attention.SOURCE_ATTEND_PART
 _INPUTS = ("qkv", "k", "v", "tables", "offsets", "scale", "inv_freq", "qw", "kw", "eps")
 
 
@@ -216,7 +218,13 @@ def fused_decode_attention(attn: Any, qkv: mx.array, parts: list[mx.array], lay:
     B = qkv.shape[0]
     g = s.hq // s.hkv
     nw = paged_attention.warps(g, s.d, extra=s.d + g + 1)
-    out = device.cuda_kernel("pippin_fused_decode_attention", _INPUTS, _SOURCE)(
+    split = 1
+    if getattr(lay, "paged_split", False):  # a long context: as `paged_attention` splits it
+        split = paged_attention.num_splits(B, s.hkv, lay.gather_blocks.shape[1] * lay.block_size)
+    name, source = "pippin_fused_decode_attention", _SOURCE
+    if split > 1:
+        name, source = "pippin_fused_decode_attention_split", _SOURCE_SPLIT
+    out = device.cuda_kernel(name, _INPUTS, source)(
         inputs=[
             qkv,
             parts[0],
@@ -239,12 +247,14 @@ def fused_decode_attention(attn: Any, qkv: mx.array, parts: list[mx.array], lay:
             ("TRAD", s.traditional),
             ("QNORM", s.qnorm),
         ],
-        grid=(B * s.hkv * nw * 32, 1, 1),
+        grid=(B * s.hkv * nw * 32, split, 1),
         threadgroup=(nw * 32, 1, 1),
-        output_shapes=[(B, 1, s.hq * s.d)],
-        output_dtypes=[qkv.dtype],
+        output_shapes=[(B, 1, s.hq * s.d) if split == 1 else (B * s.hkv, split, g, s.d + 2)],
+        output_dtypes=[qkv.dtype if split == 1 else mx.float32],
     )
-    return out[0]
+    if split == 1:
+        return out[0]
+    return paged_attention.combine(out[0], qkv.dtype).reshape(B, 1, s.hq * s.d)
 
 
 def reference(attn: Any, qkv: mx.array, parts: list[mx.array], lay: Any) -> mx.array:

@@ -79,11 +79,16 @@ SOURCE_HEAD = r"""
     const size_t NSLOTS = k_shape[1];
     const float sc = scale[0];
     // This block's run of 32-token chunks: all of them unless the grid splits the
-    // context (gridDim.y > 1); a run past the end is empty (its block writes m = -inf,
-    // l = 0).
+    // context (gridDim.y > 1). Block 0 takes the run with the newest token (in
+    // `fused_attention` only block 0 writes it to the pool, then reads it back), blocks
+    // 1.. the runs before it in order; a run past the end is empty (its block writes
+    // m = -inf, l = 0).
     const int nchunks_all = (len + 31) / 32;
     const int per_split = (nchunks_all + gridDim.y - 1) / gridDim.y;
-    const int c_begin = blockIdx.y * per_split;
+    const int run_last = (nchunks_all - 1) / per_split;
+    const int yb = blockIdx.y;
+    const int run = yb == 0 ? run_last : (yb <= run_last ? yb - 1 : yb);
+    const int c_begin = run * per_split;
     const int c_end = min(nchunks_all, c_begin + per_split);
 """
 
@@ -234,9 +239,11 @@ _WRITE_PART = r"""
 """
 
 SOURCE_ATTEND = _ATTEND_LOOP + _MERGE_WARPS + _WRITE_OUT
+# The same, for a grid that splits the context: each block writes its part.
+SOURCE_ATTEND_PART = _ATTEND_LOOP + _MERGE_WARPS + _WRITE_PART
 
 _SOURCE = SOURCE_HEAD + _LOAD_Q + SOURCE_ATTEND
-_SOURCE_SPLIT = SOURCE_HEAD + _LOAD_Q + _ATTEND_LOOP + _MERGE_WARPS + _WRITE_PART
+_SOURCE_SPLIT = SOURCE_HEAD + _LOAD_Q + SOURCE_ATTEND_PART
 
 # One thread per output element: the splits' parts merged by their maxima.
 _SOURCE_COMBINE = r"""
@@ -398,16 +405,22 @@ def paged_decode_attention(
         output_shapes=[(B, hq, 1, d) if s == 1 else (B * hkv, s, g, d + 2)],
         output_dtypes=[queries.dtype if s == 1 else mx.float32],
     )
-    if s == 1:
-        return out[0]
-    n = B * hq * d
+    return out[0] if s == 1 else combine(out[0], queries.dtype).reshape(B, hq, 1, d)
+
+
+def combine(parts: mx.array, dtype: mx.Dtype) -> mx.array:
+    """The split kernels' parts [B * Hkv, S, G, D + 2] merged: [B * Hkv * G * D], that is
+    [B, Hq, 1, D] (or [B, 1, Hq * D]) flattened."""
+    rows, _, g, d2 = parts.shape
+    d = d2 - 2
+    n = rows * g * d
     return device.cuda_kernel("pippin_paged_decode_combine", ("part",), _SOURCE_COMBINE)(
-        inputs=[out[0]],
-        template=[("T", queries.dtype), ("D", d), ("G", g)],
+        inputs=[parts],
+        template=[("T", dtype), ("D", d), ("G", g)],
         grid=(-(-n // 256) * 256, 1, 1),
         threadgroup=(256, 1, 1),
-        output_shapes=[(B, hq, 1, d)],
-        output_dtypes=[queries.dtype],
+        output_shapes=[(n,)],
+        output_dtypes=[dtype],
     )[0]
 
 

@@ -97,9 +97,7 @@ class ModelRunner:
     def mark_fused(self, layout: Any, rows: int) -> None:
         """Which fused kernels a batch of `rows` rows runs, once `layout.paged_kernel` says
         whether it is a decode batch that takes the paged kernel."""
-        # Its kernel does not split a long context: a split batch takes the paged one.
-        split = getattr(layout, "paged_split", False)
-        layout.fused_attention = layout.paged_kernel and self.fused_attention and not split
+        layout.fused_attention = layout.paged_kernel and self.fused_attention
         small = fused_layer.applies(rows)
         layout.fused_layer = layout.fused_attention and self.fused_layer and small
 
