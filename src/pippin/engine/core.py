@@ -16,7 +16,8 @@ from mlx.utils import tree_flatten
 
 from pippin.engine.block_manager import BlockManager
 from pippin.engine.cache_tiers import CacheTiers
-from pippin.engine.config import MIN_BUFFER_CACHE, EngineConfig
+from pippin.engine.config import MIN_BUFFER_CACHE, EngineConfig, SpeculativeConfig
+from pippin.engine.draft_model import DraftModel
 from pippin.engine.grammar_masks import GrammarMasks, split_constrained
 from pippin.engine.observer import EngineObserver
 from pippin.engine.output_processor import OutputProcessor
@@ -31,6 +32,7 @@ from pippin.engine.types import (
     SamplingParams,
     TokenLogprob,
 )
+from pippin.runner.batch import length_groups
 from pippin.runner.model_runner import ModelRunner
 from pippin.runner.paged_cache import bytes_per_block
 from pippin.store.loaded import LoadedModel
@@ -167,7 +169,21 @@ class EngineCore:
                 # Recurrent state would take in the refused proposals, with no way back.
                 log.warning("speculative decoding is off: the model has recurrent layers")
             else:
-                self.spec = Speculator(config.speculative)
+                self.spec = Speculator(config.speculative, self._draft_model(config.speculative))
+
+    def _draft_model(self, cfg: SpeculativeConfig) -> DraftModel | None:
+        if cfg.method != "draft_model":
+            return None
+        bs = self.config.block_size
+        # Speculating sequences at full context: at most disable_by_batch_size at once.
+        blocks = cfg.disable_by_batch_size * (self.max_model_len // bs + 2) + 1
+        return DraftModel(
+            cfg,
+            self.loaded,
+            block_size=bs,
+            num_blocks=min(self.num_blocks, blocks),
+            budget=self.config.max_num_batched_tokens,
+        )
 
     def _num_blocks(self) -> int:
         cfg = self.config
@@ -218,6 +234,8 @@ class EngineCore:
         for s in req.seqs:
             if not s.finished:
                 self.scheduler.finish(s)
+                if self.spec is not None:
+                    self.spec.forget(s)
                 s.finish_reason = s.finish_reason or "abort"
                 outs.append(CompletionOutput(s.index, [], "", None, s.finish_reason))
         return RequestOutput(request_id, outs, req.prompt_tokens, req.seqs[0].num_cached, True)
@@ -272,6 +290,8 @@ class EngineCore:
             outs = self.fail_all(message)
         self.runner.reset_pools(self.num_blocks)
         self.tiers.pools_reset()
+        if self.spec is not None:
+            self.spec.reset()
         return outs
 
     def _fail(self, request_id: str, message: str) -> list[RequestOutput]:
@@ -402,17 +422,7 @@ class EngineCore:
             return []
         if self.runner.has_state_layers:
             return [[p] for p in prefills]  # padding would run through recurrent state
-        # Batch chunks of similar length so padding wastes at most a quarter.
-        groups: list[list[ScheduledSeq]] = []
-        for p in sorted(prefills, key=lambda p: -p.length):
-            g = groups[-1] if groups else None
-            if g is not None:
-                total = sum(x.length for x in g) + p.length
-                if g[0].length * (len(g) + 1) <= 1.25 * total:
-                    g.append(p)
-                    continue
-            groups.append([p])
-        return groups
+        return length_groups(prefills)
 
     def _append_tokens(self, sampling: list[ScheduledSeq], result: SampleResult) -> None:
         tokens = result.tokens.tolist()
@@ -454,6 +464,8 @@ class EngineCore:
             by_req.setdefault(seq.request_id, []).append(out)
             if seq.finish_reason is not None:
                 self.scheduler.finish(seq)
+                if self.spec is not None:
+                    self.spec.forget(seq)
                 req.done.add(seq.index)
         results = []
         for rid, outs in by_req.items():
