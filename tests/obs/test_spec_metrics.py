@@ -4,8 +4,8 @@ counters on /metrics (vLLM's `spec_decode_*` names), every KV block free when id
 from __future__ import annotations
 
 import json
-import shutil
 import random
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
