@@ -619,7 +619,7 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         help="speculative decoding, as vLLM's flag: prompt lookup (n-gram), e.g. "
         '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, '
         '"prompt_lookup_min": 2, "disable_by_batch_size": 8}\' (those are the defaults), '
-        'or a draft model sharing the target\'s tokenizer, e.g. \'{"model": PATH_OR_HUB_ID, '
+        "or a draft model sharing the target's tokenizer, e.g. '{\"model\": PATH_OR_HUB_ID, "
         '"num_speculative_tokens": 4}\' (method "draft_model"); '
         "a step speculates only while at most disable_by_batch_size sequences run; "
         "requests with a seed, a response format or a reasoning budget never do; "
