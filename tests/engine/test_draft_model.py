@@ -13,13 +13,14 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
-from engine_runs import _config, _loaded, _prompts, _run
+from engine_runs import OOM, _config, _faulty_forward, _loaded, _prompts, _run
 from test_speculative import _chi2_ok, _softmax
 
 from pippin.engine.config import SpeculativeConfig
 from pippin.engine.core import EngineCore
 from pippin.engine.draft_model import DraftModelError
 from pippin.engine.types import SamplingParams
+from pippin.runner.model_runner import ModelRunner
 from pippin.store.loaded import ModelLoadError
 
 
@@ -240,3 +241,39 @@ def test_random_proposal_lengths_and_aborts_free_every_block(tiny_models) -> Non
     assert stats["blocks_free"] == stats["blocks_total"]
     assert stats["spec_draft_blocks_free"] == stats["spec_draft_blocks_total"]
     assert not core.spec.draft.seqs
+
+
+def test_failed_steps_recovered_with_both_pools_made_anew(tiny_models, monkeypatch) -> None:
+    """Model calls (the target's or the draft's) that run the device out of memory: the
+    running sequences are recomputed, the draft's KV is dropped with its pool made anew,
+    and every request ends exactly as without the failures."""
+    target = tiny_models("llama")
+    loaded = _loaded(target)
+    prompts = _prompts(loaded.model.args.vocab_size, 5, seed=9)
+    greedy = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+
+    def run(core: EngineCore) -> dict:
+        for i, p in enumerate(prompts):
+            core.add_request(f"g{i}", p, greedy)
+        return {k: v["ids"][0] for k, v in _run(core, recover=True).items()}
+
+    want = run(EngineCore(loaded, _config()))
+    calls: list[bool] = []  # per model call: whether the draft's runner made it
+
+    real = ModelRunner.forward
+
+    def spy(self, items):
+        calls.append(self is not core.runner)
+        return real(self, items)
+
+    monkeypatch.setattr(ModelRunner, "forward", spy)
+    core = EngineCore(loaded, _config(speculative=_spec(target)))
+    _faulty_forward(monkeypatch, lambda n, _: OOM if n in (9, 30) else None)
+    assert run(core) == want
+    assert core.stats()["failed_steps_out_of_memory"] == 2
+    assert any(calls[n - 1] for n in (9, 30))  # a draft call among the failed ones
+    stats = core.stats()
+    assert stats["spec_draft_blocks_free"] == stats["spec_draft_blocks_total"]
+    assert stats["blocks_free"] == stats["blocks_total"]
+    parts = [p for pool in core.spec.draft.runner.pools.values() for p in pool.parts]
+    assert parts and not any(mx.any(p == 3.0).item() for p in parts)

@@ -162,6 +162,8 @@ class EngineCore:
         self._seq_ids = itertools.count()
         self.steps = 0
         self._narrow_until: int | None = None  # see `recover`
+        # Outputs of a step that raised after finishing the one in flight (see `step`).
+        self._unsent: list[RequestOutput] = []
         self.failed_steps = {"out_of_memory": 0, "other": 0}
         self.spec: Speculator | None = None
         if config.speculative is not None:
@@ -263,7 +265,7 @@ class EngineCore:
         for seq in [*sched.running, *sched.waiting]:
             seq.pending.clear()
         message = step_error(e)
-        outs: list[RequestOutput] = []
+        outs, self._unsent = self._unsent, []
         oom = out_of_memory(e)
         self.failed_steps["out_of_memory" if oom else "other"] += 1
         if oom:
@@ -276,18 +278,18 @@ class EngineCore:
                 seq.num_failed_steps += 1
                 if seq.num_failed_steps >= STEP_ATTEMPTS:
                     failed.append(seq.request_id)
-            for rid in dict.fromkeys(failed):
-                outs.extend(self._fail(rid, message))
+            ended = [o for rid in dict.fromkeys(failed) for o in self._fail(rid, message)]
+            outs += ended
             log.warning(
                 "the device ran out of memory: %d sequences to be recomputed, %d requests "
                 "ended, at most %d running for %d steps",
                 len(running),
-                len(outs),
+                len(ended),
                 sched.max_num_seqs,
                 NARROW_STEPS,
             )
         else:
-            outs = self.fail_all(message)
+            outs += self.fail_all(message)
         self.runner.reset_pools(self.num_blocks)
         self.tiers.pools_reset()
         if self.spec is not None:
@@ -312,10 +314,18 @@ class EngineCore:
 
         The host work of building step N+1 overlaps the device running step N: a
         decode's input is read lazily from the previous step's sampled tokens. Where
-        sampling needs the previous token's value (penalties), the previous step is
-        finished first.
+        sampling needs the previous token's value (penalties, speculation), the previous
+        step is finished first; if this step then raises, its outputs are handed out by
+        `recover` (their tokens are known, and a request may have ended in them).
         """
         outs: list[RequestOutput] = []
+        try:
+            return self._step(outs)
+        except Exception:
+            self._unsent = outs
+            raise
+
+    def _step(self, outs: list[RequestOutput]) -> list[RequestOutput]:
         if self._narrow_until is not None and self.steps >= self._narrow_until:
             self.scheduler.max_num_seqs = self.config.max_num_seqs
             self._narrow_until = None
@@ -323,7 +333,7 @@ class EngineCore:
         if spec is not None and not spec.wanted(self.scheduler.running, self.steps + 1):
             spec = None
         if self._inflight is not None and (spec is not None or self._needs_sync()):
-            outs = self._finish_inflight()
+            outs.extend(self._finish_inflight())
         sched = self.scheduler.schedule()
         self.observer.scheduled(sched)
         if sched.empty:

@@ -88,6 +88,10 @@ class _DraftSeq:
     def num_known(self) -> int:
         return self.known
 
+    @property
+    def request_id(self) -> str:
+        return self.source.request_id
+
     def ids(self, start: int, end: int) -> list[int]:
         return self.source.ids(start, end)
 

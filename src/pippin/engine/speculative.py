@@ -29,6 +29,12 @@ speculation off for that request:
 - structured output (grammar masks) and reasoning budgets: off (their state would have to
   advance through proposals and roll back).
 
+A draft model (`pippin.engine.draft_model`) draws its proposals from its own logits at
+the request's temperature, top-k/p and min-p and hands its distributions q to the
+rejection sampler with them; penalties, logit bias and min_tokens act in the verify step
+only (still exact; fewer proposals kept). Its own KV is caught up, trimmed and freed by
+`DraftModel` (`settle` after each verdict, `forget` when a sequence ends).
+
 Per step: speculation needs every token known on the host, so it gives up the overlap of
 one step's host work with the previous step's device work; and verifying costs k + 1
 positions per sequence. A step speculates only while at most `disable_by_batch_size`
