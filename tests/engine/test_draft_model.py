@@ -277,3 +277,23 @@ def test_failed_steps_recovered_with_both_pools_made_anew(tiny_models, monkeypat
     assert stats["blocks_free"] == stats["blocks_total"]
     parts = [p for pool in core.spec.draft.runner.pools.values() for p in pool.parts]
     assert parts and not any(mx.any(p == 3.0).item() for p in parts)
+
+
+def test_draft_kv_of_a_prompt_served_from_its_prefix_cache(tiny_models) -> None:
+    """A second request with the same prompt starts from the draft KV the first left in
+    the draft's prefix cache; its output is the same."""
+    target = tiny_models("llama")
+    loaded = _loaded(target)
+    core = EngineCore(loaded, _config(speculative=_spec(target)))
+    prompt = _prompts(loaded.model.args.vocab_size, 1, seed=12)[0] * 2
+    greedy = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    outs = []
+    for rid in ("a", "b"):
+        core.add_request(rid, prompt, greedy)
+        outs.append(_run(core)[rid]["ids"][0])
+    bm = core.spec.draft.bm
+    assert outs[0] == outs[1]
+    assert (bm.queries, bm.hits) == (2, 1) and bm.hit_blocks >= len(prompt) // 4 - 1
+    stats = core.stats()
+    assert stats["spec_draft_blocks_free"] == stats["spec_draft_blocks_total"]
+    assert stats["spec_decode_num_accepted_tokens"] == stats["spec_decode_num_draft_tokens"]

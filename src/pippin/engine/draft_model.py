@@ -4,7 +4,8 @@ A second, smaller model sharing the target's vocabulary proposes each speculatin
 sequence's next k tokens, one batched decode call of it per token, and keeps its
 distributions q, which the rejection sampler (`pippin.engine.rejection`) needs to keep a
 proposal with probability min(1, p/q). It runs in the engine's thread with a
-`ModelRunner` and a `BlockManager` of its own (its own paged KV pool, no prefix cache).
+`ModelRunner` and a `BlockManager` of its own (its own paged KV pool and prefix cache:
+a prompt whose draft KV another sequence computed is not computed again).
 
 Its KV follows each sequence lazily: a sequence's draft KV is computed only in the steps
 where it speculates, from where it stopped up to the sequence's last token (the whole
@@ -132,7 +133,7 @@ class DraftModel:
             )
         self.num_blocks = num_blocks
         self.runner.allocate(num_blocks)
-        self.bm = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
+        self.bm = BlockManager(num_blocks, block_size)
         self.budget = budget
         # Proposals and q are over the target's logits; the draft's own may be wider or
         # narrower (padding past the tokenizer's ids), so its extra ids are never drawn.
@@ -149,7 +150,7 @@ class DraftModel:
     def reset(self) -> None:
         """Fresh pools and no draft KV (after a failed step, as the target's)."""
         self.seqs.clear()
-        self.bm = BlockManager(self.num_blocks, self.bm.block_size, enable_prefix_caching=False)
+        self.bm = BlockManager(self.num_blocks, self.bm.block_size)
         self.runner.reset_pools(self.num_blocks)
 
     def settle(self, seq_id: int, kept: int) -> None:
@@ -161,6 +162,7 @@ class DraftModel:
         ds.computed = ds.base + min(kept, ds.k - 1)
         ds.k = 0
         self.bm.trim(ds.table, ds.computed)
+        self.bm.register_full_blocks(ds.table, ds.ids, ds.computed)
 
     def stats(self) -> dict[str, int]:
         return {
@@ -194,7 +196,7 @@ class DraftModel:
             seq = it.seq
             ds = self.seqs.get(seq.seq_id)
             if ds is None:
-                ds = self.seqs[seq.seq_id] = _DraftSeq(seq)
+                ds = self.seqs[seq.seq_id] = self._start(seq)
             n = seq.num_tokens
             chunk = min(n - ds.computed, budget)
             if chunk <= 0:
@@ -217,6 +219,7 @@ class DraftModel:
             self._call(group, [index[id(r)] for r in group], drawn, last)
         for r in rows:
             r.seq.computed = r.start + r.length
+            self.bm.register_full_blocks(r.seq.table, r.seq.ids, r.seq.computed)
         for j in range(1, max(ks)):
             live = [b for b, k in enumerate(ks) if k > j]
             items = []
@@ -241,6 +244,15 @@ class DraftModel:
             it.draft_probs = mx.stack([q[r] for _, q, r in drawn[b][:k]])
             ds.base, ds.k = it.seq.num_tokens, k
             ds.computed = ds.base + k - 1  # until `settle`
+
+    def _start(self, seq: Sequence) -> _DraftSeq:
+        """A sequence's draft state, with the draft KV of its prompt's cached blocks."""
+        ds = _DraftSeq(seq)
+        ds.table.root = seq.table.root
+        cached, hashes = self.bm.match_prefix(seq.all_ids, ds.table.root)
+        self.bm.allocate(ds.table, len(cached) * self.bm.block_size, cached, hashes)
+        ds.computed = len(cached) * self.bm.block_size
+        return ds
 
     def _computed(self, it: ScheduledSeq) -> int:
         ds = self.seqs.get(it.seq.seq_id)
