@@ -94,8 +94,8 @@ def main() -> None:
         cores["ngram"] = EngineCore(loaded, EngineConfig(**base, speculative=spec))
     if args.draft:
         cores["draft"] = draft_core(loaded, base, args)
-    for name, core in cores.items():  # the prompt into the prefix cache
-        decode(core, f"warm-{name}", prompt, 2)
+    for name, core in cores.items():  # the prompt into the prefix caches (the draft's too)
+        decode(core, f"warm-{name}", prompt, 8)
     steps0 = {name: core.steps for name, core in cores.items()}
     times: dict[str, list[float]] = {n: [] for n in cores}
     outputs: dict[str, list[int]] = {}

@@ -4,9 +4,7 @@ refused at startup."""
 
 from __future__ import annotations
 
-import json
 import random
-import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import numpy as np
 import pytest
 from engine_runs import OOM, _config, _faulty_forward, _loaded, _prompts, _run
 from test_speculative import _chi2_ok, _softmax
+from tiny_models import with_swapped_tokens
 
 from pippin.engine.config import SpeculativeConfig
 from pippin.engine.core import EngineCore
@@ -197,21 +196,9 @@ def test_sampled_tokens_follow_the_target_distribution(tiny_models, draft: str) 
     assert ok, (stat, limit)
 
 
-def _swapped_vocab(src: Path, dest: Path) -> Path:
-    """`src` with two of its tokenizer's ids swapped: the same size, another vocabulary."""
-    shutil.copytree(src, dest)
-    path = dest / "tokenizer.json"
-    tok = json.loads(path.read_text())
-    vocab = tok["model"]["vocab"]
-    a, b = (t for t, i in vocab.items() if i in (100, 101))
-    vocab[a], vocab[b] = vocab[b], vocab[a]
-    path.write_text(json.dumps(tok))
-    return dest
-
-
 def test_bad_drafts_refused_at_startup(tiny_models, tmp_path: Path) -> None:
     loaded = _loaded(tiny_models("llama"))
-    other = _swapped_vocab(_small_draft(tiny_models), tmp_path / "other")
+    other = with_swapped_tokens(_small_draft(tiny_models), tmp_path / "other")
     with pytest.raises(DraftModelError, match="does not share the target's vocabulary"):
         EngineCore(loaded, _config(speculative=_spec(other)))
     with pytest.raises(ModelLoadError, match="no such file or folder"):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -14,6 +13,7 @@ from pathlib import Path
 import openai
 from server_utils import run_server
 from test_metrics import scrape, wait_idle
+from tiny_models import with_swapped_tokens
 
 from pippin.bench.scrape import total
 
@@ -150,13 +150,7 @@ def test_bad_draft_models_are_refused(tiny_models: Callable[..., Path], tmp_path
     too_many = serve({"model": str(tmp_path), "num_speculative_tokens": 40})
     assert too_many.returncode == 2 and "num_speculative_tokens must be <= 32" in too_many.stderr
     # Another vocabulary: two of the tokenizer's ids swapped.
-    other = tmp_path / "other"
-    shutil.copytree(tiny_models("llama", num_hidden_layers=1), other)
-    tok = json.loads((other / "tokenizer.json").read_text())
-    vocab = tok["model"]["vocab"]
-    a, b = (t for t, i in vocab.items() if i in (100, 101))
-    vocab[a], vocab[b] = vocab[b], vocab[a]
-    (other / "tokenizer.json").write_text(json.dumps(tok))
+    other = with_swapped_tokens(tiny_models("llama", num_hidden_layers=1), tmp_path / "o")
     mismatch = serve({"model": str(other)})
     assert mismatch.returncode != 0
     assert "does not share the target's vocabulary" in mismatch.stderr, mismatch.stderr[-2000:]
