@@ -231,16 +231,16 @@ class DraftModel:
             self._call(items, live, drawn, last)
         for r in rows:
             r.seq.pending = []
-        toks = {b: [t[r] for t, _, r in d] for b, d in drawn.items()}
-        flat = [t for b in sorted(toks) for t in toks[b]]
-        mx.eval(flat)
+        arrays = {id(t): t for d in drawn.values() for t, _, _ in d}
+        mx.eval(list(arrays.values()))  # the step's one wait for the draft
+        host = {i: t.tolist() for i, t in arrays.items()}
         by_seq = {rows[b].seq.source.seq_id: b for b in drawn}
         for it, _ in wanted:
             b = by_seq.get(it.seq.seq_id)
             if b is None:
                 continue
             ds, k = rows[b].seq, ks[b]
-            it.draft = [int(t.item()) for t in toks[b][:k]]
+            it.draft = [host[id(t)][r] for t, _, r in drawn[b][:k]]
             it.draft_probs = mx.stack([q[r] for _, q, r in drawn[b][:k]])
             ds.base, ds.k = it.seq.num_tokens, k
             ds.computed = ds.base + k - 1  # until `settle`
