@@ -1,6 +1,11 @@
-"""Speculative decoding (prompt lookup) on an editing workload: single-stream decode
-tokens/s with and without it, through `EngineCore`, on the default model (SmolLM2) or
-`--model`.
+"""Speculative decoding on an editing workload: single-stream decode tokens/s without it,
+with prompt lookup (ngram) and, with `--draft`, with a draft model, through `EngineCore`,
+on the default model (SmolLM2) or `--model`.
+
+`--draft MODEL` loads a draft as `pippin serve` takes it (`--draft target`: the target's
+own weights again, the upper bound of acceptance); `--draft-layers N` keeps only its first
+N layers (a layer-skip draft of the target: the only draft sharing SmolLM2's vocabulary
+this machine has).
 
 The prompt asks the model to rewrite a piece of Python with one name changed, so most of
 the answer repeats the prompt. Both engines get the prompt once first (the prefix cache
@@ -8,7 +13,7 @@ then serves it, so prefill is not timed); decode is timed from the first token t
 last, greedy, and the two outputs must be identical. Run by hand, never as a test:
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 \\
-        .venv/bin/python bench/spec_bench.py --gen 256 --repeat 3
+        .venv/bin/python bench/spec_bench.py --gen 256 --repeat 3 --draft target
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import time
 
 from pippin.engine.config import EngineConfig, SpeculativeConfig
 from pippin.engine.core import EngineCore
+from pippin.engine.draft_model import DraftModel
+from pippin.engine.speculative import Speculator
 from pippin.engine.types import SamplingParams
 from pippin.store import loader
 
@@ -69,6 +76,10 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     ap.add_argument("--lookup-max", type=int, default=4)
     ap.add_argument("--lookup-min", type=int, default=2)
+    ap.add_argument("--draft", help="a draft model, or `target` for the target's weights")
+    ap.add_argument("--draft-layers", type=int, help="keep the draft's first N layers only")
+    ap.add_argument("--draft-k", type=int, help="num_speculative_tokens of the draft (--k)")
+    ap.add_argument("--skip-ngram", action="store_true")
     args = ap.parse_args()
     loaded = loader.load_model(args.model)
     prompt = editing_prompt(loaded.tokenizer, args.prompt)
@@ -78,12 +89,13 @@ def main() -> None:
         prompt_lookup_min=args.lookup_min,
     )
     base = dict(num_blocks=1024, max_num_batched_tokens=2048, max_model_len=8192)
-    cores = {
-        "off": EngineCore(loaded, EngineConfig(**base)),
-        "ngram": EngineCore(loaded, EngineConfig(**base, speculative=spec)),
-    }
-    for name, core in cores.items():  # the prompt into the prefix cache
-        decode(core, f"warm-{name}", prompt, 2)
+    cores = {"off": EngineCore(loaded, EngineConfig(**base))}
+    if not args.skip_ngram:
+        cores["ngram"] = EngineCore(loaded, EngineConfig(**base, speculative=spec))
+    if args.draft:
+        cores["draft"] = draft_core(loaded, base, args)
+    for name, core in cores.items():  # the prompt into the prefix caches (the draft's too)
+        decode(core, f"warm-{name}", prompt, 8)
     steps0 = {name: core.steps for name, core in cores.items()}
     times: dict[str, list[float]] = {n: [] for n in cores}
     outputs: dict[str, list[int]] = {}
@@ -93,14 +105,17 @@ def main() -> None:
             outputs.setdefault(name, ids)
             assert ids == outputs[name], "greedy output changed between runs"
             times[name].append(secs)
-    same = outputs["off"] == outputs["ngram"]
-    s = cores["ngram"].stats()
     n = len(outputs["off"])
-    print(f"prompt {len(prompt)} tokens, {n} generated, identical with and without: {same}")
-    print(
-        f"proposals {s['spec_decode_num_drafts']}, proposed tokens "
-        f"{s['spec_decode_num_draft_tokens']}, kept {s['spec_decode_num_accepted_tokens']}"
-    )
+    print(f"prompt {len(prompt)} tokens, {n} generated")
+    for name in cores:
+        if name == "off":
+            continue
+        s = cores[name].stats()
+        print(
+            f"{name}: identical to off: {outputs[name] == outputs['off']}; proposals "
+            f"{s['spec_decode_num_drafts']}, proposed tokens "
+            f"{s['spec_decode_num_draft_tokens']}, kept {s['spec_decode_num_accepted_tokens']}"
+        )
     for name, ts in times.items():
         med = statistics.median(ts)
         steps = (cores[name].steps - steps0[name]) / args.repeat
@@ -108,9 +123,36 @@ def main() -> None:
             f"{name:6s} decode {(n - 1) / med:7.1f} tok/s (median of {len(ts)}: {med:.2f} s), "
             f"{steps:.0f} steps, {med / steps * 1000:.0f} ms a step"
         )
-    ratio = statistics.median(times["off"]) / statistics.median(times["ngram"])
-    print(f"speed-up {ratio:.2f}x")
-    print("output:", loaded.tokenizer.decode(outputs["ngram"])[:400].replace("\n", "\\n"))
+    for name in cores:
+        if name != "off":
+            ratio = statistics.median(times["off"]) / statistics.median(times[name])
+            print(f"{name} speed-up {ratio:.2f}x")
+    print("output:", loaded.tokenizer.decode(outputs["off"])[:400].replace("\n", "\\n"))
+
+
+def draft_core(loaded, base: dict, args: argparse.Namespace) -> EngineCore:
+    """An engine speculating with `--draft` (its first `--draft-layers` layers)."""
+    source = loaded.source if args.draft == "target" else args.draft
+    spec = SpeculativeConfig(
+        method="draft_model", model=source, num_speculative_tokens=args.draft_k or args.k
+    )
+    core = EngineCore(loaded, EngineConfig(**base))
+    draft = loader.materialize(loader.load_model(source))
+    if args.draft_layers:
+        inner = draft.model.model
+        inner.layers = inner.layers[: args.draft_layers]
+    core.spec = Speculator(
+        spec,
+        DraftModel(
+            spec,
+            loaded,
+            block_size=core.config.block_size,
+            num_blocks=core.num_blocks,
+            budget=core.config.max_num_batched_tokens,
+            draft=draft,
+        ),
+    )
+    return core
 
 
 if __name__ == "__main__":

@@ -568,3 +568,16 @@ def get_tiny_model(arch: str, *, seed: int = 0, **overrides: Any) -> Path:
             atexit.register(shutil.rmtree, root, True)
             cache = set_cache_root(root)
     return cache(arch, seed=seed, **overrides)
+
+
+def with_swapped_tokens(src: Path, dest: Path, a: int = 100, b: int = 101) -> Path:
+    """A copy of the model folder `src` in `dest` whose tokenizer has ids `a` and `b`
+    swapped: the same size, another vocabulary (a draft model that must be refused)."""
+    shutil.copytree(src, dest)
+    path = dest / "tokenizer.json"
+    tok = json.loads(path.read_text())
+    vocab = tok["model"]["vocab"]
+    ta, tb = (t for t, i in vocab.items() if i in (a, b))
+    vocab[ta], vocab[tb] = vocab[tb], vocab[ta]
+    path.write_text(json.dumps(tok))
+    return dest

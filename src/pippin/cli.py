@@ -93,6 +93,19 @@ def _speculative_config(text: str) -> SpeculativeConfig:
         raise argparse.ArgumentTypeError(str(e).removeprefix("--speculative-config: ")) from None
 
 
+def _check_draft_model(spec: SpeculativeConfig | None) -> None:
+    """A draft model that cannot be found stops `pippin serve` before anything loads (the
+    engine loads it, and checks its vocabulary against the target's)."""
+    if spec is None or spec.model is None:
+        return
+    from pippin.store.loader import ModelLoadError, resolve_spec
+
+    try:
+        resolve_spec(spec.model, None)
+    except ModelLoadError as e:
+        raise SystemExit(f"pippin serve: --speculative-config: draft model {e}") from None
+
+
 def _port(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 65535:
@@ -603,9 +616,11 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         "--speculative-config",
         metavar="JSON",
         type=_speculative_config,
-        help="speculative decoding, as vLLM's flag: prompt lookup (n-gram) only, e.g. "
+        help="speculative decoding, as vLLM's flag: prompt lookup (n-gram), e.g. "
         '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, '
-        '"prompt_lookup_min": 2, "disable_by_batch_size": 8}\' (those are the defaults); '
+        '"prompt_lookup_min": 2, "disable_by_batch_size": 8}\' (those are the defaults), '
+        "or a draft model sharing the target's tokenizer, e.g. '{\"model\": PATH_OR_HUB_ID, "
+        '"num_speculative_tokens": 4}\' (method "draft_model"); '
         "a step speculates only while at most disable_by_batch_size sequences run; "
         "requests with a seed, a response format or a reasoning budget never do; "
         "default: off",
@@ -880,6 +895,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         "presence_penalty": args.default_presence_penalty,
         "repetition_penalty": args.default_repetition_penalty,
     }
+    _check_draft_model(args.speculative_config)
     engine = EngineConfig(
         max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len,

@@ -513,3 +513,46 @@ def test_thinking_budget_ends_on_the_whole_marker_only(tiny_models, budget: int)
     core.add_request("r", _prompts(loaded.model.args.vocab_size, 1, seed=8)[0], params)
     ids = _run(core)["r"]["ids"][0]
     assert ids == [c] * budget + [a, b, c] + [c, c], ids
+
+
+@pytest.mark.parametrize("error", [OOM, "a bug"])
+def test_outputs_finished_before_a_failed_step_are_handed_out(
+    tiny_models, monkeypatch: pytest.MonkeyPatch, error: str
+) -> None:
+    """A step that finishes the one in flight first (penalties need its tokens) and then
+    fails: the tokens it finished reach the client (by `recover`), so a recomputed request
+    misses none and one that ended in them still ends."""
+    loaded = _loaded(tiny_models("llama"))
+    prompts = _prompts(loaded.model.args.vocab_size, 3, seed=6)
+
+    def run(fail: bool) -> dict:
+        core = EngineCore(loaded, _config())
+        for i, p in enumerate(prompts):
+            params = SamplingParams(
+                max_tokens=2 + 5 * i, temperature=0, ignore_eos=True, repetition_penalty=1.2
+            )
+            core.add_request(str(i), p, params)
+        if fail:
+            # The first call after request 0 ended: in the step that finished it first.
+            failed: list[int] = []
+
+            def once(n: int, ids: list[str]) -> str | None:
+                if failed or "0" in core.requests:
+                    return None
+                failed.append(n)
+                return error
+
+            _faulty_forward(monkeypatch, once)
+        res = _run(core, recover=True)
+        monkeypatch.undo()
+        return {k: (v["ids"][0], v["finish"][0][0]) for k, v in res.items()}
+
+    want = run(False)
+    got = run(True)
+    if error == OOM:
+        assert got == want
+    else:  # every request ends: those that had not, with the error
+        assert got["0"] == want["0"]
+        assert {k: r for k, (_, r) in got.items()} == {"0": "length", "1": "error", "2": "error"}
+        for k in ("1", "2"):
+            assert want[k][0][: len(got[k][0])] == got[k][0]

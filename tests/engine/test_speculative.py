@@ -63,7 +63,7 @@ def test_config_parses_vllm_keys_and_rejects_the_rest() -> None:
     for bad, words in [
         ("nope", "not JSON"),
         ('{"method": "eagle"}', "not supported"),
-        ('{"method": "draft_model", "model": "x"}', "draft models"),
+        ('{"method": "draft_model"}', 'needs "model"'),
         ('{"num_speculative_tokens": 0}', ">= 1"),
         ('{"prompt_lookup_min": 5, "prompt_lookup_max": 2}', "prompt_lookup_min"),
         ('{"lookahead": 3}', "unknown keys"),

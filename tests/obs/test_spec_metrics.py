@@ -13,6 +13,7 @@ from pathlib import Path
 import openai
 from server_utils import run_server
 from test_metrics import scrape, wait_idle
+from tiny_models import with_swapped_tokens
 
 from pippin.bench.scrape import total
 
@@ -67,3 +68,89 @@ def test_bad_speculative_config_is_refused(tiny_models: Callable[..., Path]) -> 
     )  # fmt: skip
     assert proc.returncode == 2
     assert "method 'eagle3' is not supported" in proc.stderr
+
+
+def _plain_greedy(model: Path, prompt: list[int], n: int) -> str:
+    """The target's greedy text without speculation, from an engine in this process."""
+    from engine_runs import _config, _loaded, _run
+
+    from pippin.engine.core import EngineCore
+    from pippin.engine.types import SamplingParams
+
+    core = EngineCore(_loaded(model), _config(max_model_len=512))
+    core.add_request("r", prompt, SamplingParams(max_tokens=n, temperature=0, ignore_eos=True))
+    return _run(core)["r"]["text"][0]
+
+
+def test_draft_model_over_http(tiny_models: Callable[..., Path]) -> None:
+    """A server speculating with a draft model (the target's weights with another RoPE
+    base): greedy completions are the target's own tokens, streamed or not; sampled ones
+    run; acceptance is counted; every block of both models is free when idle."""
+    target = tiny_models("llama")
+    draft = tiny_models("llama", rope_theta=500.0)
+    spec = {"model": str(draft), "num_speculative_tokens": 3}
+    rng = random.Random(1)
+    prompts = [[rng.randrange(3, 700) for _ in range(n)] for n in (9, 30, 57)]
+    with run_server(
+        str(target),
+        "--served-model-name",
+        "tiny",
+        "--max-model-len",
+        "512",
+        "--speculative-config",
+        json.dumps(spec),
+        api_key=KEY,
+    ) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY)
+        for prompt in prompts:
+            out = client.completions.create(
+                model="tiny",
+                prompt=prompt,
+                max_tokens=40,
+                temperature=0,
+                extra_body={"ignore_eos": True},
+            )
+            assert out.usage is not None and out.usage.completion_tokens == 40
+            assert out.choices[0].text == _plain_greedy(target, prompt, 40)
+            stream = client.completions.create(
+                model="tiny",
+                prompt=prompt,
+                max_tokens=40,
+                temperature=0,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
+            assert "".join(c.choices[0].text for c in stream) == out.choices[0].text
+        sampled = client.completions.create(
+            model="tiny", prompt=prompts[0], max_tokens=30, temperature=0.8, n=3
+        )
+        assert len(sampled.choices) == 3
+        after = wait_idle(server)
+        drafted = total(after, "pippin_spec_decode_num_draft_tokens_total") or 0
+        kept = total(after, "pippin_spec_decode_num_accepted_tokens_total") or 0
+        assert 0 < kept < drafted
+        assert total(after, "pippin_kv_blocks", tier="device", state="used") == 0
+        assert total(after, "pippin_spec_draft_kv_blocks", state="used") == 0
+        assert (total(after, "pippin_spec_draft_kv_blocks", state="free") or 0) > 0
+
+
+def test_bad_draft_models_are_refused(tiny_models: Callable[..., Path], tmp_path: Path) -> None:
+    def serve(spec: dict) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pippin.cli", "serve", str(tiny_models("llama")),
+             "--speculative-config", json.dumps(spec)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )  # fmt: skip
+
+    missing = serve({"model": str(tmp_path / "nowhere")})
+    assert missing.returncode != 0
+    assert "draft model" in missing.stderr and "no such file or folder" in missing.stderr
+    too_many = serve({"model": str(tmp_path), "num_speculative_tokens": 40})
+    assert too_many.returncode == 2 and "num_speculative_tokens must be <= 32" in too_many.stderr
+    # Another vocabulary: two of the tokenizer's ids swapped.
+    other = with_swapped_tokens(tiny_models("llama", num_hidden_layers=1), tmp_path / "o")
+    mismatch = serve({"model": str(other)})
+    assert mismatch.returncode != 0
+    assert "does not share the target's vocabulary" in mismatch.stderr, mismatch.stderr[-2000:]

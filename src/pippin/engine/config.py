@@ -44,7 +44,10 @@ class TPConfig:
 
 
 # The proposal methods of vLLM's `--speculative-config` that pippin runs.
-SPEC_METHODS = ("ngram",)
+SPEC_METHODS = ("ngram", "draft_model")
+# The most tokens one proposal may hold: each costs a verified position per sequence (and
+# with a draft model, one call of it), and acceptance decays along a proposal.
+MAX_SPEC_TOKENS = 32
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,9 @@ class SpeculativeConfig:
     """vLLM's `--speculative-config` keys that pippin reads (`pippin.engine.speculative`)."""
 
     method: str = "ngram"
+    # draft_model: the draft's path or Hub id, loaded as the served model is
+    # (`pippin.engine.draft_model`); it must share the target's vocabulary.
+    model: str | None = None
     num_speculative_tokens: int = 4
     # Lookup tries the longest suffix first, from prompt_lookup_max tokens down to min.
     prompt_lookup_max: int = 4
@@ -68,10 +74,10 @@ class SpeculativeConfig:
             raise ValueError(f"--speculative-config is not JSON: {e}") from None
         if not isinstance(raw, dict):
             raise ValueError("--speculative-config must be a JSON object")
-        if "model" in raw and raw.get("method", "ngram") != "ngram":
-            raise ValueError("--speculative-config: draft models are not supported yet")
         if raw.get("method") == "[ngram]":  # vLLM's older spelling
             raw["method"] = "ngram"
+        if "method" not in raw and raw.get("model") is not None:
+            raw["method"] = "draft_model"  # as vLLM infers it from `model`
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(raw) - known)
         if unknown:
@@ -84,10 +90,24 @@ class SpeculativeConfig:
                 f"--speculative-config: method {cfg.method!r} is not supported; "
                 f"choose one of {list(SPEC_METHODS)}"
             )
+        if cfg.method == "draft_model":
+            if not isinstance(cfg.model, str) or not cfg.model:
+                raise ValueError(
+                    "--speculative-config: method 'draft_model' needs \"model\": the draft "
+                    "model's path or Hub id"
+                )
+        elif cfg.model is not None:
+            raise ValueError(
+                f"--speculative-config: \"model\" is for method 'draft_model', not {cfg.method!r}"
+            )
         for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"):
             v = getattr(cfg, name)
-            if not isinstance(v, int) or v < 1:
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"--speculative-config: {name} must be an integer >= 1")
+        if cfg.num_speculative_tokens > MAX_SPEC_TOKENS:
+            raise ValueError(
+                f"--speculative-config: num_speculative_tokens must be <= {MAX_SPEC_TOKENS}"
+            )
         if cfg.prompt_lookup_min > cfg.prompt_lookup_max:
             raise ValueError("--speculative-config: prompt_lookup_min > prompt_lookup_max")
         if not isinstance(cfg.disable_by_batch_size, int) or cfg.disable_by_batch_size < 1:

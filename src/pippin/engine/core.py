@@ -16,7 +16,8 @@ from mlx.utils import tree_flatten
 
 from pippin.engine.block_manager import BlockManager
 from pippin.engine.cache_tiers import CacheTiers
-from pippin.engine.config import MIN_BUFFER_CACHE, EngineConfig
+from pippin.engine.config import MIN_BUFFER_CACHE, EngineConfig, SpeculativeConfig
+from pippin.engine.draft_model import DraftModel
 from pippin.engine.grammar_masks import GrammarMasks, split_constrained
 from pippin.engine.observer import EngineObserver
 from pippin.engine.output_processor import OutputProcessor
@@ -31,6 +32,7 @@ from pippin.engine.types import (
     SamplingParams,
     TokenLogprob,
 )
+from pippin.runner.batch import length_groups
 from pippin.runner.model_runner import ModelRunner
 from pippin.runner.paged_cache import bytes_per_block
 from pippin.store.loaded import LoadedModel
@@ -160,6 +162,8 @@ class EngineCore:
         self._seq_ids = itertools.count()
         self.steps = 0
         self._narrow_until: int | None = None  # see `recover`
+        # Outputs of a step that raised after finishing the one in flight (see `step`).
+        self._unsent: list[RequestOutput] = []
         self.failed_steps = {"out_of_memory": 0, "other": 0}
         self.spec: Speculator | None = None
         if config.speculative is not None:
@@ -167,7 +171,21 @@ class EngineCore:
                 # Recurrent state would take in the refused proposals, with no way back.
                 log.warning("speculative decoding is off: the model has recurrent layers")
             else:
-                self.spec = Speculator(config.speculative)
+                self.spec = Speculator(config.speculative, self._draft_model(config.speculative))
+
+    def _draft_model(self, cfg: SpeculativeConfig) -> DraftModel | None:
+        if cfg.method != "draft_model":
+            return None
+        bs = self.config.block_size
+        # Speculating sequences at full context: at most disable_by_batch_size at once.
+        blocks = cfg.disable_by_batch_size * (self.max_model_len // bs + 2) + 1
+        return DraftModel(
+            cfg,
+            self.loaded,
+            block_size=bs,
+            num_blocks=min(self.num_blocks, blocks),
+            budget=self.config.max_num_batched_tokens,
+        )
 
     def _num_blocks(self) -> int:
         cfg = self.config
@@ -218,6 +236,8 @@ class EngineCore:
         for s in req.seqs:
             if not s.finished:
                 self.scheduler.finish(s)
+                if self.spec is not None:
+                    self.spec.forget(s)
                 s.finish_reason = s.finish_reason or "abort"
                 outs.append(CompletionOutput(s.index, [], "", None, s.finish_reason))
         return RequestOutput(request_id, outs, req.prompt_tokens, req.seqs[0].num_cached, True)
@@ -245,7 +265,7 @@ class EngineCore:
         for seq in [*sched.running, *sched.waiting]:
             seq.pending.clear()
         message = step_error(e)
-        outs: list[RequestOutput] = []
+        outs, self._unsent = self._unsent, []
         oom = out_of_memory(e)
         self.failed_steps["out_of_memory" if oom else "other"] += 1
         if oom:
@@ -258,20 +278,22 @@ class EngineCore:
                 seq.num_failed_steps += 1
                 if seq.num_failed_steps >= STEP_ATTEMPTS:
                     failed.append(seq.request_id)
-            for rid in dict.fromkeys(failed):
-                outs.extend(self._fail(rid, message))
+            ended = [o for rid in dict.fromkeys(failed) for o in self._fail(rid, message)]
+            outs += ended
             log.warning(
                 "the device ran out of memory: %d sequences to be recomputed, %d requests "
                 "ended, at most %d running for %d steps",
                 len(running),
-                len(outs),
+                len(ended),
                 sched.max_num_seqs,
                 NARROW_STEPS,
             )
         else:
-            outs = self.fail_all(message)
+            outs += self.fail_all(message)
         self.runner.reset_pools(self.num_blocks)
         self.tiers.pools_reset()
+        if self.spec is not None:
+            self.spec.reset()
         return outs
 
     def _fail(self, request_id: str, message: str) -> list[RequestOutput]:
@@ -292,10 +314,18 @@ class EngineCore:
 
         The host work of building step N+1 overlaps the device running step N: a
         decode's input is read lazily from the previous step's sampled tokens. Where
-        sampling needs the previous token's value (penalties), the previous step is
-        finished first.
+        sampling needs the previous token's value (penalties, speculation), the previous
+        step is finished first; if this step then raises, its outputs are handed out by
+        `recover` (their tokens are known, and a request may have ended in them).
         """
         outs: list[RequestOutput] = []
+        try:
+            return self._step(outs)
+        except Exception:
+            self._unsent = outs
+            raise
+
+    def _step(self, outs: list[RequestOutput]) -> list[RequestOutput]:
         if self._narrow_until is not None and self.steps >= self._narrow_until:
             self.scheduler.max_num_seqs = self.config.max_num_seqs
             self._narrow_until = None
@@ -303,7 +333,7 @@ class EngineCore:
         if spec is not None and not spec.wanted(self.scheduler.running, self.steps + 1):
             spec = None
         if self._inflight is not None and (spec is not None or self._needs_sync()):
-            outs = self._finish_inflight()
+            outs.extend(self._finish_inflight())
         sched = self.scheduler.schedule()
         self.observer.scheduled(sched)
         if sched.empty:
@@ -402,17 +432,7 @@ class EngineCore:
             return []
         if self.runner.has_state_layers:
             return [[p] for p in prefills]  # padding would run through recurrent state
-        # Batch chunks of similar length so padding wastes at most a quarter.
-        groups: list[list[ScheduledSeq]] = []
-        for p in sorted(prefills, key=lambda p: -p.length):
-            g = groups[-1] if groups else None
-            if g is not None:
-                total = sum(x.length for x in g) + p.length
-                if g[0].length * (len(g) + 1) <= 1.25 * total:
-                    g.append(p)
-                    continue
-            groups.append([p])
-        return groups
+        return length_groups(prefills)
 
     def _append_tokens(self, sampling: list[ScheduledSeq], result: SampleResult) -> None:
         tokens = result.tokens.tolist()
@@ -454,6 +474,8 @@ class EngineCore:
             by_req.setdefault(seq.request_id, []).append(out)
             if seq.finish_reason is not None:
                 self.scheduler.finish(seq)
+                if self.spec is not None:
+                    self.spec.forget(seq)
                 req.done.add(seq.index)
         results = []
         for rid, outs in by_req.items():

@@ -58,7 +58,10 @@ def judge(
         q_d = mx.take_along_axis(draft_probs, d, axis=-1)[:, 0]
         ratio = mx.minimum(p_d / mx.maximum(q_d, 1e-30), 1.0)
         resid = mx.maximum(mx.exp(logp) - draft_probs, 0.0)
-        resid_logits = mx.log(resid)
+        # p == q leaves no residual (a proposal is then always kept, but for rounding):
+        # draw from p there.
+        some = mx.sum(resid, axis=-1, keepdims=True) > 0
+        resid_logits = mx.where(some, mx.log(resid), logp)
     residual = mx.argmax(resid_logits + mx.random.gumbel((R, V)), axis=-1).astype(mx.int32)
     u = mx.random.uniform(shape=(R,))
     kept = mx.where(greedy, argmax == d[:, 0], u < ratio)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pippin.engine.block_manager import BlockManager, salt_root
 from pippin.engine.sequence import Sequence, Status
@@ -27,6 +27,9 @@ class ScheduledSeq:
     length: int  # tokens computed this step
     # Proposed tokens verified this step (speculative decoding), counted in `length`.
     draft: list[int] = field(default_factory=list)
+    # A draft model's distributions the proposals were drawn from, [len(draft), vocab]
+    # (None: prompt lookup's, a point mass on each).
+    draft_probs: Any = None
 
     @property
     def samples(self) -> bool:

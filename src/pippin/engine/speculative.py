@@ -1,7 +1,9 @@
-"""Speculative decoding inside the batched engine, with prompt lookup (n-gram) proposals.
+"""Speculative decoding inside the batched engine, with prompt lookup (n-gram) proposals
+or a draft model's (`pippin.engine.draft_model`).
 
-A decoding sequence whose last tokens occurred earlier in its own tokens is given the
-tokens that followed them there as proposals; one model call computes its last known
+Prompt lookup: a decoding sequence whose last tokens occurred earlier in its own tokens is
+given the tokens that followed them there as proposals. A draft model proposes its own
+next k tokens, drawn from its distributions q. Then one model call computes its last known
 token and the k proposals (a k + 1-token chunk on top of its cache, as chunked prefill
 runs) and returns the logits at all k + 1 positions; the rejection sampler
 (`pippin.engine.rejection`) keeps a prefix of the proposals and draws one more token, so
@@ -27,6 +29,12 @@ speculation off for that request:
 - structured output (grammar masks) and reasoning budgets: off (their state would have to
   advance through proposals and roll back).
 
+A draft model (`pippin.engine.draft_model`) draws its proposals from its own logits at
+the request's temperature, top-k/p and min-p and hands its distributions q to the
+rejection sampler with them; penalties, logit bias and min_tokens act in the verify step
+only (still exact; fewer proposals kept). Its own KV is caught up, trimmed and freed by
+`DraftModel` (`settle` after each verdict, `forget` when a sequence ends).
+
 Per step: speculation needs every token known on the host, so it gives up the overlap of
 one step's host work with the previous step's device work; and verifying costs k + 1
 positions per sequence. A step speculates only while at most `disable_by_batch_size`
@@ -45,6 +53,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from pippin.engine.block_manager import BlockManager
 from pippin.engine.config import SpeculativeConfig
+from pippin.engine.draft_model import DraftModel
 from pippin.engine.grammar_masks import GrammarMasks, split_constrained
 from pippin.engine.output_processor import OutputProcessor
 from pippin.engine.rejection import judge, walk
@@ -125,8 +134,9 @@ class _At:
 
 
 class Speculator:
-    def __init__(self, config: SpeculativeConfig) -> None:
+    def __init__(self, config: SpeculativeConfig, draft: DraftModel | None = None) -> None:
         self.config = config
+        self.draft = draft  # None: prompt lookup
         # vLLM's counters: verified proposals (drafts), their tokens, and tokens kept,
         # also per position.
         self.num_drafts = 0
@@ -145,7 +155,20 @@ class Speculator:
         }
         for i, n in enumerate(self.accepted_per_pos):
             out[f"spec_decode_num_accepted_tokens_pos{i}"] = n
+        if self.draft is not None:
+            out.update(self.draft.stats())
         return out
+
+    def forget(self, seq: Sequence) -> None:
+        """`seq` ended: its draft KV is freed."""
+        self._backoff.pop(seq.seq_id, None)
+        if self.draft is not None:
+            self.draft.forget(seq.seq_id)
+
+    def reset(self) -> None:
+        """The pools were made anew (`EngineCore.recover`)."""
+        if self.draft is not None:
+            self.draft.reset()
 
     def wanted(self, running: list[Sequence], step: int) -> bool:
         """Whether step `step` may speculate (so the step in flight must finish first)."""
@@ -172,6 +195,7 @@ class Speculator:
         cfg = self.config
         any_draft = False
         step = core.steps
+        wanted: list[tuple[ScheduledSeq, int]] = []
         for it in decodes:
             seq = it.seq
             if not self._due(seq, step) or seq.pending:
@@ -184,6 +208,9 @@ class Speculator:
             )
             if k <= 0:
                 continue
+            if self.draft is not None:
+                wanted.append((it, k))
+                continue
             draft = propose_ngram(seq.all_ids, k, cfg.prompt_lookup_max, cfg.prompt_lookup_min)
             if not draft:
                 self._missed(seq, step)
@@ -194,6 +221,17 @@ class Speculator:
             it.draft = draft
             it.length = 1 + len(draft)
             any_draft = True
+        if self.draft is not None and wanted:
+            self.draft.propose(wanted)
+            for it, _ in wanted:
+                if not it.draft:
+                    continue
+                if core.bm.ensure_capacity(it.seq.table, it.seq.num_tokens + len(it.draft)):
+                    it.length = 1 + len(it.draft)
+                    any_draft = True
+                else:
+                    self.draft.settle(it.seq.seq_id, 0)
+                    it.draft, it.draft_probs = [], None
         return any_draft
 
     def step(self, core: EngineCore, sched: SchedulerOutput) -> list[RequestOutput]:
@@ -235,6 +273,8 @@ class Speculator:
             self.num_accepted_tokens += kept
             for i in range(kept):
                 self.accepted_per_pos[i] += 1
+            if self.draft is not None:
+                self.draft.settle(seq.seq_id, kept)
             if not seq.finished:
                 core.bm.trim(seq.table, seq.num_tokens)
         for it in everything:
@@ -270,7 +310,8 @@ class Speculator:
                 greedy.append(seq.params.temperature <= 0.0)
                 draft.append(it.draft[j] if j < len(it.draft) else 0)
         adjusted, _ = adjust(logits, rows, core.eos_ids)
-        v = judge(shaped(adjusted, rows), mx.array(greedy), mx.array(draft, dtype=mx.int32))
+        q = _draft_probs(items, logits.shape[-1])
+        v = judge(shaped(adjusted, rows), mx.array(greedy), mx.array(draft, dtype=mx.int32), q)
         want_lp = any(it.seq.params.logprobs for it in items)
         logprobs = top_ids = top_lp = None
         k = max(it.seq.params.top_logprobs for it in items) if want_lp else 0
@@ -307,3 +348,22 @@ class Speculator:
                         lps[j] = TokenLogprob(t, chosen[i], top)
                     i += 1
         return out
+
+
+def _draft_probs(items: list[ScheduledSeq], width: int) -> mx.array | None:
+    """The draft model's q per verified row, [rows, width] (a zero row after each item's
+    proposals: its bonus position); None for prompt lookup's point masses."""
+    if all(it.draft_probs is None for it in items):
+        return None
+    parts: list[mx.array] = []
+    for it in items:
+        q = it.draft_probs
+        if q is None:  # a point mass on each proposal
+            q = mx.zeros((len(it.draft), width))
+            if it.draft:
+                q[mx.arange(len(it.draft)), mx.array(it.draft)] = 1.0
+        elif q.shape[-1] != width:
+            pad = width - q.shape[-1]
+            q = q[:, :width] if pad < 0 else mx.pad(q, [(0, 0), (0, pad)])
+        parts += [q, mx.zeros((1, width))]
+    return mx.concatenate(parts)

@@ -47,6 +47,7 @@ _COUNTERS = frozenset(
         "pippin_spec_decode_num_draft_tokens",
         "pippin_spec_decode_num_accepted_tokens",
         "pippin_spec_decode_num_accepted_tokens_per_pos",
+        "pippin_spec_draft_evictions",
     }
 )
 # Speculative decoding's counters, vLLM's names (`vllm:spec_decode_*`) under pippin's prefix.
@@ -270,6 +271,17 @@ class EngineCollector(Collector):
                     position=str(pos),
                 )
                 pos += 1
+            if "spec_draft_blocks_total" in s:  # a draft model's own KV pool
+                total, free = s["spec_draft_blocks_total"], s["spec_draft_blocks_free"]
+                doc = "The draft model's KV cache blocks (speculative decoding)."
+                add("pippin_spec_draft_kv_blocks", doc, total - free, m, state="used")
+                add("pippin_spec_draft_kv_blocks", doc, free, m, state="free")
+                add(
+                    "pippin_spec_draft_evictions",
+                    "Sequences whose draft KV was dropped for lack of draft blocks.",
+                    s["spec_draft_evictions"],
+                    m,
+                )
         yield from fams.values()
         yield from _vllm_gauges(per_model)
 

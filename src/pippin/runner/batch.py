@@ -41,3 +41,18 @@ class RunItem(Protocol):
     @property
     def samples(self) -> bool:
         """Whether the row's last position is sampled."""
+
+
+def length_groups(items: list[Any]) -> list[list[Any]]:
+    """Rows (with a `length`) batched into calls of similar length, longest first, so
+    that padding to a call's longest row wastes at most a quarter of its tokens."""
+    groups: list[list[Any]] = []
+    for p in sorted(items, key=lambda p: -p.length):
+        g = groups[-1] if groups else None
+        if g is not None:
+            total = sum(x.length for x in g) + p.length
+            if g[0].length * (len(g) + 1) <= 1.25 * total:
+                g.append(p)
+                continue
+        groups.append([p])
+    return groups

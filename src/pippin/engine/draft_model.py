@@ -1,0 +1,298 @@
+"""Speculative decoding's draft model (`--speculative-config '{"model": ...}'`).
+
+A second, smaller model sharing the target's vocabulary proposes each speculating
+sequence's next k tokens, one batched decode call of it per token, and keeps its
+distributions q, which the rejection sampler (`pippin.engine.rejection`) needs to keep a
+proposal with probability min(1, p/q). It runs in the engine's thread with a
+`ModelRunner` and a `BlockManager` of its own (its own paged KV pool and prefix cache:
+a prompt whose draft KV another sequence computed is not computed again).
+
+Its KV follows each sequence lazily: a sequence's draft KV is computed only in the steps
+where it speculates, from where it stopped up to the sequence's last token (the whole
+prompt the first time, then the one or two tokens the target kept past the draft's
+proposals: its corrected or bonus token). That is the simpler of the two designs:
+- every token is known on the host in a speculative step (the step in flight has
+  finished), so the catch-up reads them like any prefill chunk, while prefilling
+  alongside the target's chunks would need the tokens the overlapped steps still
+  hold on the device;
+- a sequence that never speculates (a seeded request, a batch above
+  `disable_by_batch_size`) never costs the draft anything.
+A long catch-up (a new prompt) is chunked under the step's token budget
+(`max_num_batched_tokens`); a sequence whose catch-up does not end in this step just
+decodes plainly in it and proposes in a later one.
+
+After the target's verdict the draft keeps the KV of the proposals it kept (the last
+proposal's KV was never computed: it was sampled, not fed) and its block table is
+trimmed to them (`settle`). Its blocks are freed when the sequence ends (`forget`), and
+its tables are dropped (to be caught up again later) when its pool runs short.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import mlx.core as mx
+
+from pippin.engine.block_manager import BlockManager, BlockTable
+from pippin.engine.config import SpeculativeConfig
+from pippin.engine.sampler import shaped
+from pippin.runner.batch import length_groups
+from pippin.runner.model_runner import ModelRunner
+from pippin.store.loaded import LoadedModel, ModelLoadError
+from pippin.store.loader import load_model, materialize
+
+if TYPE_CHECKING:
+    from pippin.engine.scheduler import ScheduledSeq
+    from pippin.engine.sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+NEG_INF = float("-inf")
+
+
+class DraftModelError(ModelLoadError):
+    """A draft model pippin cannot run with this target; the message says why."""
+
+
+def check_vocab(target: LoadedModel, draft: LoadedModel) -> None:
+    """Refuse a draft whose tokenizer maps any token to another id than the target's."""
+    tv, dv = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
+    if tv == dv:
+        return
+    differ = sum(1 for t, i in tv.items() if dv.get(t) != i) + len(set(dv) - set(tv))
+    raise DraftModelError(
+        f"--speculative-config: the draft model {draft.source} does not share the target's "
+        f"vocabulary ({len(dv)} tokens against {len(tv)}, {differ} mapped differently); "
+        "a draft model must use the target's tokenizer"
+    )
+
+
+@dataclass(eq=False)
+class _DraftSeq:
+    """A target sequence as the draft runner reads it (`pippin.runner.batch.RunSequence`):
+    the target's tokens, the draft's own block table and KV count."""
+
+    source: Sequence
+    table: BlockTable = field(default_factory=BlockTable)
+    computed: int = 0  # tokens whose draft KV is in the draft's pool
+    # The step's proposal: the sequence's length when it was made, and its size.
+    base: int = 0
+    k: int = 0
+    pending: list[tuple[Any, int]] = field(default_factory=list)
+    known: int = 0  # what the runner takes for the tokens known on the host
+    state: list[Any] | None = None
+    media: Any = None
+
+    @property
+    def num_known(self) -> int:
+        return self.known
+
+    @property
+    def request_id(self) -> str:
+        return self.source.request_id
+
+    def ids(self, start: int, end: int) -> list[int]:
+        return self.source.ids(start, end)
+
+
+@dataclass
+class _Row:
+    """One row of a draft call (`pippin.runner.batch.RunItem`)."""
+
+    seq: _DraftSeq
+    start: int
+    length: int
+    samples: bool
+    draft: list[int] = field(default_factory=list)
+
+
+class DraftModel:
+    def __init__(
+        self,
+        config: SpeculativeConfig,
+        target: LoadedModel,
+        *,
+        block_size: int,
+        num_blocks: int,
+        budget: int,
+        draft: LoadedModel | None = None,
+    ) -> None:
+        """`draft`: the model already loaded (tests); else `config.model` is loaded."""
+        assert config.model is not None
+        if draft is None:
+            draft = materialize(load_model(config.model))
+        check_vocab(target, draft)
+        self.loaded = draft
+        self.runner = ModelRunner(draft.model, block_size)
+        if self.runner.has_state_layers:
+            raise DraftModelError(
+                f"--speculative-config: the draft model {draft.source} has recurrent layers, "
+                "whose state cannot be rolled back past refused proposals"
+            )
+        self.num_blocks = num_blocks
+        self.runner.allocate(num_blocks)
+        self.bm = BlockManager(num_blocks, block_size)
+        self.budget = budget
+        # Proposals and q are over the target's logits; the draft's own may be wider or
+        # narrower (padding past the tokenizer's ids), so its extra ids are never drawn.
+        self.width = target.vocab_size
+        self.seqs: dict[int, _DraftSeq] = {}
+        self.num_evictions = 0
+
+    # -- bookkeeping ----------------------------------------------------------
+    def forget(self, seq_id: int) -> None:
+        ds = self.seqs.pop(seq_id, None)
+        if ds is not None:
+            self.bm.free_table(ds.table)
+
+    def reset(self) -> None:
+        """Fresh pools and no draft KV (after a failed step, as the target's)."""
+        self.seqs.clear()
+        self.bm = BlockManager(self.num_blocks, self.bm.block_size)
+        self.runner.reset_pools(self.num_blocks)
+
+    def settle(self, seq_id: int, kept: int) -> None:
+        """The target kept `kept` of the sequence's proposals: the draft KV of those it fed
+        (all but the last proposal) stays, the rest of its table goes."""
+        ds = self.seqs.get(seq_id)
+        if ds is None or ds.k == 0:
+            return
+        ds.computed = ds.base + min(kept, ds.k - 1)
+        ds.k = 0
+        self.bm.trim(ds.table, ds.computed)
+        self.bm.register_full_blocks(ds.table, ds.ids, ds.computed)
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "spec_draft_blocks_total": self.bm.num_usable,
+            "spec_draft_blocks_free": self.bm.num_free,
+            "spec_draft_evictions": self.num_evictions,
+        }
+
+    def _reserve(self, ds: _DraftSeq, tokens: int, keep: set[int]) -> bool:
+        """Blocks for `tokens` tokens of `ds`; other sequences' draft KV (not in `keep`)
+        is dropped, oldest first, while the pool is short."""
+        while not self.bm.ensure_capacity(ds.table, tokens):
+            victim = next((i for i in self.seqs if i not in keep), None)
+            if victim is None:
+                return False
+            self.forget(victim)
+            self.num_evictions += 1
+        return True
+
+    # -- proposing ------------------------------------------------------------
+    def propose(self, wanted: list[tuple[ScheduledSeq, int]]) -> None:
+        """Give each (decode, k) its proposal, up to k tokens in `it.draft` with the
+        draft's distributions in `it.draft_probs` ([k, vocab]); those whose draft KV is
+        not caught up within the step's budget, or whose blocks run out, get none."""
+        keep = {it.seq.seq_id for it, _ in wanted}
+        rows: list[_Row] = []
+        ks: list[int] = []
+        budget = self.budget
+        # Short catch-ups first: a steady stream needs one or two tokens, a new prompt more.
+        for it, k in sorted(wanted, key=lambda w: w[0].seq.num_tokens - self._computed(w[0])):
+            seq = it.seq
+            ds = self.seqs.get(seq.seq_id)
+            if ds is None:
+                ds = self.seqs[seq.seq_id] = self._start(seq)
+            n = seq.num_tokens
+            chunk = min(n - ds.computed, budget)
+            if chunk <= 0:
+                continue
+            done = chunk == n - ds.computed
+            # Proposals 1 .. k-1 are fed back, so their KV needs room too.
+            if not self._reserve(ds, ds.computed + chunk + (k - 1 if done else 0), keep):
+                continue
+            budget -= chunk
+            rows.append(_Row(ds, ds.computed, chunk, done))
+            ks.append(k if done else 0)
+        if not rows:
+            return
+        # Catch-up calls, then one decode call per further proposal, all left lazy:
+        # each call's inputs are the previous call's draws.
+        drawn: dict[int, list[tuple[mx.array, mx.array, int]]] = {}  # row -> (tokens, q, r)
+        last: dict[int, tuple[mx.array, int]] = {}
+        index = {id(r): b for b, r in enumerate(rows)}
+        for group in length_groups(rows):
+            self._call(group, [index[id(r)] for r in group], drawn, last)
+        for r in rows:
+            r.seq.computed = r.start + r.length
+            self.bm.register_full_blocks(r.seq.table, r.seq.ids, r.seq.computed)
+        for j in range(1, max(ks)):
+            live = [b for b, k in enumerate(ks) if k > j]
+            items = []
+            for b in live:
+                ds = rows[b].seq
+                pos = ds.computed + j - 1
+                ds.pending, ds.known = [last[b]], pos
+                items.append(_Row(ds, pos, 1, True))
+            self._call(items, live, drawn, last)
+        for r in rows:
+            r.seq.pending = []
+        arrays = {id(t): t for d in drawn.values() for t, _, _ in d}
+        mx.eval(list(arrays.values()))  # the step's one wait for the draft
+        host = {i: t.tolist() for i, t in arrays.items()}
+        by_seq = {rows[b].seq.source.seq_id: b for b in drawn}
+        for it, _ in wanted:
+            b = by_seq.get(it.seq.seq_id)
+            if b is None:
+                continue
+            ds, k = rows[b].seq, ks[b]
+            it.draft = [host[id(t)][r] for t, _, r in drawn[b][:k]]
+            it.draft_probs = mx.stack([q[r] for _, q, r in drawn[b][:k]])
+            ds.base, ds.k = it.seq.num_tokens, k
+            ds.computed = ds.base + k - 1  # until `settle`
+
+    def _start(self, seq: Sequence) -> _DraftSeq:
+        """A sequence's draft state, with the draft KV of its prompt's cached blocks."""
+        ds = _DraftSeq(seq)
+        ds.table.root = seq.table.root
+        cached, hashes = self.bm.match_prefix(seq.all_ids, ds.table.root)
+        self.bm.allocate(ds.table, len(cached) * self.bm.block_size, cached, hashes)
+        ds.computed = len(cached) * self.bm.block_size
+        return ds
+
+    def _computed(self, it: ScheduledSeq) -> int:
+        ds = self.seqs.get(it.seq.seq_id)
+        return ds.computed if ds is not None else 0
+
+    def _call(
+        self,
+        items: list[_Row],
+        ids: list[int],
+        drawn: dict[int, list[tuple[mx.array, mx.array, int]]],
+        last: dict[int, tuple[mx.array, int]],
+    ) -> None:
+        """One draft call over `items` (rows `ids` of the step): the draws of the rows
+        that sample, appended to theirs."""
+        logits = self.runner.forward(items)
+        if logits is None:
+            mx.async_eval(self.runner.arrays_to_eval(items))
+            return
+        sampling = [(b, it) for b, it in zip(ids, items) if it.samples]
+        tokens, q = self._draw(logits, [it.seq.source for _, it in sampling])
+        # Launched before the next call scatters into the same pools, so its writes
+        # stay in place (as `EngineCore._forward` does).
+        mx.async_eval(tokens, q, self.runner.arrays_to_eval(items))
+        for r, (b, _) in enumerate(sampling):
+            drawn.setdefault(b, []).append((tokens, q, r))
+            last[b] = (tokens, r)
+
+    def _draw(self, logits: mx.array, seqs: list[Sequence]) -> tuple[mx.array, mx.array]:
+        """Each row's proposal and the distribution q it was drawn from ([n, vocab]):
+        the draft's logits shaped by the request's temperature, top-k, top-p and min-p
+        (greedy requests: its argmax; their q is never read)."""
+        x = logits.astype(mx.float32)
+        n, width = x.shape
+        if width > self.width:
+            x = x[:, : self.width]
+        elif width < self.width:
+            x = mx.concatenate([x, mx.full((n, self.width - width), NEG_INF)], axis=-1)
+        xs = shaped(x, seqs)
+        q = mx.softmax(xs, axis=-1)
+        greedy = mx.array([s.params.temperature <= 0.0 for s in seqs])
+        drawn = mx.argmax(xs + mx.random.gumbel(xs.shape), axis=-1)
+        tokens = mx.where(greedy, mx.argmax(x, axis=-1), drawn).astype(mx.int32)
+        return tokens, q
