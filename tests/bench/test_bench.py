@@ -17,8 +17,8 @@ import pytest
 from fake_openai_server import CACHED_TOKENS, PROMPT_TOKENS, Timing, fake_server
 
 from pippin.bench.models import resolve_model
-from pippin.bench.report import aggregate
-from pippin.bench.runner import BenchConfig, Target, run_benchmark
+from pippin.bench.report import aggregate, describe
+from pippin.bench.runner import BenchConfig, BenchRun, Target, run_benchmark
 from pippin.bench.servers import ServerSet, parse_spec
 from pippin.bench.stats import percentile
 from pippin.bench.workload import Length, Workload, load_workload, make_sessions
@@ -325,3 +325,23 @@ def test_bench_serve_takes_vllm_mlx_flag_names(
     assert all(w["output_tokens"] == 2 * TOKENS for w in data["windows"])
     with pytest.raises(SystemExit, match="not shipped"):
         main(["bench-serve", "--prompts", "long", "--url", "http://127.0.0.1:9"])
+
+
+def test_an_interrupted_run_reports_the_windows_that_finished() -> None:
+    """A cancel (what SIGINT does to `asyncio.run`'s task) while a window is measured keeps
+    the windows that finished: the GPU scripts stop `pippin bench` at their time limit."""
+    with fake_server(Timing(0.05, 0.01)) as fast, fake_server(Timing(120, 0.01)) as hang:
+        targets = [Target("fast", fast), Target("hang", hang)]
+        cfg = BenchConfig(targets, fixed_workload(), num_requests=1, warmup=0, levels=[1])
+
+        async def cancelled() -> BenchRun:
+            task = asyncio.create_task(run_benchmark(cfg))
+            await asyncio.sleep(5)  # the fast window takes about 0.1 s, the other 120 s
+            task.cancel()
+            return await task
+
+        run = asyncio.run(cancelled())
+    assert run.interrupted
+    assert [w.target for w in run.windows] == ["fast"]
+    assert "Interrupted: 1 window(s) finished" in describe(run)
+    assert aggregate(run)[0]["server"] == "fast"

@@ -121,6 +121,11 @@ def describe(run: BenchRun) -> str:
         f"{c.repetitions} repetition(s), warm-up {c.warmup} request(s) per server"
         + (f"; clients started {c.stagger * 1000:g} ms apart" if c.stagger else "")
         + "."
+        + (
+            f"\nInterrupted: {len(run.windows)} window(s) finished, the rest not measured."
+            if run.interrupted
+            else ""
+        )
     )
 
 
@@ -128,6 +133,7 @@ def to_json(run: BenchRun, rows: list[dict[str, Any]]) -> dict[str, Any]:
     c = run.config
     return {
         "started": run.started,
+        "interrupted": run.interrupted,
         "config": {
             "mode": c.mode,
             "levels": c.levels,

@@ -131,6 +131,8 @@ class BenchRun:
     servers: list[dict[str, Any]]
     windows: list[Window]
     started: str
+    # Stopped (SIGINT, a cancel) while measuring: `windows` are those that finished.
+    interrupted: bool = False
 
 
 def _body(t: Target, w: Workload, prompt: Any, max_tokens: int) -> dict[str, Any]:
@@ -315,13 +317,18 @@ async def run_benchmark(cfg: BenchConfig) -> BenchRun:
         windows: list[Window] = []
         most = max((cfg.processes_at(lv) for lv in cfg.levels), default=1)
         pool = await start_pool(most) if most > 1 else None
+        interrupted = False
         try:
             await _measure(client, cfg, progress, pool, windows)
+        except asyncio.CancelledError:
+            # SIGINT (`timeout -s INT` in the GPU scripts) or a caller's cancel while
+            # measuring: the windows that finished are still reported, not lost.
+            interrupted = True
         finally:
             if pool is not None:
                 pool.shutdown(cancel_futures=True)
     progress.close()
-    return BenchRun(cfg, machine(), servers, windows, started)
+    return BenchRun(cfg, machine(), servers, windows, started, interrupted)
 
 
 async def _measure(
