@@ -7,8 +7,10 @@ import json
 import random
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import openai
 from server_utils import run_server
@@ -20,21 +22,19 @@ from pippin.bench.scrape import total
 KEY = "sk-spec-test"
 
 
+@contextmanager
+def _spec_server(model: str, spec: dict[str, Any]) -> Iterator[tuple[Any, openai.OpenAI]]:
+    """A server of `model` as "tiny" with `--speculative-config spec`, and its client."""
+    args = ("--served-model-name", "tiny", "--max-model-len", "512")
+    with run_server(model, *args, "--speculative-config", json.dumps(spec), api_key=KEY) as srv:
+        yield srv, openai.OpenAI(base_url=f"{srv.url}/v1", api_key=KEY)
+
+
 def test_speculation_counted_and_blocks_freed(tiny_models: Callable[..., Path]) -> None:
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
     rng = random.Random(0)
     prompt = [rng.randrange(3, 700) for _ in range(12)] * 4
-    with run_server(
-        str(tiny_models("llama")),
-        "--served-model-name",
-        "tiny",
-        "--max-model-len",
-        "512",
-        "--speculative-config",
-        json.dumps(spec),
-        api_key=KEY,
-    ) as server:
-        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY)
+    with _spec_server(str(tiny_models("llama")), spec) as (server, client):
         before = scrape(server)
         assert total(before, "pippin_spec_decode_num_draft_tokens_total") == 0
         out = client.completions.create(
@@ -91,17 +91,7 @@ def test_draft_model_over_http(tiny_models: Callable[..., Path]) -> None:
     spec = {"model": str(draft), "num_speculative_tokens": 3}
     rng = random.Random(1)
     prompts = [[rng.randrange(3, 700) for _ in range(n)] for n in (9, 30, 57)]
-    with run_server(
-        str(target),
-        "--served-model-name",
-        "tiny",
-        "--max-model-len",
-        "512",
-        "--speculative-config",
-        json.dumps(spec),
-        api_key=KEY,
-    ) as server:
-        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY)
+    with _spec_server(str(target), spec) as (server, client):
         for prompt in prompts:
             out = client.completions.create(
                 model="tiny",
