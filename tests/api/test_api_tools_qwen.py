@@ -2,6 +2,9 @@
 
 The model is asked about the weather, calls `get_weather` through the `openai` SDK, gets
 the result back as a `tool` message and answers with it; streamed and not.
+
+Requests that do not depend on each other are sent together (`at_once`): the server batches
+them, and on a CPU a batch's decode step costs about one request's.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any
 
 import openai
 import pytest
-from server_utils import Server, run_server
+from server_utils import Server, at_once, run_server
 
 TOOLS: list[dict[str, Any]] = [
     {
@@ -86,15 +89,22 @@ def test_tool_call_round_trip(client: openai.OpenAI) -> None:
 
 
 def test_tool_call_streamed(client: openai.OpenAI) -> None:
-    model = _model(client)
-    stream = client.chat.completions.create(
-        model=model, messages=QUESTION, tools=TOOLS, temperature=0, max_tokens=100, stream=True
+    kw: dict[str, Any] = {
+        "model": _model(client),
+        "messages": QUESTION,
+        "tools": TOOLS,
+        "temperature": 0,
+        "max_tokens": 100,
+    }
+    chunks, r = at_once(
+        lambda: list(client.chat.completions.create(stream=True, **kw)),
+        lambda: client.chat.completions.create(**kw),
     )
     content = ""
     calls: dict[int, dict[str, str]] = {}
     arg_deltas = 0
     finish = None
-    for chunk in stream:
+    for chunk in chunks:
         for ch in chunk.choices:
             content += ch.delta.content or ""
             for tc in ch.delta.tool_calls or []:
@@ -111,9 +121,6 @@ def test_tool_call_streamed(client: openai.OpenAI) -> None:
     assert arg_deltas > 2  # the arguments came in pieces, as they were generated
 
     # The same call as the non-streamed request (greedy), with its own id.
-    r = client.chat.completions.create(
-        model=model, messages=QUESTION, tools=TOOLS, temperature=0, max_tokens=100
-    )
     assert r.choices[0].message.tool_calls[0].function.arguments == calls[0]["args"]
 
 
@@ -145,16 +152,21 @@ def test_anthropic_tool_loop(server: Server) -> None:
 
     client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
     kw: dict[str, Any] = {"model": "claude-local", "max_tokens": 100, "tools": ANTHROPIC_TOOLS}
-    first = client.messages.create(messages=QUESTION, extra_body={"temperature": 0}, **kw)
+
+    def stream() -> tuple[list[Any], Any]:
+        with client.messages.stream(messages=QUESTION, extra_body={"temperature": 0}, **kw) as s:
+            return [e for e in s if e.type == "content_block_delta"], s.get_final_message()
+
+    first, (deltas, streamed) = at_once(
+        lambda: client.messages.create(messages=QUESTION, extra_body={"temperature": 0}, **kw),
+        stream,
+    )
     assert first.stop_reason == "tool_use"
     (use,) = [b for b in first.content if b.type == "tool_use"]
     assert use.name == "get_weather" and use.id.startswith("toolu_")
     assert "paris" in use.input["city"].lower()
 
     # Streamed: the same call, its input built from input_json_delta events.
-    with client.messages.stream(messages=QUESTION, extra_body={"temperature": 0}, **kw) as s:
-        deltas = [e for e in s if e.type == "content_block_delta"]
-        streamed = s.get_final_message()
     assert any(e.delta.type == "input_json_delta" for e in deltas)
     assert [b.input for b in streamed.content if b.type == "tool_use"] == [use.input]
 
@@ -228,18 +240,26 @@ def test_forced_call_chat(client: openai.OpenAI, choice: Any, temperature: int) 
         "max_tokens": 60,
         **_sampling(temperature),
     }
+    # Streamed (the last): the same call as the first (greedy, or the same seed).
+    messages = [{"role": "user", "content": PROMPTS[0]}]
+    *answers, streamed = at_once(
+        *[
+            lambda p=prompt: client.chat.completions.create(
+                messages=[{"role": "user", "content": p}], **kw
+            )
+            for prompt in PROMPTS
+        ],
+        lambda: _chat_stream(client, messages=messages, **kw),
+    )
     calls = []
-    for prompt in PROMPTS:
-        r = client.chat.completions.create(messages=[{"role": "user", "content": prompt}], **kw)
+    for prompt, r in zip(PROMPTS, answers, strict=True):
         ch = r.choices[0]
         assert ch.finish_reason == "tool_calls" and ch.message.content is None
         (call,) = ch.message.tool_calls
         args = json.loads(call.function.arguments)
         _check_city(call.function.name, args, prompt, not temperature)
         calls.append([call.function.name, call.function.arguments])
-    # Streamed: the same call (greedy, or the same seed).
-    messages = [{"role": "user", "content": PROMPTS[0]}]
-    assert _chat_stream(client, messages=messages, **kw) == ("", {0: calls[0]}, "tool_calls")
+    assert streamed == ("", {0: calls[0]}, "tool_calls")
 
 
 ANTHROPIC_FORCED = [
@@ -263,15 +283,24 @@ def test_forced_call_anthropic(server: Server, choice: dict[str, Any], temperatu
         "tool_choice": choice,
         "extra_body": sampling,
     }
+
+    def stream() -> Any:
+        with client.messages.stream(messages=[{"role": "user", "content": PROMPTS[0]}], **kw) as s:
+            return s.get_final_message()
+
+    *answers, streamed = at_once(
+        *[
+            lambda p=prompt: client.messages.create(messages=[{"role": "user", "content": p}], **kw)
+            for prompt in PROMPTS
+        ],
+        stream,
+    )
     inputs = []
-    for prompt in PROMPTS:
-        m = client.messages.create(messages=[{"role": "user", "content": prompt}], **kw)
+    for prompt, m in zip(PROMPTS, answers, strict=True):
         assert m.stop_reason == "tool_use"
         assert [b.type for b in m.content] == ["tool_use"]
         _check_city(m.content[0].name, m.content[0].input, prompt, not temperature)
         inputs.append(m.content[0].input)
-    with client.messages.stream(messages=[{"role": "user", "content": PROMPTS[0]}], **kw) as s:
-        streamed = s.get_final_message()
     assert streamed.stop_reason == "tool_use"
     assert [b.type for b in streamed.content] == ["tool_use"]
     _check_city(streamed.content[0].name, streamed.content[0].input, PROMPTS[0], not temperature)
@@ -296,15 +325,18 @@ def test_forced_call_responses(client: openai.OpenAI, choice: Any, temperature: 
         "store": False,
         **sampling,
     }
+    *answers, events = at_once(
+        *[lambda p=prompt: client.responses.create(input=p, **kw) for prompt in PROMPTS],
+        lambda: list(client.responses.create(input=PROMPTS[0], stream=True, **kw)),
+    )
     arguments = []
-    for prompt in PROMPTS:
-        r = client.responses.create(input=prompt, **kw)
+    for prompt, r in zip(PROMPTS, answers, strict=True):
         assert r.status == "completed"
         assert [o.type for o in r.output] == ["function_call"]
         call = r.output[0]
         _check_city(call.name, json.loads(call.arguments), prompt, not temperature)
         arguments.append(call.arguments)
-    done = list(client.responses.create(input=PROMPTS[0], stream=True, **kw))[-1]
+    done = events[-1]
     assert done.type == "response.completed"
     assert [o.type for o in done.response.output] == ["function_call"]
     streamed = done.response.output[0]
@@ -362,7 +394,14 @@ def test_cut_call_chat(client: openai.OpenAI) -> None:
         "temperature": 0,
         "max_tokens": CUT_TOKENS,
     }
-    r = client.chat.completions.create(**kw)
+    # Several calls (parallel): those that ended are calls, the one cut off is text.
+    several = kw | {"tool_choice": "required", "max_tokens": 35}
+    r, (content, calls, finish), r2, streamed2 = at_once(
+        lambda: client.chat.completions.create(**kw),
+        lambda: _chat_stream(client, **kw),
+        lambda: client.chat.completions.create(**several),
+        lambda: _chat_stream(client, **several),
+    )
     ch = r.choices[0]
     # As OpenAI: cut off, the content is what was generated; no call that did not end.
     assert ch.finish_reason == "length" and not ch.message.tool_calls
@@ -370,23 +409,19 @@ def test_cut_call_chat(client: openai.OpenAI) -> None:
     written = ch.message.content.split('"arguments": ', 1)[1]
     # Streamed, the call's start and arguments were sent as they came: they stay, and
     # nothing is invented to close them.
-    content, calls, finish = _chat_stream(client, **kw)
     assert (content, finish) == ("", "length")
     ((name, args),) = calls.values()
     assert name == "get_weather" and written.startswith(args)
     with pytest.raises(ValueError):
         json.loads(args)
 
-    # Several calls (parallel): those that ended are calls, the one cut off is text.
-    kw |= {"tool_choice": "required", "max_tokens": 35}
-    r = client.chat.completions.create(**kw)
-    ch = r.choices[0]
+    ch = r2.choices[0]
     assert ch.finish_reason == "length"
     ended = [(c.function.name, c.function.arguments) for c in ch.message.tool_calls]
     assert ended and all(json.loads(a) for _, a in ended)
     assert "paris" in json.loads(ended[0][1])["city"].lower()
     assert "<tool_call>" in ch.message.content
-    content, calls, finish = _chat_stream(client, **kw)
+    content, calls, finish = streamed2
     assert finish == "length" and len(calls) == len(ended) + 1
     assert [calls[i] for i in range(len(ended))] == [list(c) for c in ended]
     name, args = calls[len(ended)]
@@ -407,14 +442,16 @@ def test_cut_call_anthropic(server: Server) -> None:
         "tool_choice": {"type": "tool", "name": "get_weather"},
         "extra_body": {"temperature": 0},
     }
-    m = client.messages.create(**kw)
+
+    def stream() -> tuple[list[Any], Any]:
+        with client.messages.stream(**kw) as s:
+            return list(s), s.get_final_message()
+
+    m, (events, streamed) = at_once(lambda: client.messages.create(**kw), stream)
     assert m.stop_reason == "max_tokens"
     assert [b.type for b in m.content] == ["text"]
     assert m.content[0].text.startswith(CALL_HEAD)
     # Streamed: the tool_use block as far as it went, its input never completed.
-    with client.messages.stream(**kw) as s:
-        events = list(s)
-        streamed = s.get_final_message()
     assert not [e for e in events if e.type == "error"]
     assert streamed.stop_reason == "max_tokens"
     assert [(b.type, b.name) for b in streamed.content] == [("tool_use", "get_weather")]
@@ -432,13 +469,16 @@ def test_cut_call_responses(client: openai.OpenAI) -> None:
         "temperature": 0,
         "store": False,
     }
-    r = client.responses.create(**kw)
+    r, events = at_once(
+        lambda: client.responses.create(**kw),
+        lambda: list(client.responses.create(stream=True, **kw)),
+    )
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
     assert [o.type for o in r.output] == ["message"]
     text = r.output[0].content[0].text
     assert text.startswith(CALL_HEAD)
     # Streamed: the function_call item as far as it went, marked incomplete.
-    done = list(client.responses.create(stream=True, **kw))[-1]
+    done = events[-1]
     assert done.type == "response.incomplete"
     (item,) = done.response.output
     assert (item.type, item.name, item.status) == ("function_call", "get_weather", "incomplete")
@@ -452,15 +492,17 @@ def test_ollama_tool_call_round_trip(server: Server) -> None:
     client = ollama.Client(host=server.url, timeout=300)
     model = client.list().models[0].model
     opts = {"temperature": 0, "num_predict": 100}
-    r = client.chat(model=model, messages=QUESTION, tools=TOOLS, options=opts)
+    r, streamed = at_once(
+        lambda: client.chat(model=model, messages=QUESTION, tools=TOOLS, options=opts),
+        lambda: list(
+            client.chat(model=model, messages=QUESTION, tools=TOOLS, options=opts, stream=True)
+        ),
+    )
     (call,) = r.message.tool_calls
     assert (
         call.function.name == "get_weather" and "paris" in call.function.arguments["city"].lower()
     )
     assert not r.message.content and r.done_reason == "stop"
-    streamed = list(
-        client.chat(model=model, messages=QUESTION, tools=TOOLS, options=opts, stream=True)
-    )
     calls = [c for p in streamed for c in p.message.tool_calls or []]
     assert [c.function.model_dump() for c in calls] == [call.function.model_dump()]
     assert streamed[-1].done
