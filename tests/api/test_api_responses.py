@@ -1,8 +1,9 @@
 """The OpenAI Responses API (/v1/responses) against real `pippin serve` processes.
 
 Tiny random-weight qwen3 models check the protocol (items in and out, stored
-conversations, streaming events, refusals, reasoning); the real Qwen2.5-Coder-0.5B
-checks a function-call loop and that a stream adds up to the non-streamed response.
+conversations, streaming events, refusals, reasoning). The real Qwen2.5-Coder-0.5B's
+function-call loop and a stream adding up to the non-streamed response are in
+test_api_tools_qwen.py, on that file's server (one server of the real model, not two).
 """
 
 from __future__ import annotations
@@ -399,120 +400,6 @@ def test_context_overflow(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         create(client, input=long, truncation="auto")
     assert info.value.body["param"] == "truncation"
-
-
-# --- the real Qwen2.5-Coder-0.5B: function calls ----------------------------------------
-
-
-@pytest.fixture(scope="module")
-def qwen(qwen_gguf: Path) -> Iterator[openai.OpenAI]:
-    with run_server(str(qwen_gguf), "--max-model-len", "2048", startup_timeout=900) as s:
-        yield s.client()
-
-
-def _qwen_model(client: openai.OpenAI) -> str:
-    return client.models.list().data[0].id
-
-
-def test_function_call_loop(qwen: openai.OpenAI) -> None:
-    model = _qwen_model(qwen)
-    kw: dict[str, Any] = {"model": model, "tools": [WEATHER_TOOL], "temperature": 0}
-    first = qwen.responses.create(input=QUESTION, max_output_tokens=100, **kw)
-    assert first.status == "completed"
-    calls = [i for i in first.output if i.type == "function_call"]
-    assert [i.type for i in first.output] == ["function_call"]  # no empty message beside it
-    (call,) = calls
-    assert call.name == "get_weather" and call.status == "completed"
-    assert call.id.startswith("fc_") and call.call_id.startswith("call_")
-    assert "paris" in json.loads(call.arguments)["city"].lower()
-    assert first.tools[0].name == "get_weather"
-
-    result = json.dumps({"city": "Paris", "temperature_c": 31, "sky": "sunny"})
-    output = {"type": "function_call_output", "call_id": call.call_id, "output": result}
-    second = qwen.responses.create(
-        input=[output], previous_response_id=first.id, max_output_tokens=60, **kw
-    )
-    assert second.status in ("completed", "incomplete") and second.output
-    for item in second.output:
-        assert item.type in ("message", "function_call")
-    # The call's result reached the prompt exactly as chat completions renders it.
-    chat = qwen.chat.completions.create(
-        model=model,
-        messages=[
-            {"role": "user", "content": QUESTION},
-            {
-                "role": "assistant",
-                "content": "",
-                "tool_calls": [
-                    {
-                        "id": call.call_id,
-                        "type": "function",
-                        "function": {"name": call.name, "arguments": call.arguments},
-                    }
-                ],
-            },
-            {"role": "tool", "tool_call_id": call.call_id, "content": result},
-        ],
-        tools=[
-            {"type": "function", "function": {k: v for k, v in WEATHER_TOOL.items() if k != "type"}}
-        ],
-        max_tokens=1,
-    )
-    assert second.usage.input_tokens == chat.usage.prompt_tokens
-    # Stateless, the items sent back by hand give the same prompt.
-    by_hand = qwen.responses.create(
-        input=[{"role": "user", "content": QUESTION}, call.model_dump(by_alias=True), output],
-        store=False,
-        max_output_tokens=1,
-        **kw,
-    )
-    assert by_hand.usage.input_tokens == second.usage.input_tokens
-
-
-def _plain(r: Any) -> dict[str, Any]:
-    """A response as sent, without what the SDK's stream helper adds (`parsed...`)."""
-    body = r.model_dump()
-    for item in body["output"]:
-        item.pop("parsed_arguments", None)
-        for part in item.get("content") or []:
-            part.pop("parsed", None)
-    return body
-
-
-def _comparable(r: Any) -> dict[str, Any]:
-    """Without what differs between two runs: ids, times and prefix-cache hits."""
-    body = _plain(r)
-    for key in ("id", "created_at", "completed_at"):
-        body.pop(key)
-    body["usage"]["input_tokens_details"].pop("cached_tokens")
-    for item in body["output"]:
-        item.pop("id")
-        item.pop("call_id", None)
-    return body
-
-
-@pytest.mark.parametrize("tools", [False, True])
-def test_stream_adds_up_to_the_response(qwen: openai.OpenAI, tools: bool) -> None:
-    kw: dict[str, Any] = {"model": _qwen_model(qwen), "temperature": 0, "max_output_tokens": 60}
-    if tools:
-        kw.update(input=QUESTION, tools=[WEATHER_TOOL])
-    else:
-        kw["input"] = "What is the capital of France? Answer in one sentence."
-    whole = qwen.responses.create(**kw)
-    assert whole.status == "completed"
-    with qwen.responses.stream(**kw) as stream:
-        events = list(stream)
-        final = stream.get_final_response()
-    assert [e.sequence_number for e in events] == list(range(len(events)))
-    assert _comparable(final) == _comparable(whole)
-    assert _plain(qwen.responses.retrieve(final.id)) == _plain(final)
-    if tools:
-        args = "".join(
-            e.delta for e in events if e.type == "response.function_call_arguments.delta"
-        )
-        assert args == final.output[0].arguments
-    else:
-        assert "Paris" in text_of(final)
 
 
 CITY_SCHEMA = {

@@ -1,7 +1,9 @@
 """Tool calling end to end with the real Qwen2.5-Coder-0.5B-Instruct (hermes format).
 
 The model is asked about the weather, calls `get_weather` through the `openai` SDK, gets
-the result back as a `tool` message and answers with it; streamed and not.
+the result back as a `tool` message and answers with it; streamed and not. The Responses
+API's function-call loop and its stream adding up to the response run here too (one server
+of the real model rather than one more in test_api_responses.py).
 
 Requests that do not depend on each other are sent together (`at_once`): the server batches
 them, and on a CPU a batch's decode step costs about one request's.
@@ -191,6 +193,119 @@ def test_anthropic_tool_loop(server: Server) -> None:
     assert "31" in "".join(b.text for b in answer.content if b.type == "text")
     # The second turn starts with the first one's prompt: its KV is reused.
     assert answer.usage.cache_read_input_tokens > 0
+
+
+# --- the Responses API: a function-call loop; a stream adds up to the response ------------
+
+RESPONSES_TOOL: dict[str, Any] = {"type": "function", **TOOLS[0]["function"]}
+QUESTION_TEXT = QUESTION[0]["content"]
+
+
+def text_of(response: Any) -> str:
+    return "".join(
+        part.text for item in response.output if item.type == "message" for part in item.content
+    )
+
+
+def test_responses_function_call_loop(client: openai.OpenAI) -> None:
+    model = _model(client)
+    kw: dict[str, Any] = {"model": model, "tools": [RESPONSES_TOOL], "temperature": 0}
+    first = client.responses.create(input=QUESTION_TEXT, max_output_tokens=100, **kw)
+    assert first.status == "completed"
+    calls = [i for i in first.output if i.type == "function_call"]
+    assert [i.type for i in first.output] == ["function_call"]  # no empty message beside it
+    (call,) = calls
+    assert call.name == "get_weather" and call.status == "completed"
+    assert call.id.startswith("fc_") and call.call_id.startswith("call_")
+    assert "paris" in json.loads(call.arguments)["city"].lower()
+    assert first.tools[0].name == "get_weather"
+
+    result = json.dumps({"city": "Paris", "temperature_c": 31, "sky": "sunny"})
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": result}
+    second = client.responses.create(
+        input=[output], previous_response_id=first.id, max_output_tokens=60, **kw
+    )
+    assert second.status in ("completed", "incomplete") and second.output
+    for item in second.output:
+        assert item.type in ("message", "function_call")
+    # The call's result reached the prompt exactly as chat completions renders it.
+    chat = client.chat.completions.create(
+        model=model,
+        messages=[
+            {"role": "user", "content": QUESTION_TEXT},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "id": call.call_id,
+                        "type": "function",
+                        "function": {"name": call.name, "arguments": call.arguments},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": call.call_id, "content": result},
+        ],
+        tools=TOOLS,  # RESPONSES_TOOL in chat's shape
+        max_tokens=1,
+    )
+    assert second.usage.input_tokens == chat.usage.prompt_tokens
+    # Stateless, the items sent back by hand give the same prompt.
+    by_hand = client.responses.create(
+        input=[{"role": "user", "content": QUESTION_TEXT}, call.model_dump(by_alias=True), output],
+        store=False,
+        max_output_tokens=1,
+        **kw,
+    )
+    assert by_hand.usage.input_tokens == second.usage.input_tokens
+
+
+def _plain(r: Any) -> dict[str, Any]:
+    """A response as sent, without what the SDK's stream helper adds (`parsed...`)."""
+    body = r.model_dump()
+    for item in body["output"]:
+        item.pop("parsed_arguments", None)
+        for part in item.get("content") or []:
+            part.pop("parsed", None)
+    return body
+
+
+def _comparable(r: Any) -> dict[str, Any]:
+    """Without what differs between two runs: ids, times and prefix-cache hits."""
+    body = _plain(r)
+    for key in ("id", "created_at", "completed_at"):
+        body.pop(key)
+    body["usage"]["input_tokens_details"].pop("cached_tokens")
+    for item in body["output"]:
+        item.pop("id")
+        item.pop("call_id", None)
+    return body
+
+
+@pytest.mark.parametrize("tools", [False, True])
+def test_responses_stream_adds_up(client: openai.OpenAI, tools: bool) -> None:
+    kw: dict[str, Any] = {"model": _model(client), "temperature": 0, "max_output_tokens": 60}
+    if tools:
+        kw.update(input=QUESTION_TEXT, tools=[RESPONSES_TOOL])
+    else:
+        kw["input"] = "What is the capital of France? Answer in one sentence."
+
+    def stream() -> tuple[list[Any], Any]:
+        with client.responses.stream(**kw) as s:
+            return list(s), s.get_final_response()
+
+    whole, (events, final) = at_once(lambda: client.responses.create(**kw), stream)
+    assert whole.status == "completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert _comparable(final) == _comparable(whole)
+    assert _plain(client.responses.retrieve(final.id)) == _plain(final)
+    if tools:
+        args = "".join(
+            e.delta for e in events if e.type == "response.function_call_arguments.delta"
+        )
+        assert args == final.output[0].arguments
+    else:
+        assert "Paris" in text_of(final)
 
 
 # --- forced calls (issue 31): every forced form, on each API, streamed and not ---------
