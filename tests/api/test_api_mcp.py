@@ -12,7 +12,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ import httpx
 import openai
 import pytest
 from mcp_test_server import SCRIPT, http_server
-from server_utils import SRC_DIR, Server, free_port, run_server
+from server_utils import SRC_DIR, Server, at_once, free_port, run_server
 
 SERVER = SCRIPT
 QUESTION = "What is the door code of the Paris office? Look it up with the tool."
@@ -89,14 +89,51 @@ def _model(client: openai.OpenAI) -> str:
     return client.models.list().data[0].id
 
 
-def test_chat_answer_needs_the_tool(client: openai.OpenAI) -> None:
-    r = client.chat.completions.create(
+def _outcome(request: Callable[[], Any]) -> Any:
+    """The request's result, or the exception it raised (for its own test to raise)."""
+    try:
+        return request()
+    except Exception as e:  # noqa: BLE001
+        return e
+
+
+@pytest.fixture(scope="module")
+def answers(server: Server, mcp_http: str) -> dict[str, Any]:
+    """The answers the tests below check, asked all at once: the server batches them, and
+    on a CPU a batch's decode step costs about one request's. Each test checks its own."""
+    asks = {
+        "chat": lambda: _ask_chat(server.client()),
+        "chat_streamed": lambda: _ask_chat_streamed(server.client()),
+        "client_function": lambda: _ask_client_function(server.client()),
+        "responses": lambda: _ask_responses(server.client()),
+        "responses_streamed": lambda: _ask_responses_streamed(server.client(), mcp_http),
+        "approval_first": lambda: _ask_approval_first(server.client()),
+        "anthropic": lambda: _ask_anthropic(server, mcp_http),
+        "anthropic_streamed": lambda: _ask_anthropic_streamed(server),
+    }
+    results = at_once(*[lambda ask=ask: _outcome(ask) for ask in asks.values()])
+    return dict(zip(asks, results, strict=True))
+
+
+def _answer(answers: dict[str, Any], name: str) -> Any:
+    got = answers[name]
+    if isinstance(got, Exception):
+        raise got
+    return got
+
+
+def _ask_chat(client: openai.OpenAI) -> Any:
+    return client.chat.completions.create(
         model=_model(client),
         messages=[{"role": "user", "content": QUESTION}],
         tools=[LOOKUP],  # type: ignore[list-item]
         temperature=0,
         max_tokens=80,
     )
+
+
+def test_chat_answer_needs_the_tool(answers: dict[str, Any]) -> None:
+    r = _answer(answers, "chat")
     msg = r.choices[0].message
     calls = msg.model_extra["mcp_calls"]
     assert calls[0]["name"] == "lookup_code" and calls[0]["server_label"] == "local"
@@ -105,7 +142,7 @@ def test_chat_answer_needs_the_tool(client: openai.OpenAI) -> None:
     assert not msg.tool_calls and r.choices[0].finish_reason == "stop"
 
 
-def test_chat_streamed(client: openai.OpenAI) -> None:
+def _ask_chat_streamed(client: openai.OpenAI) -> list[Any]:
     stream = client.chat.completions.create(
         model=_model(client),
         messages=[{"role": "user", "content": QUESTION}],
@@ -114,8 +151,12 @@ def test_chat_streamed(client: openai.OpenAI) -> None:
         max_tokens=80,
         stream=True,
     )
+    return list(stream)
+
+
+def test_chat_streamed(answers: dict[str, Any]) -> None:
     content, mcp_calls, finish, tool_deltas = "", [], None, 0
-    for chunk in stream:
+    for chunk in _answer(answers, "chat_streamed"):
         for ch in chunk.choices:
             content += ch.delta.content or ""
             mcp_calls += (ch.delta.model_extra or {}).get("mcp_calls") or []
@@ -126,7 +167,7 @@ def test_chat_streamed(client: openai.OpenAI) -> None:
     assert tool_deltas == 0 and finish == "stop"  # pippin's calls are not the client's
 
 
-def test_client_function_beside_mcp(client: openai.OpenAI) -> None:
+def _ask_client_function(client: openai.OpenAI) -> Any:
     weather = {
         "type": "function",
         "function": {
@@ -139,27 +180,34 @@ def test_client_function_beside_mcp(client: openai.OpenAI) -> None:
             },
         },
     }
-    r = client.chat.completions.create(
+    return client.chat.completions.create(
         model=_model(client),
         messages=[{"role": "user", "content": "What is the weather like in Paris right now?"}],
         tools=[weather, LOOKUP],  # type: ignore[list-item]
         temperature=0,
         max_tokens=60,
     )
-    choice = r.choices[0]
+
+
+def test_client_function_beside_mcp(answers: dict[str, Any]) -> None:
+    choice = _answer(answers, "client_function").choices[0]
     # The client's own tool is the client's to run: the loop ends with its call.
     assert choice.finish_reason == "tool_calls"
     assert [c.function.name for c in choice.message.tool_calls or []] == ["get_weather"]
 
 
-def test_responses_mcp_tool(client: openai.OpenAI) -> None:
-    r = client.responses.create(
+def _ask_responses(client: openai.OpenAI) -> Any:
+    return client.responses.create(
         model=_model(client),
         input=QUESTION,
         tools=[LOOKUP],  # type: ignore[list-item]
         temperature=0,
         max_output_tokens=80,
     )
+
+
+def test_responses_mcp_tool(answers: dict[str, Any]) -> None:
+    r = _answer(answers, "responses")
     kinds = [item.type for item in r.output]
     assert kinds[:2] == ["mcp_list_tools", "mcp_call"] and kinds[-1] == "message", kinds
     listed, call = r.output[0], r.output[1]
@@ -170,7 +218,7 @@ def test_responses_mcp_tool(client: openai.OpenAI) -> None:
     assert r.usage is not None and r.usage.output_tokens > 0
 
 
-def test_responses_streamed_over_http_server(client: openai.OpenAI, mcp_http: str) -> None:
+def _ask_responses_streamed(client: openai.OpenAI, mcp_http: str) -> list[Any]:
     tool = {
         "type": "mcp",
         "server_label": "web",
@@ -178,7 +226,7 @@ def test_responses_streamed_over_http_server(client: openai.OpenAI, mcp_http: st
         "allowed_tools": ["lookup_code"],
         "require_approval": "never",
     }
-    events = list(
+    return list(
         client.responses.create(
             model=_model(client),
             input=QUESTION,
@@ -188,6 +236,10 @@ def test_responses_streamed_over_http_server(client: openai.OpenAI, mcp_http: st
             stream=True,
         )
     )
+
+
+def test_responses_streamed_over_http_server(answers: dict[str, Any]) -> None:
+    events = _answer(answers, "responses_streamed")
     types = [e.type for e in events]
     for t in (
         "response.mcp_list_tools.in_progress",
@@ -207,12 +259,25 @@ def test_responses_streamed_over_http_server(client: openai.OpenAI, mcp_http: st
     assert CODE in final.output_text
 
 
-def test_responses_approval_across_turns(client: openai.OpenAI) -> None:
+def _approval_tool() -> dict[str, Any]:
     tool = {**LOOKUP}
     del tool["require_approval"]  # OpenAI's default: every call is approved first
-    first = client.responses.create(
-        model=_model(client), input=QUESTION, tools=[tool], temperature=0, max_output_tokens=60
+    return tool
+
+
+def _ask_approval_first(client: openai.OpenAI) -> Any:
+    return client.responses.create(
+        model=_model(client),
+        input=QUESTION,
+        tools=[_approval_tool()],  # type: ignore[list-item]
+        temperature=0,
+        max_output_tokens=60,
     )
+
+
+def test_responses_approval_across_turns(client: openai.OpenAI, answers: dict[str, Any]) -> None:
+    tool = _approval_tool()
+    first = _answer(answers, "approval_first")
     asks = [i for i in first.output if i.type == "mcp_approval_request"]
     assert len(asks) == 1 and asks[0].name == "lookup_code"
     assert not [i for i in first.output if i.type == "mcp_call"]  # nothing ran yet
@@ -308,9 +373,9 @@ def test_max_calls_reached(server: Server) -> None:
     )
 
 
-def test_anthropic_mcp_servers(server: Server, mcp_http: str) -> None:
+def _ask_anthropic(server: Server, mcp_http: str) -> Any:
     client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
-    msg = client.beta.messages.create(
+    return client.beta.messages.create(
         model="claude-test",
         max_tokens=80,
         extra_body={"temperature": 0},  # not in the SDK's signature
@@ -325,6 +390,10 @@ def test_anthropic_mcp_servers(server: Server, mcp_http: str) -> None:
         ],
         betas=["mcp-client-2025-04-04"],
     )
+
+
+def test_anthropic_mcp_servers(answers: dict[str, Any]) -> None:
+    msg = _answer(answers, "anthropic")
     kinds = [b.type for b in msg.content]
     assert kinds[:2] == ["mcp_tool_use", "mcp_tool_result"] and kinds[-1] == "text", kinds
     use, result = msg.content[0], msg.content[1]
@@ -335,7 +404,7 @@ def test_anthropic_mcp_servers(server: Server, mcp_http: str) -> None:
     assert CODE in msg.content[-1].text and msg.stop_reason == "end_turn"
 
 
-def test_anthropic_mcp_servers_streamed(server: Server) -> None:
+def _ask_anthropic_streamed(server: Server) -> tuple[list[Any], Any]:
     client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
     with client.beta.messages.stream(
         model="claude-test",
@@ -353,8 +422,11 @@ def test_anthropic_mcp_servers_streamed(server: Server) -> None:
         ],
         betas=["mcp-client-2025-04-04"],
     ) as stream:
-        events = list(stream)
-        msg = stream.get_final_message()
+        return list(stream), stream.get_final_message()
+
+
+def test_anthropic_mcp_servers_streamed(answers: dict[str, Any]) -> None:
+    events, msg = _answer(answers, "anthropic_streamed")
     starts = [e.content_block.type for e in events if e.type == "content_block_start"]
     assert starts[:2] == ["mcp_tool_use", "mcp_tool_result"], starts
     assert any(e.type == "input_json" for e in events)  # the call's input streamed
