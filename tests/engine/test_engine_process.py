@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -205,3 +206,29 @@ def test_sigterm_to_the_process_group_stops_in_order(
         r = s.client().completions.create(model="x", prompt=prompt, max_tokens=2)
         assert r.usage is not None and r.usage.prompt_tokens_details is not None
         assert (r.usage.prompt_tokens_details.cached_tokens or 0) >= 64  # read back from disk
+
+
+def test_a_lost_rank_is_named_after_the_engine_process_ended() -> None:
+    """When a tensor-parallel engine process dies without saying why (a collective that
+    failed aborts it), the first of its other ranks whose process ended is named."""
+    from pippin.engine.process_client import _lost_rank
+
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # ends; not reaped yet
+    try:
+        deadline = time.monotonic() + 30
+        while open(f"/proc/{zombie.pid}/stat", "rb").read().rsplit(b")", 1)[1].split()[0] != b"Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert _lost_rank({1: alive.pid}) is None
+        assert _lost_rank({1: alive.pid, 2: zombie.pid}) == (
+            "tensor parallel: rank 2 is gone (its process ended)"
+        )
+        zombie.wait()  # reaped: no process at all
+        assert _lost_rank({3: zombie.pid, 1: alive.pid}) == (
+            "tensor parallel: rank 3 is gone (its process ended)"
+        )
+        assert _lost_rank({}) is None
+    finally:
+        alive.kill()
+        alive.wait()

@@ -7,7 +7,7 @@ own GIL; the API process keeps the tokenizer and templates, and talks to it over
 
 - API → engine: ``("add", id, prompt, params)``, ``("abort", id)``,
   ``("call", n, name, args)`` (`EngineLoop.CALLS`), ``("stop",)``.
-- engine → API: ``("ready", max_model_len, stats)`` or ``("failed", message)`` once;
+- engine → API: ``("ready", max_model_len, stats, info)`` or ``("failed", message)`` once;
   then ``("outs", outputs, stats, events)`` per delivery (one pickle for a whole step's
   outputs; ``events`` replays the scheduler and step timings into the API side's
   metrics) and ``("result", n, ok, value)``; ``("exiting", why)`` just before it ends
@@ -51,6 +51,20 @@ OnLoaded = Callable[[LoadedModel], None]
 ChildMain = Callable[
     [Connection, dict[str, Any], EngineConfig, OnStart | None, OnLoaded | None], None
 ]
+
+
+def _lost_rank(pids: dict[int, int]) -> str | None:
+    """Why a tensor-parallel engine process ended, if it could not say: the first of its
+    other ranks whose process is gone (exited, or a zombie), else None."""
+    for rank, pid in sorted(pids.items()):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            state = b"X"  # no such process (or no /proc: then every rank reads as gone)
+        if state in (b"Z", b"X"):
+            return f"tensor parallel: rank {rank} is gone (its process ended)"
+    return None
 
 
 class _Pipe:
@@ -101,6 +115,10 @@ class ProcessClient:
         self._pipe: _Pipe | None = None
         self._ready = False
         self._exit_reason: str | None = None  # its "exiting" message, if it sent one
+        # Tensor parallel: the other ranks' processes ({rank: pid}, from its "ready"), so
+        # that an engine process that died without saying why (a collective that failed
+        # aborts it) can still be told apart from a rank that was lost.
+        self._rank_pids: dict[int, int] = {}
         self._limit = 0
         self._stats: dict[str, int] = {}
         self._calls: dict[int, asyncio.Future[Any]] = {}
@@ -131,7 +149,8 @@ class ProcessClient:
             raise EngineError(f"the engine process exited ({self._proc.exitcode})") from None
         if msg[0] == "failed":
             raise EngineError(f"the engine process failed to start: {msg[1]}")
-        _, self._limit, self._stats = msg
+        _, self._limit, self._stats, info = msg
+        self._rank_pids = info.get("rank_pids", {})
         self._ready = True
         threading.Thread(target=self._read, name="pippin-engine-reader", daemon=True).start()
 
@@ -242,6 +261,7 @@ class ProcessClient:
         was_ready, self._ready = self._ready, False
         # Every open stream ends now, before anything else (no client waits on a restart).
         why, self._exit_reason = self._exit_reason, None
+        why = why or _lost_rank(self._rank_pids)
         self._fail_open("the engine process exited" + (f": {why}" if why else ""))
         if was_ready:
             self._proc.join(0.1)  # it is gone (the pipe closed): only reaps it
@@ -268,6 +288,7 @@ class ProcessClient:
 
     def _fail_open(self, message: str) -> None:
         self.streams.fail_open(message)
+        self._rank_pids = {}
         for fut in self._calls.values():
             if not fut.done():
                 fut.set_exception(EngineError(message))
@@ -304,6 +325,7 @@ class _Child:
         self.recorder = _Recorder()
         self.engine = EngineLoop(loaded, config, self.recorder, self._deliver)
         self._stats: dict[str, int] = {}  # as last sent
+        self.ready_info: dict[str, Any] = {}  # more for the API process, with "ready"
 
     def serve(self) -> None:
         threading.Thread(target=self._read, name="pippin-pipe-reader", daemon=True).start()
@@ -313,7 +335,7 @@ class _Child:
             self._send(("failed", f"{type(err).__name__}: {err}"))
 
     def _ready(self, core: Any) -> None:
-        self._send(("ready", core.max_model_len, core.stats()))
+        self._send(("ready", core.max_model_len, core.stats(), self.ready_info))
 
     def _read(self) -> None:
         while True:

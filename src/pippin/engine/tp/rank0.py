@@ -83,6 +83,7 @@ def child_main(
         channel.accept(tp.size, CONNECT_TIMEOUT_S)
         runner = partial(DistributedRunner, group=group, send=channel.send)
         child = _Child(loaded, replace(config, make_runner=runner), conn)
+        child.ready_info["rank_pids"] = {r: proc.pid for r, proc in channel.procs.items()}
     except BaseException as e:
         if channel is not None:
             channel.kill()
