@@ -288,7 +288,6 @@ class ProcessClient:
 
     def _fail_open(self, message: str) -> None:
         self.streams.fail_open(message)
-        self._rank_pids = {}
         for fut in self._calls.values():
             if not fut.done():
                 fut.set_exception(EngineError(message))
