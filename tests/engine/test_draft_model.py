@@ -12,7 +12,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from engine_runs import OOM, _config, _faulty_forward, _loaded, _prompts, _run
-from test_speculative import _chi2_ok, _softmax
+from test_speculative import _chi2_ok, _sample_many, _softmax
 from tiny_models import with_swapped_tokens
 
 from pippin.engine.config import SpeculativeConfig
@@ -168,20 +168,8 @@ def test_sampled_tokens_follow_the_target_distribution(tiny_models, draft: str) 
     mx.random.seed(11)
     path = target if draft == "self" else tiny_models("llama", rope_theta=500.0)
     cfg = _spec(path, k=2, disable_by_batch_size=100_000)
-    core = EngineCore(
-        loaded,
-        _config(
-            speculative=cfg,
-            num_blocks=6000,
-            block_size=16,
-            max_num_seqs=N,
-            max_num_batched_tokens=8192,
-        ),
-    )
     params = SamplingParams(max_tokens=4, temperature=temp, top_k=top_k, n=N, ignore_eos=True)
-    core.add_request("many", prompt, params)
-    res = _run(core)["many"]["ids"]
-    stats = core.stats()
+    res, stats = _sample_many(loaded, cfg, prompt, params)
     # (Catch-ups of 2000 prompts take a few steps' budgets: some decode plainly first.)
     assert stats["spec_decode_num_drafts"] >= N // 2
     drafted, kept = stats["spec_decode_num_draft_tokens"], stats["spec_decode_num_accepted_tokens"]

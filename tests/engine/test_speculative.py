@@ -22,6 +22,25 @@ from pippin.engine.types import SamplingParams
 SPEC = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_max=3, prompt_lookup_min=1)
 
 
+def _sample_many(
+    loaded: object, cfg: SpeculativeConfig, prompt: list[int], params: SamplingParams
+) -> tuple[dict, dict[str, int]]:
+    """`params.n` samples of `prompt` in one request, with `cfg`'s speculation: the ids of
+    each, and the engine's stats after."""
+    core = EngineCore(
+        loaded,
+        _config(
+            speculative=cfg,
+            num_blocks=6000,
+            block_size=16,
+            max_num_seqs=params.n,
+            max_num_batched_tokens=8192,
+        ),
+    )
+    core.add_request("many", prompt, params)
+    return _run(core)["many"]["ids"], core.stats()
+
+
 def _chi2_ok(observed: dict, expected: dict[tuple, float], n: int) -> tuple[bool, float, float]:
     """Pearson's chi-square of `observed` counts against probabilities `expected`, at a
     significance of 1e-4 (Wilson-Hilferty's quantile); any count outside the support
@@ -268,20 +287,8 @@ def test_sampled_tokens_follow_the_target_distribution(tiny_models, monkeypatch)
     monkeypatch.setattr(speculative, "propose_ngram", propose)
     mx.random.seed(11)
     cfg = SpeculativeConfig(num_speculative_tokens=2, disable_by_batch_size=100_000)
-    core = EngineCore(
-        loaded,
-        _config(
-            speculative=cfg,
-            num_blocks=6000,
-            block_size=16,
-            max_num_seqs=N,
-            max_num_batched_tokens=8192,
-        ),
-    )
     params = SamplingParams(max_tokens=3, temperature=temp, top_k=top_k, n=N, ignore_eos=True)
-    core.add_request("many", prompt, params)
-    res = _run(core)["many"]["ids"]
-    stats = core.stats()
+    res, stats = _sample_many(loaded, cfg, prompt, params)
     assert stats["spec_decode_num_drafts"] >= N
     assert 0 < stats["spec_decode_num_accepted_tokens"] < stats["spec_decode_num_draft_tokens"]
     observed = Counter(tuple(v) for v in res.values())
