@@ -4,6 +4,9 @@ Every streamed request answers with `tokens` deltas: the first after `ttft` seco
 next ones `itl` seconds apart (on a fixed schedule from the request's arrival, so sleeps do
 not add up). The first `reasoning` deltas carry `reasoning_content` instead of `content`.
 `/metrics` counts prompt tokens and cached prompt tokens like pippin (a quarter cached).
+`/_realised` lists, per streamed request in arrival order, the times its deltas actually left
+(seconds from arrival): on a loaded machine a sleep can overrun, and a tail percentile the
+client measures is then checked against what the server really did.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class Timing:
 
 def make_app(timing: Timing) -> Starlette:
     counters = {"prompt": 0, "cached": 0, "requests": 0}
+    realised: list[list[float]] = []
 
     async def models(_: Request) -> JSONResponse:
         return JSONResponse({"object": "list", "data": [{"id": "fake", "object": "model"}]})
@@ -59,17 +63,23 @@ def make_app(timing: Timing) -> Starlette:
         )
         return PlainTextResponse(text)
 
+    async def sent(_: Request) -> JSONResponse:
+        return JSONResponse(realised)
+
     async def generate(request: Request) -> StreamingResponse:
         t0 = time.perf_counter()
         body = await request.json()
         chat = "messages" in body
         n = body["max_tokens"]
+        times: list[float] = []
+        realised.append(times)
 
         async def events() -> AsyncIterator[str]:
             for i in range(n):
                 await asyncio.sleep(
                     max(0.0, t0 + timing.ttft + i * timing.itl - time.perf_counter())
                 )
+                times.append(time.perf_counter() - t0)
                 if chat:
                     key = "reasoning_content" if i < timing.reasoning else "content"
                     choice = {"index": 0, "delta": {key: f"w{i} "}, "finish_reason": None}
@@ -96,6 +106,7 @@ def make_app(timing: Timing) -> Starlette:
         routes=[
             Route("/v1/models", models),
             Route("/metrics", metrics),
+            Route("/_realised", sent),
             Route("/v1/chat/completions", generate, methods=["POST"]),
             Route("/v1/completions", generate, methods=["POST"]),
         ]
