@@ -35,9 +35,9 @@ def thread_cpu(pid: int) -> dict[int, float]:
 
 
 def metric(url: str, name: str) -> float:
+    """The sum over its label sets (pippin labels each series with its model)."""
     text = urllib.request.urlopen(f"{url}/metrics").read().decode()
-    m = re.search(rf"^{name} (\S+)", text, re.M)
-    return float(m.group(1)) if m else 0.0
+    return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)", text, re.M))
 
 
 def generated(url: str) -> float:

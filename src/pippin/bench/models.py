@@ -5,6 +5,8 @@
 
 - `tiny-qwen3`: a 5.2M-parameter Qwen3 (hidden 256, 4 layers, vocab 8,000), float32, the
   fastest dtype on CPU: for comparing serving overhead on a development machine;
+  `tiny-llama3` the same size with Llama 3's real tokenizer (vocab 128,256): the overhead
+  of detokenising ids spread over a real vocabulary;
 - `llama-3.2-1b`, `llama-3.1-8b`, `qwen3-0.6b`: those models' configurations, bfloat16:
   for the GPU; `llama-3.1-70b` likewise, for tensor parallelism (141 GB in bfloat16: it
   does not fit one H200);
@@ -55,6 +57,25 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "max_position_embeddings": 4096,
         "rope_theta": 1000000.0,
         "tie_word_embeddings": True,
+        "torch_dtype": "float32",
+    },
+    # The same size with Llama 3's architecture and real tokenizer: serving overhead where
+    # sampled ids are spread over 128,256 byte-level pieces, as the GPU runs' are.
+    "tiny-llama3": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 256,
+        "intermediate_size": 768,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "hidden_act": "silu",
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "tie_word_embeddings": True,
+        "vocab_size": 128256,
         "torch_dtype": "float32",
     },
     # meta-llama/Llama-3.2-1B config.json (the fields mlx-lm reads)
