@@ -141,17 +141,15 @@ def draft_core(loaded, base: dict, args: argparse.Namespace) -> EngineCore:
     if args.draft_layers:
         inner = draft.model.model
         inner.layers = inner.layers[: args.draft_layers]
-    core.spec = Speculator(
+    dm = DraftModel(
         spec,
-        DraftModel(
-            spec,
-            loaded,
-            block_size=core.config.block_size,
-            num_blocks=core.num_blocks,
-            budget=core.config.max_num_batched_tokens,
-            draft=draft,
-        ),
+        loaded,
+        block_size=core.config.block_size,
+        budget=core.config.max_num_batched_tokens,
+        draft=draft,
     )
+    dm.allocate(core.num_blocks)
+    core.spec = Speculator(spec, dm)
     return core
 
 

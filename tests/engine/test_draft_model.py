@@ -184,6 +184,35 @@ def test_sampled_tokens_follow_the_target_distribution(tiny_models, draft: str) 
     assert ok, (stat, limit)
 
 
+def test_draft_pool_and_weights_count_against_the_memory(tiny_models) -> None:
+    """The KV budget covers both models' pools, and the engine's weight and KV bytes (what
+    the model registry holds against its memory limit) include the draft's."""
+    loaded = _loaded(tiny_models("llama"))
+    draft_path = _small_draft(tiny_models)
+    plain = EngineCore(loaded, _config(num_blocks=None))
+    budget = 200 * (plain.kv_bytes // plain.num_blocks)
+    alone = EngineCore(loaded, _config(num_blocks=None, cache_memory_bytes=budget))
+    both = EngineCore(
+        loaded, _config(num_blocks=None, cache_memory_bytes=budget, speculative=_spec(draft_path))
+    )
+    draft = both.spec.draft
+    assert alone.num_blocks == 200
+    assert draft.num_blocks > 1 and both.num_blocks < alone.num_blocks
+    assert both.kv_bytes == sum(p.nbytes for p in both.runner.pools.values()) + draft.kv_bytes
+    assert budget - alone.kv_bytes // alone.num_blocks < both.kv_bytes <= budget
+    assert both.weight_bytes == alone.weight_bytes + draft.weight_bytes > alone.weight_bytes
+    stats = both.stats()
+    assert (stats["kv_bytes"], stats["weight_bytes"]) == (both.kv_bytes, both.weight_bytes)
+    # Past what the draft needs (few speculating sequences), the rest is the target's.
+    few = _spec(draft_path, disable_by_batch_size=1)
+    core = EngineCore(loaded, _config(num_blocks=None, cache_memory_bytes=budget, speculative=few))
+    need = 512 // 4 + 2 + 1
+    assert core.spec.draft.num_blocks == need
+    assert core.num_blocks == (budget - need * draft.bytes_per_block) // (
+        alone.kv_bytes // alone.num_blocks
+    )
+
+
 def test_bad_drafts_refused_at_startup(tiny_models, tmp_path: Path) -> None:
     loaded = _loaded(tiny_models("llama"))
     other = with_swapped_tokens(_small_draft(tiny_models), tmp_path / "other")

@@ -132,13 +132,22 @@ class EngineCore:
         self.runner = make_runner(
             loaded.model, config.block_size, config.kv_bits, config.kv_group_size, config.kernels
         )
-        self.num_blocks = self._num_blocks()
+        # Loaded before the pools are sized: its KV pool shares the KV budget.
+        draft = self._load_draft(config.speculative)
+        self.num_blocks = self._num_blocks(draft)
         self.runner.allocate(self.num_blocks)
-        pool = self.kv_bytes = sum(p.nbytes for p in self.runner.pools.values())
-        self.weight_bytes = sum(v.nbytes for _, v in tree_flatten(loaded.model.parameters()))
-        mx.set_cache_limit(config.buffer_cache_bytes or max(pool, MIN_BUFFER_CACHE))
         # A lone sequence must always fit the pool, or it could never be resumed.
         self.max_model_len = min(self.max_model_len, (self.num_blocks - 1) * config.block_size)
+        if draft is not None:
+            draft.allocate(min(self.num_blocks, self._draft_blocks(draft)))
+        # Both models' (the registry counts them against its memory limit).
+        pool = self.kv_bytes = sum(p.nbytes for p in self.runner.pools.values()) + (
+            draft.kv_bytes if draft is not None else 0
+        )
+        self.weight_bytes = sum(v.nbytes for _, v in tree_flatten(loaded.model.parameters())) + (
+            draft.weight_bytes if draft is not None else 0
+        )
+        mx.set_cache_limit(config.buffer_cache_bytes or max(pool, MIN_BUFFER_CACHE))
         # Recurrent state cannot be rebuilt from KV blocks, so such models share no prefix.
         caching = config.enable_prefix_caching and not self.runner.has_state_layers
         self.bm = BlockManager(self.num_blocks, config.block_size, caching)
@@ -171,23 +180,26 @@ class EngineCore:
                 # Recurrent state would take in the refused proposals, with no way back.
                 log.warning("speculative decoding is off: the model has recurrent layers")
             else:
-                self.spec = Speculator(config.speculative, self._draft_model(config.speculative))
+                self.spec = Speculator(config.speculative, draft)
 
-    def _draft_model(self, cfg: SpeculativeConfig) -> DraftModel | None:
-        if cfg.method != "draft_model":
+    def _load_draft(self, cfg: SpeculativeConfig | None) -> DraftModel | None:
+        if cfg is None or cfg.method != "draft_model" or self.runner.has_state_layers:
             return None
-        bs = self.config.block_size
-        # Speculating sequences at full context: at most disable_by_batch_size at once.
-        blocks = cfg.disable_by_batch_size * (self.max_model_len // bs + 2) + 1
         return DraftModel(
             cfg,
             self.loaded,
-            block_size=bs,
-            num_blocks=min(self.num_blocks, blocks),
+            block_size=self.config.block_size,
             budget=self.config.max_num_batched_tokens,
         )
 
-    def _num_blocks(self) -> int:
+    def _draft_blocks(self, draft: DraftModel) -> int:
+        """The draft blocks that speculating sequences at full context need: at most
+        disable_by_batch_size of them speculate at once."""
+        assert self.config.speculative is not None
+        per_seq = self.max_model_len // self.config.block_size + 2
+        return self.config.speculative.disable_by_batch_size * per_seq + 1
+
+    def _num_blocks(self, draft: DraftModel | None = None) -> int:
         cfg = self.config
         per_block = bytes_per_block(self.runner.kv_specs, cfg.block_size)
         # Enough for every sequence at full context; more only feeds the prefix cache.
@@ -197,9 +209,16 @@ class EngineCore:
         if per_block == 0:  # no attention layers: blocks only count tokens
             return ceiling
         budget = cfg.cache_memory_bytes or int(_machine_memory() * cfg.cache_memory_percent)
-        n = min(budget // per_block, ceiling)
+        n = budget // per_block
+        if draft is not None:
+            # The draft gets a block beside each of the target's, up to what it needs;
+            # past that, the rest of the budget is the target's alone.
+            d, need = draft.bytes_per_block, self._draft_blocks(draft)
+            n = budget // (per_block + d)
+            if n > need:
+                n = (budget - need * d) // per_block
         min_blocks = self.max_model_len // cfg.block_size + 2
-        return max(n, min_blocks)
+        return max(min(n, ceiling), min_blocks)
 
     # -- requests ---------------------------------------------------------
     def check(self, prompt_ids: list[int], params: SamplingParams) -> None:

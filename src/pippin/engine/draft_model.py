@@ -34,12 +34,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
 from pippin.engine.block_manager import BlockManager, BlockTable
 from pippin.engine.config import SpeculativeConfig
 from pippin.engine.sampler import shaped
 from pippin.runner.batch import length_groups
 from pippin.runner.model_runner import ModelRunner
+from pippin.runner.paged_cache import bytes_per_block
 from pippin.store.loaded import LoadedModel, ModelLoadError
 from pippin.store.loader import load_model, materialize
 
@@ -115,11 +117,11 @@ class DraftModel:
         target: LoadedModel,
         *,
         block_size: int,
-        num_blocks: int,
         budget: int,
         draft: LoadedModel | None = None,
     ) -> None:
-        """`draft`: the model already loaded (tests); else `config.model` is loaded."""
+        """`draft`: the model already loaded (tests); else `config.model` is loaded. Its
+        KV pool comes with `allocate`, once the engine has shared the memory out."""
         assert config.model is not None
         if draft is None:
             draft = materialize(load_model(config.model))
@@ -131,15 +133,26 @@ class DraftModel:
                 f"--speculative-config: the draft model {draft.source} has recurrent layers, "
                 "whose state cannot be rolled back past refused proposals"
             )
-        self.num_blocks = num_blocks
-        self.runner.allocate(num_blocks)
-        self.bm = BlockManager(num_blocks, block_size)
+        self.weight_bytes = sum(v.nbytes for _, v in tree_flatten(draft.model.parameters()))
+        self.bytes_per_block = bytes_per_block(self.runner.kv_specs, block_size)
+        self.num_blocks = 0
+        self.block_size = block_size
+        self.bm: BlockManager  # with the pool, in `allocate`
         self.budget = budget
         # Proposals and q are over the target's logits; the draft's own may be wider or
         # narrower (padding past the tokenizer's ids), so its extra ids are never drawn.
         self.width = target.vocab_size
         self.seqs: dict[int, _DraftSeq] = {}
         self.num_evictions = 0
+
+    def allocate(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self.runner.allocate(num_blocks)
+        self.bm = BlockManager(num_blocks, self.block_size)
+
+    @property
+    def kv_bytes(self) -> int:
+        return sum(p.nbytes for p in self.runner.pools.values())
 
     # -- bookkeeping ----------------------------------------------------------
     def forget(self, seq_id: int) -> None:
@@ -150,7 +163,7 @@ class DraftModel:
     def reset(self) -> None:
         """Fresh pools and no draft KV (after a failed step, as the target's)."""
         self.seqs.clear()
-        self.bm = BlockManager(self.num_blocks, self.bm.block_size)
+        self.bm = BlockManager(self.num_blocks, self.block_size)
         self.runner.reset_pools(self.num_blocks)
 
     def settle(self, seq_id: int, kept: int) -> None:
