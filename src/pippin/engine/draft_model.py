@@ -38,7 +38,7 @@ from mlx.utils import tree_flatten
 
 from pippin.engine.block_manager import BlockManager, BlockTable
 from pippin.engine.config import SpeculativeConfig
-from pippin.engine.sampler import shaped
+from pippin.engine.sampler import adjust, shaped
 from pippin.runner.batch import length_groups
 from pippin.runner.model_runner import ModelRunner
 from pippin.runner.paged_cache import bytes_per_block
@@ -142,6 +142,7 @@ class DraftModel:
         # Proposals and q are over the target's logits; the draft's own may be wider or
         # narrower (padding past the tokenizer's ids), so its extra ids are never drawn.
         self.width = target.vocab_size
+        self.eos_ids = set(target.eos_token_ids)
         self.seqs: dict[int, _DraftSeq] = {}
         self.num_evictions = 0
 
@@ -295,14 +296,18 @@ class DraftModel:
 
     def _draw(self, logits: mx.array, seqs: list[Sequence]) -> tuple[mx.array, mx.array]:
         """Each row's proposal and the distribution q it was drawn from ([n, vocab]):
-        the draft's logits shaped by the request's temperature, top-k, top-p and min-p
-        (greedy requests: its argmax; their q is never read)."""
-        x = logits.astype(mx.float32)
+        the draft's logits with the request's penalties, logit bias and min_tokens, shaped
+        by its temperature, top-k, top-p and min-p (greedy requests: its argmax; their q
+        is never read). The penalties see the tokens known on the host, not this step's
+        earlier proposals: q is still what each proposal was drawn from, so verification
+        stays exact, and proposals follow what the target will verify."""
+        x = logits
         n, width = x.shape
         if width > self.width:
             x = x[:, : self.width]
         elif width < self.width:
-            x = mx.concatenate([x, mx.full((n, self.width - width), NEG_INF)], axis=-1)
+            x = mx.concatenate([x, mx.full((n, self.width - width), NEG_INF, x.dtype)], axis=-1)
+        x, _ = adjust(x, seqs, self.eos_ids)
         xs = shaped(x, seqs)
         q = mx.softmax(xs, axis=-1)
         greedy = mx.array([s.params.temperature <= 0.0 for s in seqs])
