@@ -20,26 +20,7 @@ mkdir -p "$OUT"
 export PIPPIN_DENSE_QUANT=${PIPPIN_DENSE_QUANT:-auto}
 M8=random:llama-3.1-8b
 
-bench() {  # NAME CONCURRENCY KV_MB SERVER_SPECS...
-  local name=$1 conc=$2 kv=$3
-  shift 3
-  local args=() s
-  for s in "$@"; do
-    case $s in
-      *mlx_lm:*) args+=(--serve "$s") ;;
-      *) args+=(--serve "$s --max-model-len 4096 --cache-memory-mb $kv") ;;
-    esac
-  done
-  # SIGINT: pippin bench stops its servers on the way out.
-  timeout -s INT "${SECS:-280}" python3 -m pippin.cli bench --model-root "$ROOT" \
-    --workload real-tokenizer --output-tokens 128 --concurrency $conc \
-    --requests-per-client 1 --warmup 4 --blas none --no-progress \
-    --json "$OUT/$name.json" --md "$OUT/$name.md" --log-dir "/tmp/logs-$name" "${args[@]}" \
-    2>&1 | grep -v "WARNING\|regex" | tee "$OUT/$name.log"
-  for f in /tmp/logs-"$name"/*.log; do
-    [ -f "$f" ] && { echo "== $f"; tail -6 "$f"; } >>"$OUT/server-logs.txt"
-  done
-}
+source bench/gpu/bench_lib.sh
 
 for step in "$@"; do
   echo "=== $step $(date -u +%T)"
@@ -51,14 +32,7 @@ for step in "$@"; do
       r=$(grep -o 'CROSSING bits=4 rows=[0-9]*' /tmp/qmm.log | grep -o '[0-9]*$')
       [ -z "${ROWS:-}" ] && [ -n "$r" ] && export PIPPIN_DENSE_QUANT_ROWS=$r
       echo "PIPPIN_DENSE_QUANT_ROWS=${PIPPIN_DENSE_QUANT_ROWS:-default}"
-      python3 -c "
-import time
-from pathlib import Path
-from pippin.bench.models import build_model
-for n in ('llama-3.1-8b', 'llama-3.1-8b-4bit', 'llama-3.1-8b-8bit'):
-    t = time.perf_counter(); build_model(n, Path('$ROOT'))
-    print(n, 'built in', round(time.perf_counter() - t), 's', flush=True)
-"
+      build llama-3.1-8b llama-3.1-8b-4bit llama-3.1-8b-8bit
       df -h /tmp | tail -1 ;;
     low-4bit | low-8bit)
       b=${step#low-}
