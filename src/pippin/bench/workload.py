@@ -32,6 +32,7 @@ import json
 import math
 import random
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -304,7 +305,8 @@ def _rename(code: str) -> tuple[str, str, str]:
     (dunder names only where there is no other)."""
     found = {m.group(3): (m.group(1), m.group(2)) for m in _DEFINITION.finditer(code)}
     plain = [n for n in found if not n.startswith("__")] or list(found)
-    name = max(plain, key=lambda n: len(re.findall(rf"\b{n}\b", code)))
+    uses = Counter(re.findall(r"\w+", code))
+    name = max(plain, key=lambda n: uses[n])
     indent, keyword = found[name]
     kind = "class" if keyword == "class" else "method" if indent else "function"
     return name, name + ("V2" if name[:1].isupper() else "_v2"), kind
