@@ -254,7 +254,9 @@ def editing_message(code: str, old: str, new: str, kind: str, answer: bool = Fal
         "everywhere. Output the whole code, changed, and nothing else.\n\n"
         f"```python\n{code}\n```"
     )
-    return msg + f"\n\nThe code with `{old}` renamed to `{new}`:\n\n```python\n" * answer
+    if answer:
+        msg += f"\n\nThe code with `{old}` renamed to `{new}`:\n\n```python\n"
+    return msg
 
 
 @functools.cache
