@@ -20,6 +20,7 @@ from fake_openai_server import CACHED_TOKENS, PROMPT_TOKENS, Timing, fake_server
 from pippin.bench.models import resolve_model
 from pippin.bench.report import aggregate, describe
 from pippin.bench.runner import BenchConfig, BenchRun, Target, run_benchmark
+from pippin.bench.scrape import parse_metrics, spec_acceptance
 from pippin.bench.servers import ServerSet, parse_spec
 from pippin.bench.stats import percentile
 from pippin.bench.workload import Length, Workload, load_workload, make_sessions
@@ -359,3 +360,33 @@ def test_an_interrupted_run_reports_the_windows_that_finished() -> None:
     assert [w.target for w in run.windows] == ["fast"]
     assert "Interrupted: 1 window(s) finished" in describe(run)
     assert aggregate(run)[0]["server"] == "fast"
+
+
+def test_spec_acceptance_between_two_scrapes() -> None:
+    """Kept over proposed tokens between scrapes, from pippin's counters or vLLM's; none
+    from a server without them."""
+    pippin = (
+        "# TYPE pippin_spec_decode_num_draft_tokens counter\n"
+        'pippin_spec_decode_num_draft_tokens_total{{model="a"}} {p}\n'
+        "# TYPE pippin_spec_decode_num_accepted_tokens counter\n"
+        'pippin_spec_decode_num_accepted_tokens_total{{model="a"}} {k}\n'
+    )
+    before = parse_metrics(pippin.format(p=100, k=60))
+    after = parse_metrics(pippin.format(p=140, k=90))
+    stats = spec_acceptance(before, after)
+    assert stats is not None and (stats.proposed, stats.accepted) == (40, 30)
+    assert stats.acceptance == pytest.approx(0.75)
+    vllm = (
+        "# TYPE vllm:spec_decode_num_draft_tokens counter\n"
+        "vllm:spec_decode_num_draft_tokens_total {p}\n"
+        "# TYPE vllm:spec_decode_num_accepted_tokens counter\n"
+        "vllm:spec_decode_num_accepted_tokens_total {k}\n"
+    )
+    stats = spec_acceptance(
+        parse_metrics(vllm.format(p=0, k=0)), parse_metrics(vllm.format(p=8, k=2))
+    )
+    assert stats is not None and stats.acceptance == pytest.approx(0.25)
+    idle = spec_acceptance(before, before)
+    assert idle is not None and idle.acceptance is None
+    other = parse_metrics("# TYPE x counter\nx_total 1\n")
+    assert spec_acceptance(other, other) is None and spec_acceptance(None, after) is None

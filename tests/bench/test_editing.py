@@ -117,6 +117,8 @@ def test_editing_run_against_the_fake_server(tmp_path: Path) -> None:
     assert (workload["prompt_source"], workload["tokenizer"]) == ("editing", "llama3")
     assert [r["requests"] for r in data["summary"]] == [3, 3]
     assert all(r["failed"] == 0 and r["output_tokens"] == 3 * 8 for r in data["summary"])
+    # A server without speculation's counters: no acceptance, rather than a made-up one.
+    assert all(r["spec_acceptance"] is None for r in data["summary"])
 
 
 @needs_smollm2
@@ -141,3 +143,6 @@ def test_editing_against_pippin_with_prompt_lookup(tmp_path: Path, smollm2_token
     assert row["failed"] == 0 and 0 < row["output_tokens"] <= 2 * 24
     # 300 tokens of request and the chat template's few, as the server counted them.
     assert 2 * 300 <= row["prompt_tokens"] <= 2 * 340
+    # The server's proposals, from its metrics: made, and mostly kept on this load.
+    assert row["spec_proposed_tokens"] > 0 and 0 < row["spec_acceptance"] <= 1
+    assert all(w["spec"]["source"].startswith("pippin_spec") for w in data["windows"])

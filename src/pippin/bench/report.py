@@ -25,6 +25,10 @@ def aggregate(run: BenchRun) -> list[dict[str, Any]]:
             row.update(summarize([r for w in wins for r in w.results], sum(w.wall for w in wins)))
             rates = [w.cache.hit_rate for w in wins if w.cache and w.cache.hit_rate is not None]
             row["server_cache_hit_rate"] = sum(rates) / len(rates) if rates else None
+            specs = [w.spec for w in wins if w.spec is not None]
+            proposed = sum(x.proposed for x in specs)
+            row["spec_proposed_tokens"] = proposed if specs else None
+            row["spec_acceptance"] = sum(x.accepted for x in specs) / proposed if proposed else None
             for key in ("server_cpu", "machine_cpu"):  # shares of a core, wall-weighted
                 cpu = [(w.cpu[key], w.wall) for w in wins if w.cpu and key in w.cpu]
                 row[key] = sum(c * t for c, t in cpu) / sum(t for _, t in cpu) if cpu else None
@@ -79,6 +83,8 @@ def table(rows: list[dict[str, Any]], mode: str, first: str | None = None) -> st
         ("e2e p99", lambda r: _ms(r["e2e_p99"])),
         ("cache hits", lambda r: _pct(r["server_cache_hit_rate"])),
     ]
+    if any(r.get("spec_acceptance") is not None for r in rows):
+        cols.append(("spec kept", lambda r: _pct(r.get("spec_acceptance"))))
     if any(r.get("server_cpu") is not None for r in rows):
         cols.append(("server CPU", lambda r: _pct(r.get("server_cpu"))))
     if first is not None and any("tok_s_x" in r for r in rows):
@@ -156,6 +162,7 @@ def to_json(run: BenchRun, rows: list[dict[str, Any]]) -> dict[str, Any]:
                 c.mode: w.level,
                 "rep": w.rep,
                 "cache": asdict(w.cache) if w.cache else None,
+                "spec": asdict(w.spec) if w.spec else None,
                 "cpu": w.cpu,
                 **summarize(w.results, w.wall),
             }

@@ -26,7 +26,7 @@ import httpx
 from pippin.bench.client import RequestResult, stream_request
 from pippin.bench.fingerprint import machine, server_info
 from pippin.bench.progress import Progress
-from pippin.bench.scrape import CacheStats, cache_hit_rate, scrape
+from pippin.bench.scrape import CacheStats, SpecStats, cache_hit_rate, scrape, spec_acceptance
 from pippin.bench.workload import Session, Workload, make_sessions
 
 Mode = Literal["concurrency", "rate"]
@@ -121,6 +121,7 @@ class Window:
     wall: float
     results: list[RequestResult]
     cache: CacheStats | None = None
+    spec: SpecStats | None = None  # speculative decoding's proposals, where it reports them
     cpu: dict[str, float] | None = None  # from the watch: shares of a core
 
 
@@ -355,6 +356,7 @@ async def _measure(
                     win = await run_window(client, t, cfg, level, sessions, seed, progress)
                 after = await scrape(client, t.base_url, t.headers())
                 win.rep, win.cache = rep, cache_hit_rate(before, after)
+                win.spec = spec_acceptance(before, after)
                 win.cpu = cfg.watch.end(t.name) if cfg.watch else None
                 windows.append(win)
 

@@ -1,7 +1,8 @@
 """Reading a server's Prometheus `/metrics`: pippin's, vLLM's, or any other.
 
 `Samples` maps a sample name to its (labels, value) pairs; `total` sums the ones whose
-labels match. Cache hit rates come from the difference of two scrapes.
+labels match. Cache hit rates and speculative decoding's acceptance come from the
+difference of two scrapes.
 """
 
 from __future__ import annotations
@@ -70,4 +71,36 @@ def cache_hit_rate(before: Samples | None, after: Samples | None) -> CacheStats 
         dq = q1 - q0  # type: ignore[operator]
         rate = (h1 - h0) / dq if dq > 0 else None  # type: ignore[operator]
         return CacheStats(rate, unit, hits)
+    return None
+
+
+# (kept proposed tokens, proposed tokens), vLLM's counters under pippin's prefix and vLLM's.
+_SPEC_COUNTERS = (
+    ("pippin_spec_decode_num_accepted_tokens_total", "pippin_spec_decode_num_draft_tokens_total"),
+    ("vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total"),
+)
+
+
+@dataclass
+class SpecStats:
+    accepted: float  # proposed tokens the target kept
+    proposed: float
+    source: str  # the counter it came from
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.accepted / self.proposed if self.proposed > 0 else None
+
+
+def spec_acceptance(before: Samples | None, after: Samples | None) -> SpecStats | None:
+    """Speculative decoding's proposed and kept tokens between two scrapes, when the server
+    exports them (a server that does not speculate exports none, or proposes nothing)."""
+    if before is None or after is None:
+        return None
+    for kept, proposed in _SPEC_COUNTERS:
+        values = [total(x, name) for name in (kept, proposed) for x in (before, after)]
+        if None in values:
+            continue
+        k0, k1, p0, p1 = values
+        return SpecStats(k1 - k0, p1 - p0, kept)  # type: ignore[operator]
     return None
