@@ -139,7 +139,7 @@ class EngineCore:
         # A lone sequence must always fit the pool, or it could never be resumed.
         self.max_model_len = min(self.max_model_len, (self.num_blocks - 1) * config.block_size)
         if draft is not None:
-            draft.allocate(min(self.num_blocks, self._draft_blocks(draft)))
+            draft.allocate(min(self.num_blocks, self._draft_blocks()))
         # Both models' (the registry counts them against its memory limit).
         pool = self.kv_bytes = sum(p.nbytes for p in self.runner.pools.values()) + (
             draft.kv_bytes if draft is not None else 0
@@ -192,7 +192,7 @@ class EngineCore:
             budget=self.config.max_num_batched_tokens,
         )
 
-    def _draft_blocks(self, draft: DraftModel) -> int:
+    def _draft_blocks(self) -> int:
         """The draft blocks that speculating sequences at full context need: at most
         disable_by_batch_size of them speculate at once."""
         assert self.config.speculative is not None
@@ -213,7 +213,7 @@ class EngineCore:
         if draft is not None:
             # The draft gets a block beside each of the target's, up to what it needs;
             # past that, the rest of the budget is the target's alone.
-            d, need = draft.bytes_per_block, self._draft_blocks(draft)
+            d, need = draft.bytes_per_block, self._draft_blocks()
             n = budget // (per_block + d)
             if n > need:
                 n = (budget - need * d) // per_block
