@@ -217,9 +217,9 @@ def test_draft_pool_and_weights_count_against_the_memory(tiny_models) -> None:
     draft = both.spec.draft
     assert alone.num_blocks == 200
     assert draft.num_blocks > 1 and both.num_blocks < alone.num_blocks
-    assert both.kv_bytes == sum(p.nbytes for p in both.runner.pools.values()) + draft.kv_bytes
+    assert both.kv_bytes == both.runner.pool_bytes + draft.runner.pool_bytes
     assert budget - alone.kv_bytes // alone.num_blocks < both.kv_bytes <= budget
-    assert both.weight_bytes == alone.weight_bytes + draft.weight_bytes > alone.weight_bytes
+    assert both.weight_bytes == alone.weight_bytes + draft.runner.weight_bytes > alone.weight_bytes
     stats = both.stats()
     assert (stats["kv_bytes"], stats["weight_bytes"]) == (both.kv_bytes, both.weight_bytes)
     # Past what the draft needs (few speculating sequences), the rest is the target's.

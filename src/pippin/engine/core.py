@@ -12,7 +12,6 @@ import traceback
 from dataclasses import dataclass, field
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 
 from pippin.engine.block_manager import BlockManager
 from pippin.engine.cache_tiers import CacheTiers
@@ -141,12 +140,9 @@ class EngineCore:
         if draft is not None:
             draft.allocate(min(self.num_blocks, self._draft_blocks()))
         # Both models' (the registry counts them against its memory limit).
-        pool = self.kv_bytes = sum(p.nbytes for p in self.runner.pools.values()) + (
-            draft.kv_bytes if draft is not None else 0
-        )
-        self.weight_bytes = sum(v.nbytes for _, v in tree_flatten(loaded.model.parameters())) + (
-            draft.weight_bytes if draft is not None else 0
-        )
+        runners = [self.runner] + ([draft.runner] if draft is not None else [])
+        pool = self.kv_bytes = sum(r.pool_bytes for r in runners)
+        self.weight_bytes = sum(r.weight_bytes for r in runners)
         mx.set_cache_limit(config.buffer_cache_bytes or max(pool, MIN_BUFFER_CACHE))
         # Recurrent state cannot be rebuilt from KV blocks, so such models share no prefix.
         caching = config.enable_prefix_caching and not self.runner.has_state_layers
@@ -209,8 +205,9 @@ class EngineCore:
         if per_block == 0:  # no attention layers: blocks only count tokens
             return ceiling
         budget = cfg.cache_memory_bytes or int(_machine_memory() * cfg.cache_memory_percent)
-        n = budget // per_block
-        if draft is not None:
+        if draft is None:
+            n = budget // per_block
+        else:
             # The draft gets a block beside each of the target's, up to what it needs;
             # past that, the rest of the budget is the target's alone.
             d, need = draft.bytes_per_block, self._draft_blocks()

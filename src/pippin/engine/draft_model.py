@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 
 from pippin.engine.block_manager import BlockManager, BlockTable
 from pippin.engine.config import SpeculativeConfig
@@ -133,7 +132,6 @@ class DraftModel:
                 f"--speculative-config: the draft model {draft.source} has recurrent layers, "
                 "whose state cannot be rolled back past refused proposals"
             )
-        self.weight_bytes = sum(v.nbytes for _, v in tree_flatten(draft.model.parameters()))
         self.bytes_per_block = bytes_per_block(self.runner.kv_specs, block_size)
         self.num_blocks = 0
         self.block_size = block_size
@@ -150,10 +148,6 @@ class DraftModel:
         self.num_blocks = num_blocks
         self.runner.allocate(num_blocks)
         self.bm = BlockManager(num_blocks, self.block_size)
-
-    @property
-    def kv_bytes(self) -> int:
-        return sum(p.nbytes for p in self.runner.pools.values())
 
     # -- bookkeeping ----------------------------------------------------------
     def forget(self, seq_id: int) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+from mlx.utils import tree_flatten
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
 
 from pippin.kernels import (
@@ -155,6 +156,15 @@ class ModelRunner:
                 f"this model's attention cannot read quantised KV ({type(e).__name__}: {e}); "
                 "run it without --kv-bits"
             ) from None
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(v.nbytes for _, v in tree_flatten(self.model.parameters()))
+
+    @property
+    def pool_bytes(self) -> int:
+        """The KV pools' size (0 before `allocate`)."""
+        return sum(p.nbytes for p in self.pools.values())
 
     def allocate(self, num_blocks: int) -> None:
         self.pools = {i: LayerPool(s, num_blocks, self.block_size) for i, s in self.specs.items()}
