@@ -249,12 +249,9 @@ def fused_decode_attention(attn: Any, qkv: mx.array, parts: list[mx.array], lay:
         ],
         grid=(B * s.hkv * nw * 32, split, 1),
         threadgroup=(nw * 32, 1, 1),
-        output_shapes=[(B, 1, s.hq * s.d) if split == 1 else (B * s.hkv, split, g, s.d + 2)],
-        output_dtypes=[qkv.dtype if split == 1 else mx.float32],
+        **paged_attention.split_outputs(split, (B, 1, s.hq * s.d), qkv.dtype, s.hkv, g, s.d),
     )
-    if split == 1:
-        return out[0]
-    return paged_attention.combine(out[0], qkv.dtype).reshape(B, 1, s.hq * s.d)
+    return paged_attention.merged(out[0], split, (B, 1, s.hq * s.d), qkv.dtype)
 
 
 def reference(attn: Any, qkv: mx.array, parts: list[mx.array], lay: Any) -> mx.array:

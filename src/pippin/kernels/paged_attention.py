@@ -402,10 +402,24 @@ def paged_decode_attention(
         ],
         grid=(B * hkv * nw * 32, s, 1),
         threadgroup=(nw * 32, 1, 1),
-        output_shapes=[(B, hq, 1, d) if s == 1 else (B * hkv, s, g, d + 2)],
-        output_dtypes=[queries.dtype if s == 1 else mx.float32],
+        **split_outputs(s, (B, hq, 1, d), queries.dtype, hkv, g, d),
     )
-    return out[0] if s == 1 else combine(out[0], queries.dtype).reshape(B, hq, 1, d)
+    return merged(out[0], s, (B, hq, 1, d), queries.dtype)
+
+
+def split_outputs(
+    split: int, shape: tuple[int, ...], dtype: mx.Dtype, hkv: int, g: int, d: int
+) -> dict[str, list[Any]]:
+    """A decode-attention kernel's `output_shapes` and `output_dtypes`: its result `shape`
+    ([B, ...]) unsplit, else each block's part for `combine`."""
+    if split == 1:
+        return {"output_shapes": [shape], "output_dtypes": [dtype]}
+    return {"output_shapes": [(shape[0] * hkv, split, g, d + 2)], "output_dtypes": [mx.float32]}
+
+
+def merged(out: mx.array, split: int, shape: tuple[int, ...], dtype: mx.Dtype) -> mx.array:
+    """The kernel's output as `shape`: itself unsplit, else its parts combined."""
+    return out if split == 1 else combine(out, dtype).reshape(shape)
 
 
 def combine(parts: mx.array, dtype: mx.Dtype) -> mx.array:
