@@ -59,18 +59,27 @@ class CacheStats:
     source: str  # the counter it came from
 
 
-def cache_hit_rate(before: Samples | None, after: Samples | None) -> CacheStats | None:
-    """The server's prefix-cache hit rate between two scrapes, when it exports one."""
+def _changes(
+    before: Samples | None, after: Samples | None, names: tuple[str, ...]
+) -> list[float] | None:
+    """Each counter's change between two scrapes; None unless both have every one."""
     if before is None or after is None:
         return None
+    out = []
+    for name in names:
+        a, b = total(before, name), total(after, name)
+        if a is None or b is None:
+            return None
+        out.append(b - a)
+    return out
+
+
+def cache_hit_rate(before: Samples | None, after: Samples | None) -> CacheStats | None:
+    """The server's prefix-cache hit rate between two scrapes, when it exports one."""
     for hits, queries, unit in _HIT_COUNTERS:
-        h0, h1 = total(before, hits), total(after, hits)
-        q0, q1 = total(before, queries), total(after, queries)
-        if None in (h0, h1, q0, q1):
-            continue
-        dq = q1 - q0  # type: ignore[operator]
-        rate = (h1 - h0) / dq if dq > 0 else None  # type: ignore[operator]
-        return CacheStats(rate, unit, hits)
+        if (changes := _changes(before, after, (hits, queries))) is not None:
+            dh, dq = changes
+            return CacheStats(dh / dq if dq > 0 else None, unit, hits)
     return None
 
 
@@ -95,12 +104,7 @@ class SpecStats:
 def spec_acceptance(before: Samples | None, after: Samples | None) -> SpecStats | None:
     """Speculative decoding's proposed and kept tokens between two scrapes, when the server
     exports them (a server that does not speculate exports none, or proposes nothing)."""
-    if before is None or after is None:
-        return None
     for kept, proposed in _SPEC_COUNTERS:
-        values = [total(x, name) for name in (kept, proposed) for x in (before, after)]
-        if None in values:
-            continue
-        k0, k1, p0, p1 = values
-        return SpecStats(k1 - k0, p1 - p0, kept)  # type: ignore[operator]
+        if (changes := _changes(before, after, (kept, proposed))) is not None:
+            return SpecStats(*changes, source=kept)
     return None
