@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
+
+from checkout import REPO_ROOT  # noqa: F401  (first: src/ on the path)
+
+from pippin.bench.scrape import parse_metrics, total
 
 PY = sys.executable
 
@@ -37,7 +40,7 @@ def thread_cpu(pid: int) -> dict[int, float]:
 def metric(url: str, name: str) -> float:
     """The sum over its label sets (pippin labels each series with its model)."""
     text = urllib.request.urlopen(f"{url}/metrics").read().decode()
-    return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)", text, re.M))
+    return total(parse_metrics(text), name) or 0.0
 
 
 def generated(url: str) -> float:
