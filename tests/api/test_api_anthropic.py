@@ -372,6 +372,58 @@ def test_context_management_clears_old_tool_results(client: anthropic.Anthropic)
     assert same.input_tokens == full.input_tokens
 
 
+def test_deferred_tools_are_hidden_until_a_tool_reference_loads_them(
+    client: anthropic.Anthropic,
+) -> None:
+    """`defer_loading` tools stay out of the prompt (Claude Code sends a placeholder so
+    that the model never calls it) until a tool result's `tool_reference` block, a
+    client-side tool search's answer, loads them; then they are shown like the others."""
+    search = {"name": "search_tools", "input_schema": {"type": "object"}}
+    big = {
+        "name": "deploy",
+        "description": "Deploys the service to the named region. " * 8,
+        "input_schema": CITY_SCHEMA,
+    }
+    deferred = {**big, "defer_loading": True}
+
+    def count(messages: list[Any], tools: list[Any], **kw: Any) -> int:
+        return client.messages.count_tokens(
+            model="tiny", messages=messages, tools=tools, **kw
+        ).input_tokens
+
+    assert count(HELLO, [search, deferred]) == count(HELLO, [search])
+    assert count(HELLO, [search, big]) > count(HELLO, [search]) + 50
+    found = [
+        {"role": "user", "content": "Deploy it."},
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "toolu_1", "name": "search_tools", "input": {}}],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_1",
+                    "content": [{"type": "tool_reference", "tool_name": "deploy"}],
+                }
+            ],
+        },
+    ]
+    assert count(found, [search, deferred]) == count(found, [search, big])
+    m = create(client, messages=found, tools=[search, deferred], max_tokens=4)
+    assert m.stop_reason in ("max_tokens", "end_turn", "tool_use")
+    # A reference to a tool the request does not have, and a forced call of a deferred
+    # tool nothing has loaded, are refused.
+    unknown = json.loads(json.dumps(found))
+    unknown[2]["content"][0]["content"][0]["tool_name"] = "nope"
+    with pytest.raises(anthropic.BadRequestError, match="nope") as err:
+        count(unknown, [search, deferred])
+    assert "messages[2].content[0].content[0].tool_name" in str(err.value)
+    with pytest.raises(anthropic.BadRequestError, match="deploy"):
+        create(client, tools=[search, deferred], tool_choice={"type": "tool", "name": "deploy"})
+
+
 def test_assistant_prefill_is_continued(client: anthropic.Anthropic, model_dir: Path) -> None:
     """A conversation ending in an assistant turn of text is continued from it: the prompt
     ends inside that turn (no end of turn, no new assistant header), as the template renders

@@ -39,6 +39,8 @@ from pippin.api.anthropic.protocol import (
     ThinkingBlock,
     ThinkingDisabled,
     ThinkingEnabled,
+    Tool,
+    ToolReferenceBlock,
     ToolResultBlock,
     ToolUseBlock,
 )
@@ -157,6 +159,10 @@ def _tool_result_text(
             parts.append({"type": "text", "text": part.text})
         elif isinstance(part, DocumentBlock):
             texts.append(_document_text(part, f"{param}.content[{j}]"))
+            parts.append({"type": "text", "text": texts[-1]})
+        elif isinstance(part, ToolReferenceBlock):
+            # The tool itself joins the tools the template shows (see `template_tools`).
+            texts.append(f"The tool {part.tool_name} is now available.")
             parts.append({"type": "text", "text": texts[-1]})
         else:
             parts.append(_image(part, f"{param}.content[{j}]", media))
@@ -309,7 +315,32 @@ def _assistant_turn(blocks: list[Any], p: str) -> list[dict[str, Any]]:
     return out
 
 
+def _loaded_tools(req: MessagesRequest | CountTokensRequest) -> set[str]:
+    """The tools that tool results' `tool_reference` blocks load (a client-side tool
+    search's answers); each must name one of the request's tools."""
+    names = {t.name for t in req.tools or [] if isinstance(t, Tool)}
+    loaded: set[str] = set()
+    for i, m in enumerate(req.messages):
+        for j, b in enumerate(m.content if isinstance(m.content, list) else []):
+            if not isinstance(b, ToolResultBlock) or not isinstance(b.content, list):
+                continue
+            for k, part in enumerate(b.content):
+                if isinstance(part, ToolReferenceBlock):
+                    if part.tool_name not in names:
+                        param = f"messages[{i}].content[{j}].content[{k}].tool_name"
+                        raise _error(
+                            f"{param}: the tool reference '{part.tool_name}' names none of "
+                            "the request's tools.",
+                            param,
+                        )
+                    loaded.add(part.tool_name)
+    return loaded
+
+
 def template_tools(req: MessagesRequest | CountTokensRequest) -> list[dict[str, Any]] | None:
+    """The client tools the model is shown: all but the deferred ones (`defer_loading`)
+    that no `tool_reference` has loaded yet, in the request's order."""
+    loaded = _loaded_tools(req)
     tools: list[dict[str, Any]] = []
     for j, t in enumerate(req.tools or []):
         if isinstance(t, ServerTool) and t.type == "mcp_toolset":
@@ -320,6 +351,8 @@ def template_tools(req: MessagesRequest | CountTokensRequest) -> list[dict[str, 
                 "define it as a client tool with an input_schema.",
                 f"tools[{j}].type",
             )
+        if t.defer_loading and t.name not in loaded:
+            continue
         fn: dict[str, Any] = {"name": t.name, "parameters": t.input_schema}
         if t.description:
             fn["description"] = t.description

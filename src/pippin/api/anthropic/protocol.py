@@ -56,10 +56,21 @@ class ToolUseBlock(_Strict):
     toolset_name: str | None = None
 
 
+class ToolReferenceBlock(_Strict):
+    """A client-side tool search's answer, in a tool result: loads that deferred tool."""
+
+    type: Literal["tool_reference"]
+    tool_name: str
+    cache_control: CacheControl | None = None
+
+
+ToolResultPart = TextBlock | ImageBlock | DocumentBlock | ToolReferenceBlock
+
+
 class ToolResultBlock(_Strict):
     type: Literal["tool_result"]
     tool_use_id: str
-    content: str | list[Annotated[TextBlock | ImageBlock | DocumentBlock, Field()]] | None = None
+    content: str | list[Annotated[ToolResultPart, Field()]] | None = None
     is_error: bool | None = None
     cache_control: CacheControl | None = None
     toolset_name: str | None = None
@@ -149,8 +160,10 @@ class Tool(_Strict):
     type: Literal["custom"] | None = None
     cache_control: CacheControl | None = None
     strict: bool | None = None
-    # Tool-search and programmatic-calling fields: the tool is shown to the model as usual.
+    # Tool search: a deferred tool is hidden from the model until a tool result's
+    # `tool_reference` block names it (see messages.template_tools).
     defer_loading: bool | None = None
+    # Programmatic calling: the tool is shown to the model as usual.
     input_examples: list[dict[str, Any]] | None = None
     allowed_callers: list[str] | None = None
     eager_input_streaming: bool | None = None
