@@ -122,7 +122,9 @@ def test_editing_run_against_the_fake_server(tmp_path: Path) -> None:
 
 
 @needs_smollm2
-def test_editing_against_pippin_with_prompt_lookup(tmp_path: Path, smollm2_tokenizer: str) -> None:
+def test_editing_against_pippin_with_prompt_lookup(
+    tmp_path: Path, smollm2_tokenizer: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     """End to end: a real pippin on the default model, speculating with prompt lookup; the
     prompt lengths are in the served model's own tokens (its GGUF's converted tokenizer)."""
     from pippin.store.loader import default_model_path
@@ -139,6 +141,9 @@ def test_editing_against_pippin_with_prompt_lookup(tmp_path: Path, smollm2_token
     assert code == 0
     data = json.loads((tmp_path / "b.json").read_text())
     assert data["config"]["workload"]["tokenizer"] == smollm2_tokenizer
+    # The report names it by the GGUF it came from, not the conversion's hashed folder.
+    assert data["config"]["workload"]["tokenizer_label"] == default_model_path().name
+    assert f"lengths in {default_model_path().name} tokens" in capsys.readouterr().out
     [row] = data["summary"]
     assert row["failed"] == 0 and 0 < row["output_tokens"] <= 2 * 24
     # 300 tokens of request and the chat template's few, as the server counted them.

@@ -394,16 +394,20 @@ def _measure(
     from pippin.bench.workload import words_per_token
 
     tokenizer = args.tokenizer or workload.tokenizer
+    label = None
     if tokenizer is None and started is not None:
-        found = (_served_tokenizer(s.model) for s in started.servers.values() if s.model)
-        tokenizer = next((f for f in found if f), None)
+        found = ((_served_tokenizer(s.model), s.model) for s in started.servers.values() if s.model)
+        tokenizer, model = next(((f, m) for f, m in found if f), (None, None))
+        label = Path(model).name if model and model.endswith(".gguf") else None
     if tokenizer == "none":
         workload = replace(workload, tokenizer=None)
     elif tokenizer:
         # The one measured with names itself in the report (a --tokenizer over the workload's).
         # Editing prompts count their code's tokens with it directly.
         wpt = words_per_token(tokenizer) if workload.prompt_source == "words" else 1.0
-        workload = replace(workload, tokenizer=tokenizer, words_per_token=wpt)
+        workload = replace(
+            workload, tokenizer=tokenizer, tokenizer_label=label, words_per_token=wpt
+        )
     cfg = BenchConfig(
         targets=_targets(args, entries, started),
         workload=workload,

@@ -110,6 +110,9 @@ class Workload:
     # Prompt lengths in this tokenizer's tokens: "llama3" (the real Llama 3 tokenizer) or
     # a tokenizer.json (or its folder); None: the served model's (see `pippin bench`).
     tokenizer: str | None = None
+    # How the report names that tokenizer, where its path does not (a served GGUF's
+    # conversion is a folder named by a hash); set by `pippin bench`, not a workload field.
+    tokenizer_label: str | None = field(default=None, metadata={"internal": True})
     # "words": random common words; "editing": code to rewrite with a name changed.
     prompt_source: PromptSource = "words"
 
@@ -133,7 +136,7 @@ class Workload:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Workload:
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls) if not f.metadata.get("internal")}
         unknown = set(d) - known
         if unknown:
             raise ValueError(f"unknown workload fields: {', '.join(sorted(unknown))}")
@@ -155,7 +158,8 @@ class Workload:
         if self.turns > 1:
             parts.append(f"{self.turns} turns")
         if self.tokenizer:
-            parts.append(f"lengths in {Path(self.tokenizer).name} tokens")
+            label = self.tokenizer_label or Path(self.tokenizer).name
+            parts.append(f"lengths in {label} tokens")
         if self.words_per_token != 1:
             parts.append(f"{self.words_per_token:.2f} words a token")
         return ", ".join(parts)
