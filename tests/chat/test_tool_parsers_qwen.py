@@ -52,6 +52,27 @@ def test_bare_json_and_plain_text() -> None:
     assert r.calls == [] and r.content == text
 
 
+def test_calls_in_code_fences() -> None:
+    """Qwen2.5-Coder often answers a tool call with a ```json block (seen with Claude
+    Code's tools): at the start of the output, a fenced call of a known tool is a call."""
+    body = '{\n  "name": "get_weather",\n  "arguments": {"city": "Paris", "days": 3}\n}'
+    fenced = f"```json\n{body}\n```"
+    r = check_split_invariance(make, fenced)
+    assert r.calls == WANT and r.content == ""
+    assert check_split_invariance(make, f"```\n{body}\n```").calls == WANT
+    two = check_split_invariance(make, f"{fenced}\n{fenced}")
+    assert two.calls == WANT * 2
+    # Other fenced JSON, unknown tools, other languages and fences after prose are text.
+    for text in (
+        '```json\n{"city": "Paris"}\n```',
+        fenced.replace("get_weather", "get_time"),
+        f"```python\n{body}\n```",
+        f"Here is how a call looks:\n{fenced}",
+    ):
+        r = check_split_invariance(make, text)
+        assert r.calls == [] and r.content == text, text
+
+
 def test_names() -> None:
     # vllm-mlx's names for its qwen parser; hermes stays the JSON-only format.
     assert get_tool_parser("qwen") is QwenParser and get_tool_parser("qwen3") is QwenParser

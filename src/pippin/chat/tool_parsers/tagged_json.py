@@ -23,6 +23,8 @@ class TaggedJsonParser(ToolParser):
     # Calls may also come without markers when the output starts with one (and one bare
     # call may follow another): what small models often write.
     bare: ClassVar[bool] = False
+    # Code fences such a bare call may come in at the start (opening -> closing marker).
+    fences: ClassVar[dict[str, str]] = {}
 
     def __init__(self, *a, **kw) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*a, **kw)
@@ -35,12 +37,14 @@ class TaggedJsonParser(ToolParser):
         while True:
             if self.mode == _TEXT and self.bare_ok:
                 head = self.buf.lstrip()
-                if not head and not final:
+                if not final and (not head or any(f.startswith(head) for f in self.fences)):
                     return
                 self.bare_ok = False
-                if head.startswith("[" if self.many else "{"):
-                    self.buf = head
-                    self.marker = ""
+                fence = next((f for f in self.fences if head.startswith(f)), "")
+                if fence or head.startswith("[" if self.many else "{"):
+                    # Not JSON, or not a call of a known tool: the reader hands it back.
+                    self.buf = head[len(fence) :]
+                    self.marker = fence
                     self.reader = JsonCallReader(self, self.many, self.list_optional)
                     self.mode = _BODY
             if self.mode == _TEXT:
@@ -68,18 +72,24 @@ class TaggedJsonParser(ToolParser):
                 assert status == DONE
                 if not self.marker:
                     self.bare_ok = True
-                self.mode = _END if self.end and self.marker else _TEXT
+                self.mode = _END if self.closing and self.marker else _TEXT
             if self.mode == _END:
                 stripped = self.buf.lstrip()
-                if stripped.startswith(self.end):
-                    self.buf = stripped[len(self.end) :]
+                if stripped.startswith(self.closing):
+                    self.buf = stripped[len(self.closing) :]
                     self.mode = _TEXT
+                    self.bare_ok = self.marker in self.fences  # another may follow
                     continue
                 if not final and (
-                    not stripped or partial_marker(stripped, (self.end,)) == len(stripped)
+                    not stripped or partial_marker(stripped, (self.closing,)) == len(stripped)
                 ):
                     return
                 self.mode = _TEXT  # no closing marker: what follows is text
+
+    @property
+    def closing(self) -> str:
+        """The marker that closes the open section."""
+        return self.fences.get(self.marker, self.end)
 
 
 class HermesParser(TaggedJsonParser):
@@ -88,7 +98,8 @@ class HermesParser(TaggedJsonParser):
     name = "hermes"
     aliases = ("qwen2_5", "json_tools", "nous")  # "qwen" reads both Qwen forms (qwen.py)
     starts = ("<tool_call>",)
-    bare = True  # Qwen2.5-Coder often leaves the tags out
+    bare = True  # Qwen2.5-Coder often leaves the tags out, or writes a ```json block
+    fences = {"```json": "```", "```\n": "```"}
     end = "</tool_call>"
     special_tokens = ("<tool_call>", "</tool_call>")
     priority = 10  # generic: other formats also use <tool_call>
