@@ -79,16 +79,13 @@ class XlamParser(TaggedJsonParser):
     name = "xlam"
     # "```" alone would match before "```json" could be seen; fences carry a tag or newline.
     starts = tuple(_XLAM_ENDS)
+    closings = _XLAM_ENDS
     many = True
     priority = 20
 
     def __init__(self, *a, **kw) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*a, **kw)
         self.at_start = True
-
-    @property
-    def end(self) -> str:  # type: ignore[override]
-        return _XLAM_ENDS.get(self.marker, "")
 
     @classmethod
     def matches(cls, template: str, model_type: str, vocab: set[str] | dict[str, int]) -> bool:

@@ -23,8 +23,11 @@ class TaggedJsonParser(ToolParser):
     # Calls may also come without markers when the output starts with one (and one bare
     # call may follow another): what small models often write.
     bare: ClassVar[bool] = False
-    # Code fences such a bare call may come in at the start (opening -> closing marker).
-    fences: ClassVar[dict[str, str]] = {}
+    # Code fences such a bare call may come in at the start of the output.
+    fences: ClassVar[tuple[str, ...]] = ()
+    # Opening markers (of `starts` or `fences`) whose section another marker than `end`
+    # closes ("": none, the section runs to the end).
+    closings: ClassVar[dict[str, str]] = {}
 
     def __init__(self, *a, **kw) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*a, **kw)
@@ -89,7 +92,7 @@ class TaggedJsonParser(ToolParser):
     @property
     def closing(self) -> str:
         """The marker that closes the open section."""
-        return self.fences.get(self.marker, self.end)
+        return self.closings.get(self.marker, self.end)
 
 
 class HermesParser(TaggedJsonParser):
@@ -99,7 +102,8 @@ class HermesParser(TaggedJsonParser):
     aliases = ("qwen2_5", "json_tools", "nous")  # "qwen" reads both Qwen forms (qwen.py)
     starts = ("<tool_call>",)
     bare = True  # Qwen2.5-Coder often leaves the tags out, or writes a ```json block
-    fences = {"```json": "```", "```\n": "```"}
+    fences = ("```json", "```\n")
+    closings = dict.fromkeys(fences, "```")
     end = "</tool_call>"
     special_tokens = ("<tool_call>", "</tool_call>")
     priority = 10  # generic: other formats also use <tool_call>
