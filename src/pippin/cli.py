@@ -847,7 +847,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _model_specs(args: argparse.Namespace) -> tuple[str | None, list[Any]]:
     """(the one model, or None) and the specs of several (empty for one model)."""
-    from pippin.api.model_specs import ModelSpec, SpecError, load_specs
+    from pippin.serving.model_specs import ModelSpec, SpecError, load_specs
 
     given = ([args.model] if args.model else []) + list(args.model_flag or [])
     given = list(dict.fromkeys(given))  # `serve M --model M` is one model
@@ -877,9 +877,9 @@ def _model_specs(args: argparse.Namespace) -> tuple[str | None, list[Any]]:
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:
-    from pippin.api.http_limits import CorsSettings
-    from pippin.api.model_specs import SpecError, parse_alias, parse_size
-    from pippin.api.state import MIB, ServerSettings
+    from pippin.serving.model_specs import SpecError, parse_alias, parse_size
+    from pippin.serving.settings import CorsSettings
+    from pippin.serving.state import MIB, ServerSettings
 
     model, specs = _model_specs(args)
     try:
@@ -1026,7 +1026,7 @@ def mcp_settings(args: argparse.Namespace) -> McpSettings:
 
 
 def _api_keys(path: str | None) -> list[Any]:
-    from pippin.api.admission import KeyFileError, load_keys
+    from pippin.serving.admission import KeyFileError, load_keys
 
     if path is None:
         return []
@@ -1048,9 +1048,9 @@ def _tts_problem(path: str) -> str | None:
 def serve(args: argparse.Namespace) -> int:
     if args.offline:
         os.environ["HF_HUB_OFFLINE"] = "1"  # read by huggingface_hub when it is imported
-    from pippin.api import drain
     from pippin.obs.logs import setup_logging
     from pippin.server import create_app
+    from pippin.serving import drain
 
     level = "debug" if args.log_level == "trace" else args.log_level
     setup_logging(level, args.log_format)
@@ -1086,7 +1086,7 @@ def serve(args: argparse.Namespace) -> int:
         if problem:
             print(f"pippin serve: cannot load the TTS model: {problem}", file=sys.stderr)
             return 3
-    from pippin.api.model_specs import SpecError
+    from pippin.serving.model_specs import SpecError
 
     try:
         app = create_app(settings)
@@ -1094,7 +1094,7 @@ def serve(args: argparse.Namespace) -> int:
         print(f"pippin serve: {e}", file=sys.stderr)
         return 2
     if settings.api_keys:
-        from pippin.api.admission import describe
+        from pippin.serving.admission import describe
 
         log.info("API keys from --api-keys: %s", describe(settings.api_keys))
     started = drain.serve(

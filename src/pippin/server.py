@@ -7,23 +7,25 @@ the embedding/rerank models; it stops them all on exit.
 
 from __future__ import annotations
 
-import base64
-import hmac
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request, Response
 from fastapi.middleware.cors import CORSMiddleware
-from starlette.datastructures import Headers
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pippin import __version__
 from pippin.api import cache_control, mcp_routes, rerank, status
-from pippin.api.admission import Admission, AdmissionMiddleware, key_check
 from pippin.api.anthropic import messages as anthropic_messages
-from pippin.api.errors import OpenAIError, install_error_handlers
-from pippin.api.http_limits import HeadLimitsMiddleware
+from pippin.api.errors import install_error_handlers
+from pippin.api.middleware import (
+    AdmissionMiddleware,
+    ApiKeyMiddleware,
+    BodyLimitMiddleware,
+    HeadLimitsMiddleware,
+    LeaseMiddleware,
+    key_check,
+)
 from pippin.api.ollama import chat as ollama_chat
 from pippin.api.ollama import embed as ollama_embed
 from pippin.api.ollama import models as ollama_models
@@ -35,10 +37,11 @@ from pippin.api.openai import responses as openai_responses
 from pippin.api.openai import speech as openai_speech
 from pippin.api.openai import transcriptions as openai_transcriptions
 from pippin.api.openapi import install_openapi, openai_route
-from pippin.api.registry import LeaseMiddleware, ModelRegistry
-from pippin.api.state import MIB, ServerSettings, ServerState
 from pippin.obs.http import ObservabilityMiddleware
 from pippin.obs.metrics import CONTENT_TYPE, Metrics
+from pippin.serving.admission import Admission
+from pippin.serving.registry import ModelRegistry
+from pippin.serving.state import MIB, ServerSettings, ServerState
 from pippin.web import STATIC_PATHS
 from pippin.web import router as web_router
 
@@ -46,123 +49,6 @@ log = logging.getLogger("pippin.server")
 
 
 # --- middleware ---------------------------------------------------------------
-
-
-class ApiKeyMiddleware:
-    """Every route but the open ones needs the key (Bearer, x-api-key, or HTTP Basic).
-
-    The web page's paths answer a missing key with a Basic challenge, so a browser asks for
-    it (any user name, the key as password) and then sends it on the page's own API calls.
-    ``HEAD /`` stays open: it has no body, and clients probe it to see the server is up.
-    """
-
-    def __init__(
-        self,
-        app: ASGIApp,
-        api_key: str | None,
-        open_paths: frozenset[str],
-        other_keys: Callable[[str, Scope], bool] | None = None,
-        page_paths: frozenset[str] = frozenset(),
-    ) -> None:
-        self.app = app
-        self.key = api_key.encode() if api_key else None
-        self.open_paths = open_paths
-        self.page_paths = page_paths
-        self.other_keys = other_keys  # --api-keys: the file's keys, with their limits
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        no_key = self.key is None and self.other_keys is None
-        path = scope.get("path", "")
-        probe = path == "/" and scope.get("method") == "HEAD"
-        if scope["type"] != "http" or no_key or path in self.open_paths or probe:
-            await self.app(scope, receive, send)
-            return
-        headers = Headers(scope=scope)
-        supplied = headers.get("x-api-key")
-        auth = headers.get("authorization", "")
-        if auth[:7].lower() == "bearer ":
-            supplied = auth[7:].strip()
-        elif auth[:6].lower() == "basic ":
-            supplied = _basic_password(auth[6:])
-        challenge = 'Basic realm="pippin", charset="UTF-8"' if path in self.page_paths else "Bearer"
-        if supplied is None:
-            err = OpenAIError(
-                401,
-                "You didn't provide an API key. Send it as 'Authorization: Bearer <key>' "
-                "or in the 'x-api-key' header.",
-                code="invalid_api_key",
-                headers={"WWW-Authenticate": challenge},
-            )
-        elif not (
-            (self.key is not None and hmac.compare_digest(supplied.encode(), self.key))
-            or (self.other_keys is not None and self.other_keys(supplied, scope))
-        ):
-            # The key itself is never echoed or logged.
-            err = OpenAIError(
-                401,
-                "Incorrect API key provided.",
-                code="invalid_api_key",
-                headers={"WWW-Authenticate": challenge},
-            )
-        else:
-            await self.app(scope, receive, send)
-            return
-        await err.response(scope["path"])(scope, receive, send)
-
-
-def _basic_password(credentials: str) -> str | None:
-    """The password of HTTP Basic credentials (the user name is ignored), or None."""
-    try:
-        _, sep, password = (
-            base64.b64decode(credentials.strip(), validate=True).decode().partition(":")
-        )
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return password if sep else None
-
-
-def _too_large(limit: int) -> OpenAIError:
-    return OpenAIError(
-        413,
-        f"The request body is too large: this server accepts at most {limit / MIB:g} MiB.",
-        code="request_too_large",
-    )
-
-
-class BodyLimitMiddleware:
-    """Refuse bodies over the cap: by Content-Length before reading anything, and by
-    counting the bytes as they arrive (chunked uploads), so a huge body is never
-    held in memory."""
-
-    def __init__(
-        self, app: ASGIApp, max_bytes: int, per_path: dict[str, int] | None = None
-    ) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-        self.per_path = per_path or {}
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        max_bytes = self.per_path.get(scope.get("path", ""), self.max_bytes)
-        length = Headers(scope=scope).get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > max_bytes):
-            await _too_large(max_bytes).response(scope["path"])(scope, receive, send)
-            return
-        seen = 0
-
-        async def counted() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > max_bytes:
-                    # Raised inside the route's body read; the error handler answers 413.
-                    raise _too_large(max_bytes)
-            return message
-
-        await self.app(scope, counted, send)
 
 
 # --- app ------------------------------------------------------------------------
@@ -282,7 +168,7 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
                     await start_mcp(state)
                 if settings.warm_prompts:
                     # Still inside the lifespan: /health answers only once they are cached.
-                    from pippin.api.warm_prompts import warm_up
+                    from pippin.serving.warm_prompts import warm_up
 
                     await warm_up(app, state, settings.warm_prompts)
             yield

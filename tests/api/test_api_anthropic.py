@@ -497,9 +497,9 @@ def test_strict_tools_reach_the_forced_call_grammar() -> None:
 def test_stop_sequence_wins_over_a_started_tool_call() -> None:
     """A stop sequence that ends the turn, even inside a tool call, is the stop reason."""
     from pippin.api.anthropic.messages import stop_fields
-    from pippin.api.chat_pipeline import ParsedStep
     from pippin.chat.tool_parsers.base import ParsedDelta
     from pippin.engine.types import CompletionOutput
+    from pippin.serving.pipeline import ParsedStep
 
     def step(finish: str, stop: str | int | None) -> ParsedStep:
         out = CompletionOutput(0, [], "", None, finish)

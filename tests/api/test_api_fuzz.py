@@ -34,8 +34,8 @@ from schemathesis.specs.openapi.checks import (
 from server_utils import Server, run_server
 
 from pippin.api.errors import is_anthropic_path, is_ollama_path
-from pippin.api.state import ServerSettings
 from pippin.server import create_app
+from pippin.serving.state import ServerSettings
 
 HANG_S = 60.0  # a request that takes longer than this is a hang (the model is tiny)
 CASES: Counter[str] = Counter()

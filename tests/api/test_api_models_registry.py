@@ -17,10 +17,10 @@ import pytest
 import yaml
 from server_utils import Server, run_server
 
-from pippin.api.model_specs import ModelSpec, SpecError, load_specs, parse_alias, parse_size
-from pippin.api.registry import ModelRegistry
-from pippin.api.settings import ServerSettings
 from pippin.bench.scrape import parse_metrics, total
+from pippin.serving.model_specs import ModelSpec, SpecError, load_specs, parse_alias, parse_size
+from pippin.serving.registry import ModelRegistry
+from pippin.serving.settings import ServerSettings
 
 MESSAGES = [{"role": "user", "content": "Say something about the sea."}]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pippin.api.errors import OpenAIError
 from pippin.api.ollama.protocol import keep_alive_seconds, sampling_options
+from pippin.serving.errors import ApiError
 
 
 def test_options_map_to_sampling_fields() -> None:
@@ -63,7 +63,7 @@ def test_options_map_to_sampling_fields() -> None:
     ],
 )
 def test_bad_options_are_400s_naming_the_option(options: dict, named: str) -> None:
-    with pytest.raises(OpenAIError) as e:
+    with pytest.raises(ApiError) as e:
         sampling_options(options)
     assert e.value.status == 400 and named in e.value.message
 
@@ -79,6 +79,6 @@ def test_keep_alive_durations() -> None:
     assert keep_alive_seconds(0) == 0 and keep_alive_seconds("0") == 0
     assert keep_alive_seconds(-1) is None and keep_alive_seconds("-1m") is None  # forever
     for bad in ("soon", "5 m", "m", "", True, "5x"):
-        with pytest.raises(OpenAIError) as e:
+        with pytest.raises(ApiError) as e:
             keep_alive_seconds(bad)  # type: ignore[arg-type]
         assert e.value.status == 400

@@ -6,13 +6,14 @@ from typing import Any
 
 import pytest
 
-from pippin.api.errors import OpenAIError, loc_to_param
-from pippin.api.limits import Limits, merge_defaults
-from pippin.api.openai.protocol import ChatCompletionRequest
-from pippin.api.openai.sampling import build_sampling_params, resolve_max_tokens
+from pippin.api.errors import loc_to_param
+from pippin.api.openai.protocol import ChatCompletionRequest, sampling_of
 from pippin.cli import build_parser, settings_from_args
 from pippin.engine.config import BATCHED_TOKENS_CUDA
 from pippin.kernels import device
+from pippin.serving.errors import ApiError
+from pippin.serving.limits import Limits, merge_defaults
+from pippin.serving.sampling import build_sampling_params, resolve_max_tokens
 
 LIMITS = Limits(max_model_len=100, vocab_size=50, max_tokens_cap=None)
 
@@ -26,12 +27,10 @@ def req(**fields: Any) -> ChatCompletionRequest:
 def params(defaults: dict[str, Any] | None = None, **fields: Any) -> Any:
     r = req(**fields)
     return build_sampling_params(
-        r,
+        sampling_of(r, bool(r.logprobs), r.top_logprobs or 0),
         max_tokens=10,
         limits=LIMITS,
         defaults=merge_defaults(defaults or {}, {}),
-        logprobs=bool(r.logprobs),
-        top_logprobs=r.top_logprobs or 0,
     )
 
 
@@ -53,12 +52,7 @@ def test_model_defaults_then_overrides_then_request() -> None:
     assert d["temperature"] == 0.6 and d["top_p"] == 0.5 and d["top_k"] == 20
     assert "unrelated" not in d
     p = build_sampling_params(
-        req(temperature=0.1),
-        max_tokens=5,
-        limits=LIMITS,
-        defaults=d,
-        logprobs=False,
-        top_logprobs=0,
+        sampling_of(req(temperature=0.1)), max_tokens=5, limits=LIMITS, defaults=d
     )
     assert p.temperature == 0.1 and p.top_p == 0.5 and p.top_k == 20
 
@@ -111,7 +105,7 @@ def test_empty_stop_strings_are_dropped() -> None:
     ],
 )
 def test_bad_values_need_the_model(fields: dict[str, Any], param: str) -> None:
-    with pytest.raises(OpenAIError) as info:
+    with pytest.raises(ApiError) as info:
         params(**fields)
     assert info.value.status == 400 and info.value.param == param
 
@@ -126,7 +120,7 @@ def test_max_tokens_default_is_the_rest_of_the_context() -> None:
 
 
 def test_prompt_past_the_context() -> None:
-    with pytest.raises(OpenAIError) as info:
+    with pytest.raises(ApiError) as info:
         resolve_max_tokens(None, 100, LIMITS, None, None, "messages")
     err = info.value
     assert err.code == "context_length_exceeded" and err.param == "messages"
@@ -134,7 +128,7 @@ def test_prompt_past_the_context() -> None:
 
 
 def test_prompt_plus_max_tokens_past_the_context() -> None:
-    with pytest.raises(OpenAIError) as info:
+    with pytest.raises(ApiError) as info:
         resolve_max_tokens(71, 30, LIMITS, None, None, "messages")
     err = info.value
     assert err.code == "context_length_exceeded"
@@ -142,7 +136,7 @@ def test_prompt_plus_max_tokens_past_the_context() -> None:
 
 
 def test_max_tokens_over_the_server_cap() -> None:
-    with pytest.raises(OpenAIError) as info:
+    with pytest.raises(ApiError) as info:
         resolve_max_tokens(9, 1, Limits(100, 50, max_tokens_cap=8), None, None, "messages")
     assert info.value.param == "max_tokens"
 

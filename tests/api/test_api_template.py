@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from mlx_lm.utils import load_tokenizer
 
-from pippin.api.errors import OpenAIError
-from pippin.api.logprobs import TokenRenderer
 from pippin.api.openai.chat import template_kwargs, template_messages, template_tools
 from pippin.api.openai.protocol import ChatCompletionRequest
 from pippin.chat.template import ChatTemplateError, inspect_template, render_chat
+from pippin.serving.errors import ApiError
+from pippin.serving.logprobs import TokenRenderer
 
 
 class FakeTokenizer:
@@ -46,7 +46,7 @@ def test_reasoning_effort_maps_to_the_template() -> None:
     assert template_kwargs(req(reasoning_effort="low"), {}, "enable_thinking") == {
         "enable_thinking": True
     }
-    with pytest.raises(OpenAIError) as info:
+    with pytest.raises(ApiError) as info:
         template_kwargs(req(reasoning_effort="low"), {}, None)
     assert info.value.param == "reasoning_effort"
 
@@ -100,7 +100,7 @@ def test_tools_and_tool_choice() -> None:
     ]
     # Forced calls are honoured (tests/test_api_structured.py); these kinds are not.
     for bad in ({"tool_choice": {"type": "allowed_tools"}}, {"tool_choice": {"type": "x"}}):
-        with pytest.raises(OpenAIError):
+        with pytest.raises(ApiError):
             template_tools(req(tools=[tool], **bad))
 
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from pippin.api.state import MIB, ServerSettings
 from pippin.server import create_app
+from pippin.serving.state import MIB, ServerSettings
 
 KEY = "sk-test-key"
 MODEL = "m"

@@ -478,7 +478,7 @@ def test_engine_process_crash_errors_every_client_at_once_and_restarts(
 def test_bad_api_keys_files_are_refused_without_echoing_secrets(
     tmp_path: Path, text: str, error: str
 ) -> None:
-    from pippin.api.admission import KeyFileError, load_keys
+    from pippin.serving.admission import KeyFileError, load_keys
 
     path = tmp_path / "keys.yaml"
     path.write_text(text)
@@ -488,7 +488,7 @@ def test_bad_api_keys_files_are_refused_without_echoing_secrets(
 
 
 def test_api_keys_file_in_json(tmp_path: Path) -> None:
-    from pippin.api.admission import load_keys
+    from pippin.serving.admission import load_keys
 
     path = tmp_path / "keys.json"
     path.write_text(

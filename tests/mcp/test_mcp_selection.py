@@ -14,14 +14,14 @@ from mcp_test_server import SCRIPT
 
 from pippin.api.anthropic.messages import mcp_tools as anthropic_tools
 from pippin.api.anthropic.protocol import MessagesRequest
-from pippin.api.errors import OpenAIError
 from pippin.api.openai.chat import mcp_tools as chat_tools
 from pippin.api.openai.protocol import ChatCompletionRequest
 from pippin.api.openai.responses import mcp_tools as responses_tools
 from pippin.api.openai.responses_protocol import ResponsesRequest
-from pippin.api.state import ServerSettings, ServerState
 from pippin.mcp.config import McpSettings, parse_server
 from pippin.mcp.manager import McpManager
+from pippin.serving.errors import ApiError
+from pippin.serving.state import ServerSettings, ServerState
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -62,7 +62,7 @@ def test_chat_auto_and_explicit(state: ServerState) -> None:
         )
         is None
     )
-    with pytest.raises(OpenAIError) as err:
+    with pytest.raises(ApiError) as err:
         chat_tools(chat(n=2), state)
     assert err.value.param == "n"
 
@@ -91,7 +91,7 @@ def test_responses_filters(state: ServerState) -> None:
     )
     assert tools is not None and set(tools.by_name) == {"add", "slow"}
     assert not tools.needs_approval("add") and tools.needs_approval("slow")
-    with pytest.raises(OpenAIError) as err:
+    with pytest.raises(ApiError) as err:
         responses_tools(req(headers={"X-Key": "k"}), state)
     assert err.value.param == "tools[0].headers"
 
@@ -113,6 +113,6 @@ def test_anthropic_servers_and_toolsets(state: ServerState) -> None:
     }
     tools = anthropic_tools(state, req(tools=[toolset]))
     assert tools is not None and list(tools.by_name) == ["add"]
-    with pytest.raises(OpenAIError) as err:
+    with pytest.raises(ApiError) as err:
         anthropic_tools(state, req(tools=[{**toolset, "mcp_server_name": "other"}]))
     assert err.value.param == "tools[0].mcp_server_name"

@@ -16,9 +16,9 @@ import pytest
 from fastapi.testclient import TestClient
 from server_utils import Server, run_server
 
-from pippin.api.state import ServerSettings
 from pippin.bench.scrape import Samples, parse_metrics, total
 from pippin.server import create_app
+from pippin.serving.state import ServerSettings
 
 KEY = "sk-metrics-test"
 PROMPT = "The secret prompt text that must never reach the log"

@@ -7,11 +7,11 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from pippin.api.errors import bad_request
 from pippin.api.openapi import openai_route
-from pippin.api.registry import DEFAULT_NAME
-from pippin.api.state import get_state, require_engine, use_model
 from pippin.engine.cache_tiers import TIERS
+from pippin.serving.errors import bad_request
+from pippin.serving.registry import DEFAULT_NAME
+from pippin.serving.state import get_state, require_engine, use_model
 
 router = APIRouter()
 

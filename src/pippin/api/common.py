@@ -13,7 +13,8 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, ValidationError
 
-from pippin.api.errors import OpenAIError, from_validation_error
+from pippin.api.errors import from_validation_error
+from pippin.serving.errors import ApiError
 
 # Parsing a big body (up to the body cap) takes long enough to stall other
 # requests, so above this size it runs in a worker thread.
@@ -128,7 +129,7 @@ async def closing(it: AsyncIterator[T]) -> AsyncIterator[AsyncIterator[T]]:
             await aclose()
 
 
-class ClientGone(OpenAIError):
+class ClientGone(ApiError):
     """The client disconnected before a non-streaming response was ready.
 
     Nobody reads the reply; 499 (nginx's "client closed request") keeps access logs clear.

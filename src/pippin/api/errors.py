@@ -1,4 +1,4 @@
-"""OpenAI-style errors: one exception type, its JSON body, and the app's handlers.
+"""Errors on the wire: `ApiError` in each API's body, and the app's handlers.
 
 Every failure the OpenAI surface returns has the body
 ``{"error": {"message", "type", "param", "code"}}`` so that the official SDKs raise
@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pippin.obs.http import note_error
+from pippin.serving.errors import ApiError, bad_request, server_error
 
 logger = logging.getLogger(__name__)
 
@@ -25,54 +26,30 @@ logger = logging.getLogger(__name__)
 _TYPE_LABELS = {"str", "int", "float", "bool", "none", "dict", "list", "bytes"}
 
 
-class OpenAIError(Exception):
-    """An error to be sent to the client as an OpenAI error body."""
+def openai_body(err: ApiError) -> dict[str, Any]:
+    return {
+        "error": {"message": err.message, "type": err.type, "param": err.param, "code": err.code}
+    }
 
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code
-        self.headers = headers
 
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
+def anthropic_body(err: ApiError) -> dict[str, Any]:
+    kind = _ANTHROPIC_TYPES.get(err.status, "api_error" if err.status >= 500 else None)
+    return {
+        "type": "error",
+        "error": {"type": kind or "invalid_request_error", "message": err.message},
+    }
 
-    def anthropic_body(self) -> dict[str, Any]:
-        kind = _ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500 else None)
-        return {
-            "type": "error",
-            "error": {"type": kind or "invalid_request_error", "message": self.message},
-        }
 
-    def response(self, path: str = "") -> JSONResponse:
-        """The error as the API at `path` writes errors (Ollama's, Anthropic's or OpenAI's)."""
-        note_error(self.code or self.type)
-        if is_ollama_path(path):
-            # Ollama's body is the message alone; its statuses are HTTP's own.
-            return JSONResponse({"error": self.message}, self.status, headers=self.headers)
-        if is_anthropic_path(path):
-            status = 529 if self.status == 503 else self.status  # Anthropic's "overloaded"
-            return JSONResponse(self.anthropic_body(), status_code=status, headers=self.headers)
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+def error_response(err: ApiError, path: str = "") -> JSONResponse:
+    """The error as the API at `path` writes errors (Ollama's, Anthropic's or OpenAI's)."""
+    note_error(err.code or err.type)
+    if is_ollama_path(path):
+        # Ollama's body is the message alone; its statuses are HTTP's own.
+        return JSONResponse({"error": err.message}, err.status, headers=err.headers)
+    if is_anthropic_path(path):
+        status = 529 if err.status == 503 else err.status  # Anthropic's "overloaded"
+        return JSONResponse(anthropic_body(err), status_code=status, headers=err.headers)
+    return JSONResponse(openai_body(err), status_code=err.status, headers=err.headers)
 
 
 _ANTHROPIC_TYPES = {
@@ -95,29 +72,6 @@ def is_anthropic_path(path: str) -> bool:
     return path == "/v1/messages" or path.startswith("/v1/messages/")
 
 
-def bad_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
-    return OpenAIError(400, message, param=param, code=code)
-
-
-def unsupported_param(param: str, why: str = "") -> OpenAIError:
-    """A field that pippin does not support (yet), named so the client can drop it."""
-    tail = f" {why}" if why else ""
-    return OpenAIError(
-        400,
-        f"Unsupported parameter: '{param}' is not supported by this server.{tail}",
-        param=param,
-        code="unsupported_parameter",
-    )
-
-
-def unsupported_value(param: str, message: str) -> OpenAIError:
-    return OpenAIError(400, message, param=param, code="unsupported_value")
-
-
-def server_error(message: str, code: str | None = None, status: int = 500) -> OpenAIError:
-    return OpenAIError(status, message, type="server_error", code=code)
-
-
 def loc_to_param(loc: tuple[int | str, ...]) -> str | None:
     """('messages', 0, '@user', 'content') -> 'messages[0].content'."""
     out = ""
@@ -136,7 +90,7 @@ def loc_to_param(loc: tuple[int | str, ...]) -> str | None:
     return out or None
 
 
-def from_validation_error(exc: ValidationError | RequestValidationError) -> OpenAIError:
+def from_validation_error(exc: ValidationError | RequestValidationError) -> ApiError:
     """Turn pydantic's errors into one 400 that names the first offending field."""
     errors = exc.errors()
     if not errors:
@@ -194,34 +148,34 @@ def install_error_handlers(app: FastAPI) -> None:
     """Every error leaves the app as an OpenAI error body (no FastAPI 422s)."""
 
     async def on_openai_error(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, OpenAIError)
-        return exc.response(request.url.path)
+        assert isinstance(exc, ApiError)
+        return error_response(exc, request.url.path)
 
     async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError | ValidationError)
-        return from_validation_error(exc).response(request.url.path)
+        return error_response(from_validation_error(exc), request.url.path)
 
     async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         status = exc.status_code
         code = {404: "not_found", 405: "method_not_allowed"}.get(status)
-        err = OpenAIError(
+        err = ApiError(
             status,
             str(exc.detail),
             type="invalid_request_error" if status < 500 else "server_error",
             code=code,
             headers=getattr(exc, "headers", None),
         )
-        return err.response(request.url.path)
+        return error_response(err, request.url.path)
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         # The traceback goes to the log (no request content in it); the client
         # gets the exception class only, never internals such as file paths.
         logger.exception("unhandled error while serving a request")
         err = server_error(f"Internal server error ({type(exc).__name__}).")
-        return err.response(request.url.path)
+        return error_response(err, request.url.path)
 
-    app.add_exception_handler(OpenAIError, on_openai_error)
+    app.add_exception_handler(ApiError, on_openai_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(ValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)

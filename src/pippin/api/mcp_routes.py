@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from pippin.api.state import get_state
+from pippin.serving.state import get_state
 
 router = APIRouter()
 

@@ -7,8 +7,8 @@ from fastapi.responses import JSONResponse
 
 from pippin import __version__
 from pippin.api.openapi import openai_route
-from pippin.api.registry import DEFAULT_NAME
-from pippin.api.state import get_state
+from pippin.serving.registry import DEFAULT_NAME
+from pippin.serving.state import get_state
 
 router = APIRouter()
 

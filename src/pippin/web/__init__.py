@@ -13,8 +13,8 @@ from pathlib import Path
 from fastapi import APIRouter
 from fastapi.responses import FileResponse
 
-from pippin.api.errors import OpenAIError
 from pippin.api.openapi import openai_route
+from pippin.serving.errors import ApiError
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 _MEDIA = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
@@ -41,5 +41,5 @@ async def index() -> FileResponse:
 @router.get("/ui/{name}", response_class=FileResponse, **_PAGE)
 async def asset(name: str) -> FileResponse:
     if name not in _FILES:
-        raise OpenAIError(404, f"No such file: {name}", code="not_found")
+        raise ApiError(404, f"No such file: {name}", code="not_found")
     return _file(name)

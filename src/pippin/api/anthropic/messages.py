@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from pippin.api.admission import salted
 from pippin.api.anthropic.protocol import (
     ClearThinking,
     ClearToolUses,
@@ -44,22 +43,25 @@ from pippin.api.anthropic.protocol import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from pippin.api.chat_pipeline import (
+from pippin.api.common import SSE_HEADERS, cancel_on_disconnect, parse_request, typed_sse
+from pippin.api.errors import anthropic_body
+from pippin.api.openapi import anthropic_route
+from pippin.chat.tool_parsers.base import ParsedDelta
+from pippin.engine.client import EngineError
+from pippin.engine.types import SamplingParams
+from pippin.serving.admission import salted
+from pippin.serving.errors import ApiError, bad_request
+from pippin.serving.media import MediaParts
+from pippin.serving.pipeline import (
     NewParser,
     ParsedStep,
     output_parsing,
     render_media_prompt,
     tool_parser,
 )
-from pippin.api.common import (
-    SSE_HEADERS,
-    cancel_on_disconnect,
-    closing,
-    parse_request,
-    typed_sse,
-)
-from pippin.api.errors import OpenAIError, bad_request, server_error
-from pippin.api.mcp_loop import (
+from pippin.serving.state import check_model, get_state, require_engine, use_model
+from pippin.serving.streams import closing, guarded
+from pippin.serving.tool_loop import (
     CallFinished,
     CallStarted,
     McpCall,
@@ -69,19 +71,12 @@ from pippin.api.mcp_loop import (
     anthropic_mcp_tools,
     request_loop,
 )
-from pippin.api.media_parts import MediaParts
-from pippin.api.openapi import anthropic_route
-from pippin.api.state import check_model, get_state, require_engine, use_model
-from pippin.chat.tool_parsers.base import ParsedDelta
-from pippin.engine.client import EngineError
-from pippin.engine.types import SamplingParams
-from pippin.obs.http import note_error
 from pippin.structured.formats import response_format_grammar
 from pippin.structured.spec import GrammarSpec, StructuredOutputError
 from pippin.structured.tool_calls import forced_tool_grammar
 
 if TYPE_CHECKING:
-    from pippin.api.live_model import LiveModel as ServerState
+    from pippin.serving.live_model import LiveModel as ServerState
 
 router = APIRouter()
 
@@ -92,8 +87,8 @@ PING_SECONDS = 5.0
 _START_WAIT = 1.0
 
 
-def _error(message: str, param: str, status: int = 400) -> OpenAIError:
-    return OpenAIError(status, message, param=param)
+def _error(message: str, param: str, status: int = 400) -> ApiError:
+    return ApiError(status, message, param=param)
 
 
 # --- request -> prompt -------------------------------------------------------
@@ -407,7 +402,7 @@ def structured_spec(
 
 def mcp_tools(state: Any, req: MessagesRequest | CountTokensRequest) -> McpTools | None:
     """The tools of the request's `mcp_servers`, which pippin runs (see api/mcp_loop.py).
-    ``state``: the server's (`pippin.api.state.ServerState`), which holds the MCP manager."""
+    ``state``: the server's (`pippin.serving.state.ServerState`), which holds the MCP manager."""
     toolsets = [
         (t, f"tools[{j}]")
         for j, t in enumerate(req.tools or [])
@@ -877,7 +872,10 @@ class MessageRun:
             body["context_management"] = self.context_management
         return body
 
-    async def stream(self) -> AsyncIterator[str]:
+    def stream(self) -> AsyncIterator[str]:
+        return guarded(self._events(), lambda err: typed_sse(anthropic_body(err)))
+
+    async def _events(self) -> AsyncIterator[str]:
         loop = self._loop()
         builder = BlockBuilder(self.omit_thinking, loop=loop)
         queue: asyncio.Queue[Any] = asyncio.Queue()
@@ -928,16 +926,6 @@ class MessageRun:
                 final["context_management"] = self.context_management
             yield typed_sse(final)
             yield typed_sse({"type": "message_stop"})
-        except OpenAIError as exc:
-            note_error(exc.code or exc.type)
-            yield typed_sse(exc.anthropic_body())
-        except EngineError as exc:
-            yield typed_sse(
-                server_error(f"The engine could not take this request: {exc}").anthropic_body()
-            )
-        except Exception as exc:  # never end a stream without saying why
-            err = server_error(f"Internal server error ({type(exc).__name__}).")
-            yield typed_sse(err.anthropic_body())
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)

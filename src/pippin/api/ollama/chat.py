@@ -15,18 +15,7 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from pippin.api.chat_pipeline import (
-    ParsedStep,
-    grammar_error,
-    output_parsing,
-    render_media_prompt,
-    run_parsed,
-)
-from pippin.api.common import cancel_on_disconnect, closing, parse_request
-from pippin.api.errors import OpenAIError, bad_request
-from pippin.api.live_model import LiveModel
-from pippin.api.logprobs import TokenRenderer
-from pippin.api.media_parts import MediaParts
+from pippin.api.common import cancel_on_disconnect, parse_request
 from pippin.api.ollama.protocol import (
     ChatRequest,
     GenerateFields,
@@ -42,13 +31,25 @@ from pippin.api.ollama.served import (
 )
 from pippin.api.openai.chat import format_logprobs
 from pippin.api.openai.protocol import SamplingFields
-from pippin.api.openai.sampling import build_sampling_params, resolve_max_tokens
 from pippin.api.openapi import ollama_route
-from pippin.api.state import ServerState, get_state
 from pippin.chat.output import OutputParser
 from pippin.chat.tool_parsers.base import ParsedDelta, collect_calls
 from pippin.engine.client import EngineClient, EngineError
 from pippin.engine.types import SamplingParams
+from pippin.serving.errors import ApiError, bad_request
+from pippin.serving.live_model import LiveModel
+from pippin.serving.logprobs import TokenRenderer
+from pippin.serving.media import MediaParts
+from pippin.serving.pipeline import (
+    ParsedStep,
+    grammar_error,
+    output_parsing,
+    render_media_prompt,
+    run_parsed,
+)
+from pippin.serving.sampling import build_sampling_params, resolve_max_tokens
+from pippin.serving.state import ServerState, get_state
+from pippin.serving.streams import closing
 from pippin.store.loaded import LoadedModel
 from pippin.structured.formats import json_object_grammar, json_schema_grammar
 from pippin.structured.spec import GrammarSpec, StructuredOutputError
@@ -250,7 +251,7 @@ class OllamaRun:
             if calls.calls:
                 yield line(self._body(ParsedDelta(), tool_calls(calls)) | {"done": False})
             yield line(self._final(self._body(ParsedDelta(), []), last))
-        except OpenAIError as exc:
+        except ApiError as exc:
             yield line({"error": exc.message})
         except EngineError as exc:
             yield line({"error": f"the engine could not take this request: {exc}"})

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pippin.api.errors import bad_request
+from pippin.serving.errors import bad_request
 
 log = logging.getLogger(__name__)
 

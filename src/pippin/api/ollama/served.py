@@ -1,5 +1,5 @@
 """The one place the Ollama routes look models up: names as Ollama clients send them,
-the chat model behind a name (through the registry, `pippin.api.registry`), what
+the chat model behind a name (through the registry, `pippin.serving.registry`), what
 /api/tags and /api/ps list, and `keep_alive`.
 
 Chat models load on demand and unload after their idle time; a request's `keep_alive`
@@ -14,19 +14,19 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pippin.api.errors import OpenAIError
-from pippin.api.live_model import LiveModel
 from pippin.api.ollama.protocol import KeepAlive, keep_alive_seconds
-from pippin.api.registry import LOADED, ModelEntry, ModelRegistry
-from pippin.api.state import ServerState, require_engine
+from pippin.serving.errors import ApiError
+from pippin.serving.live_model import LiveModel
+from pippin.serving.registry import LOADED, ModelEntry, ModelRegistry
+from pippin.serving.state import ServerState, require_engine
 
 # What /api/ps reports for a model that stays loaded: far in the future, as Ollama does
 # for `keep_alive: -1`.
 FOREVER = datetime(2318, 1, 1, tzinfo=timezone.utc)
 
 
-def not_found(name: str) -> OpenAIError:
-    return OpenAIError(404, f'model "{name}" not found, try pulling it first', param="model")
+def not_found(name: str) -> ApiError:
+    return ApiError(404, f'model "{name}" not found, try pulling it first', param="model")
 
 
 def _registry(state: ServerState) -> ModelRegistry:
@@ -44,7 +44,7 @@ def _chat(state: ServerState, name: str) -> tuple[str, ModelEntry] | None:
     for candidate in _candidates(name):
         try:
             return candidate, _registry(state).resolve(candidate)
-        except OpenAIError:
+        except ApiError:
             continue
     return None
 
@@ -65,11 +65,11 @@ def chat_name(state: ServerState, name: str) -> str:
     """The name of the chat model a request names, as answers carry it (without
     `:latest`); 400 for an embedding model, 404 for an unknown one. Loads nothing."""
     if not name:
-        raise OpenAIError(400, "model is required", param="model")
+        raise ApiError(400, "model is required", param="model")
     found = _chat(state, name)
     if found is None:
         if resolve(state, name, "embedding") is not None:
-            raise OpenAIError(400, f'"{name}" does not support chat', param="model")
+            raise ApiError(400, f'"{name}" does not support chat', param="model")
         raise not_found(name)
     return found[0]
 

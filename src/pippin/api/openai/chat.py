@@ -12,41 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from pippin.api.chat_pipeline import (
-    NewParser,
-    ParsedStep,
-    arguments_for_template,
-    effort_kwargs,
-    engine_failure,
-    output_parsing,
-    render_media_prompt,
-    verbosity_kwargs,
-)
-from pippin.api.common import (
-    SSE_HEADERS,
-    cancel_on_disconnect,
-    closing,
-    obfuscation,
-    parse_request,
-    sse,
-)
-from pippin.api.errors import (
-    bad_request,
-    unsupported_param,
-    unsupported_value,
-)
-from pippin.api.logprobs import TokenRenderer, clamp_logprob
-from pippin.api.mcp_loop import (
-    CallFinished,
-    McpTools,
-    ToolLoop,
-    Turn,
-    call_summary,
-    every_server_tools,
-    openai_mcp_tools,
-    request_loop,
-)
-from pippin.api.media_parts import MediaParts
+from pippin.api.common import SSE_HEADERS, cancel_on_disconnect, obfuscation, parse_request, sse
 from pippin.api.openai.protocol import (
     AssistantMessage,
     AudioPart,
@@ -63,15 +29,33 @@ from pippin.api.openai.protocol import (
     UserMessage,
     VideoPart,
     framed_stream,
+    sampling_of,
 )
-from pippin.api.openai.sampling import build_sampling_params, resolve_max_tokens
 from pippin.api.openai.structured_output import chat_spec, forced_tool
 from pippin.api.openapi import openai_route
-from pippin.api.state import check_model, get_state, require_engine, use_model
 from pippin.chat.output import OutputParser
 from pippin.chat.tool_parsers.base import ParsedDelta, collect_calls
-from pippin.engine.client import EngineClient, EngineError
-from pippin.engine.types import SamplingParams, TokenLogprob
+from pippin.serving.errors import bad_request, unsupported_param, unsupported_value
+from pippin.serving.job import ChatJob, PreparedJob, prepare
+from pippin.serving.live_model import LiveModel
+from pippin.serving.logprobs import TokenRenderer, token_logprobs
+from pippin.serving.media import MediaParts
+from pippin.serving.pipeline import (
+    ParsedStep,
+    arguments_for_template,
+    effort_kwargs,
+    verbosity_kwargs,
+)
+from pippin.serving.state import ServerState, check_model, get_state, use_model
+from pippin.serving.streams import closing
+from pippin.serving.tool_loop import (
+    CallFinished,
+    McpTools,
+    ToolLoop,
+    call_summary,
+    every_server_tools,
+    openai_mcp_tools,
+)
 
 router = APIRouter()
 log = logging.getLogger(__name__)
@@ -227,7 +211,7 @@ def template_tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
     return tools or None
 
 
-def mcp_tools(req: ChatCompletionRequest, state: Any) -> McpTools | None:
+def mcp_tools(req: ChatCompletionRequest, state: ServerState) -> McpTools | None:
     """The MCP tools pippin runs for this request: its `mcp` tools (a pippin extension of
     chat completions, shaped as the Responses API's), else every server's with --mcp-auto."""
     specs = [(t, f"tools[{j}]") for j, t in enumerate(req.tools or []) if isinstance(t, McpTool)]
@@ -244,13 +228,16 @@ def mcp_tools(req: ChatCompletionRequest, state: Any) -> McpTools | None:
     return tools
 
 
-def template_kwargs(
-    req: ChatCompletionRequest, defaults: dict[str, Any], reasoning_kwarg: str | None
-) -> dict[str, Any]:
-    kwargs = {**defaults, **(req.chat_template_kwargs or {})}
+def template_kwargs(req: ChatCompletionRequest, live: LiveModel) -> dict[str, Any]:
+    """The template's arguments the request asks for: its own, reasoning effort, verbosity."""
+    verbosity = verbosity_kwargs(req.verbosity, live.template_source, "verbosity")
+    kwargs = dict(req.chat_template_kwargs or {})
     if req.reasoning_effort is not None:
-        kwargs |= effort_kwargs(req.reasoning_effort, reasoning_kwarg, "reasoning_effort")
-    return kwargs
+        assert live.template is not None
+        kwargs |= effort_kwargs(
+            req.reasoning_effort, live.template.reasoning_kwarg, "reasoning_effort"
+        )
+    return kwargs | verbosity
 
 
 def reject_unsupported(req: ChatCompletionRequest) -> None:
@@ -297,20 +284,6 @@ def reject_unsupported(req: ChatCompletionRequest) -> None:
 # --- engine outputs -> response ----------------------------------------------
 
 
-def format_logprobs(lps: list[TokenLogprob], render: TokenRenderer) -> list[dict[str, Any]]:
-    out = []
-    for lp in lps:
-        text, raw = render(lp.token_id)
-        top = []
-        for tid, val in lp.top:
-            t, b = render(tid)
-            top.append({"token": t, "logprob": clamp_logprob(val), "bytes": b})
-        out.append(
-            {"token": text, "logprob": clamp_logprob(lp.logprob), "bytes": raw, "top_logprobs": top}
-        )
-    return out
-
-
 def usage_dict(prompt_tokens: int, completion_tokens: int, cached: int) -> dict[str, Any]:
     return {
         "prompt_tokens": prompt_tokens,
@@ -318,15 +291,6 @@ def usage_dict(prompt_tokens: int, completion_tokens: int, cached: int) -> dict[
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached},
     }
-
-
-@dataclass
-class _Choice:
-    parser: OutputParser
-    parsed: ParsedDelta = field(default_factory=ParsedDelta)
-    tokens: int = 0
-    logprobs: list[dict[str, Any]] = field(default_factory=list)
-    finish_reason: str | None = None
 
 
 def finish_reason(reason: str | None, parser: OutputParser) -> str:
@@ -377,31 +341,65 @@ def delta_body(parsed: ParsedDelta) -> dict[str, Any]:
     return delta
 
 
+def chat_job(req: ChatCompletionRequest, server: ServerState) -> ChatJob:
+    """The request as the one chat job; what can be refused without the model is."""
+    reject_unsupported(req)
+    media = MediaParts()
+    messages = template_messages(req, media)
+    tools = template_tools(req)
+    return ChatJob(
+        model=req.model,
+        request_id=f"chatcmpl-{uuid.uuid4().hex}",
+        messages=messages,
+        media=media,
+        tools=tools,
+        mcp=mcp_tools(req, server),  # the server's MCP servers, before the model is chosen
+        sampling=sampling_of(req, bool(req.logprobs), req.top_logprobs or 0),
+        max_tokens=(
+            req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        ),
+        max_tokens_param=(
+            "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        ),
+        add_generation_prompt=(
+            not req.continue_final_message
+            if req.add_generation_prompt is None
+            else req.add_generation_prompt
+        ),
+        continue_final_message=bool(req.continue_final_message),
+        thinking_budget=req.thinking_token_budget,
+        one_call=req.parallel_tool_calls is False,
+        template_kwargs=lambda live: template_kwargs(req, live),
+        output_spec=lambda live, offered: chat_spec(req, live, offered),
+    )
+
+
 @dataclass
 class ChatRun:
-    """Everything needed to run one validated chat request and answer it."""
+    """A prepared chat request, answered whole or streamed."""
 
-    engine: EngineClient
-    prompt_ids: list[int]
-    params: SamplingParams
-    request_id: str
+    prepared: PreparedJob
     model: str
     fingerprint: str
     render: TokenRenderer
-    # One output parser per choice: reasoning, content and tool calls.
-    new_parser: NewParser
     include_usage: bool = False
     obfuscate: bool = False
     service_tier: str | None = None
     metadata: dict[str, str] | None = None
     created: int = field(default_factory=lambda: int(time.time()))
-    # The MCP tool loop, when the request enabled MCP tools (one choice).
-    loop: ToolLoop | None = None
     _mcp_index: dict[int, bool] = field(default_factory=dict)  # call index -> MCP's
+
+    @property
+    def loop(self) -> ToolLoop:
+        return self.prepared.loop
+
+    @property
+    def n(self) -> int:
+        return self.prepared.params.n
 
     def header(self, obj: str) -> dict[str, Any]:
         head = {
-            "id": self.request_id,
+            "id": self.prepared.job.request_id,
             "object": obj,
             "created": self.created,
             "model": self.model,
@@ -411,50 +409,78 @@ class ChatRun:
             head["service_tier"] = self.service_tier
         return head
 
+    def _usage(self) -> dict[str, Any]:
+        loop = self.loop
+        prompt = loop.prompt_tokens or len(self.prepared.prompt_ids)
+        return usage_dict(prompt, loop.completion_tokens, loop.cached_tokens)
+
+    def _client_calls(self, d: ParsedDelta) -> list[Any]:
+        """The call deltas of the client's own tools (MCP calls are pippin's to run)."""
+        out = []
+        for c in d.calls:
+            if c.name is not None:
+                self._mcp_index[c.index] = self.loop.owns(c.name)
+            if not self._mcp_index.get(c.index, False):
+                out.append(c)
+        return out
+
+    def _reason(self, reason: str | None, client_called: bool) -> str:
+        """A choice's finish reason: its last step's, or with MCP tools the loop's (whose
+        last turn may be cut off); calls of pippin's tools alone do not make it
+        "tool_calls", the model answered after them."""
+        if self.loop.tools is not None:
+            reason = self.loop.finish_reason
+        reason = reason or "stop"
+        return "stop" if reason == "tool_calls" and not client_called else reason
+
     async def collect(self) -> dict[str, Any]:
-        if self.loop is not None:
-            return await self._collect_loop(self.loop)
-        choices = [_Choice(self.new_parser(whole=True)) for _ in range(self.params.n)]
-        prompt_tokens, cached = len(self.prompt_ids), 0
-        gen = self.engine.generate(self.prompt_ids, self.params, self.request_id)
-        async with closing(gen) as outputs:
-            async for out in outputs:
-                prompt_tokens, cached = out.prompt_tokens, out.cached_tokens
-                err = engine_failure(out)
-                if err:
-                    raise err
-                for c in out.outputs:
-                    err = engine_failure(out, c)
-                    if err:
-                        raise err
-                    ch = choices[c.index]
-                    ch.parsed.merge(ch.parser.feed(c.text, c.token_ids))
-                    ch.tokens += len(c.token_ids)
-                    if c.logprobs:
-                        ch.logprobs.extend(format_logprobs(c.logprobs, self.render))
-                    if c.finish_reason is not None:
-                        ch.finish_reason = c.finish_reason
-                        ch.parsed.merge(ch.parser.finish())
+        parsed = [ParsedDelta() for _ in range(self.n)]
+        logprobs: list[list[dict[str, Any]]] = [[] for _ in range(self.n)]
+        reasons: list[str | None] = [None] * self.n
+        called = [False] * self.n
+        mcp_calls: list[dict[str, Any]] = []
+        async with closing(self.loop.events(whole=True)) as events:
+            async for ev in events:
+                if isinstance(ev, CallFinished):
+                    mcp_calls.append(call_summary(ev.call))
+                    self._mcp_index.clear()  # the next turn numbers its calls anew
+                    parsed[0].calls = []
+                if not isinstance(ev, ParsedStep):
+                    continue
+                i, d = ev.output.index, ev.parsed
+                calls = self._client_calls(d)
+                called[i] = called[i] or any(c.name is not None for c in calls)
+                parsed[i].merge(ParsedDelta(d.content, d.reasoning, calls))
+                if ev.output.logprobs:
+                    logprobs[i].extend(token_logprobs(ev.output.logprobs, self.render))
+                reasons[i] = ev.finish_reason or reasons[i]
+        parser = self.prepared.new_parser(whole=True)  # what its messages show
+        choices = []
+        for i in range(self.n):
+            msg = message_body(parsed[i], parser)
+            if mcp_calls and i == 0:
+                msg["mcp_calls"] = mcp_calls
+            choices.append(
+                {
+                    "index": i,
+                    "message": msg,
+                    "logprobs": {"content": logprobs[i], "refusal": None}
+                    if self.prepared.params.logprobs
+                    else None,
+                    "finish_reason": self._reason(reasons[i], called[i]),
+                }
+            )
         body = self.header("chat.completion")
-        body["choices"] = [
-            {
-                "index": i,
-                "message": message_body(ch.parsed, ch.parser),
-                "logprobs": {"content": ch.logprobs, "refusal": None}
-                if self.params.logprobs
-                else None,
-                "finish_reason": finish_reason(ch.finish_reason, ch.parser),
-            }
-            for i, ch in enumerate(choices)
-        ]
-        body["usage"] = usage_dict(prompt_tokens, sum(c.tokens for c in choices), cached)
+        body["choices"] = choices
+        body["usage"] = self._usage()
         if self.metadata is not None:
             body["metadata"] = self.metadata
         return body
 
-    def _chunk(self, choices: list[dict[str, Any]]) -> str:
+    def _chunk(self, index: int, delta: dict[str, Any], **fields: Any) -> str:
         body = self.header("chat.completion.chunk")
-        body["choices"] = choices
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+        body["choices"] = [choice | fields]
         if self.include_usage:
             body["usage"] = None  # as OpenAI: null on every chunk but the last
         if self.obfuscate:
@@ -462,144 +488,42 @@ class ChatRun:
         return sse(body)
 
     def stream(self) -> AsyncIterator[str]:
-        tally = {"prompt": len(self.prompt_ids), "cached": 0, "completion": 0}
-
         def usage() -> dict[str, Any] | None:
             if not self.include_usage:
                 return None
             body = self.header("chat.completion.chunk")
             body["choices"] = []
-            body["usage"] = usage_dict(tally["prompt"], tally["completion"], tally["cached"])
+            body["usage"] = self._usage()
             return body
 
-        return framed_stream(self._events(tally), usage)
+        return framed_stream(self._events(), usage)
 
-    async def _collect_loop(self, loop: ToolLoop) -> dict[str, Any]:
-        """One choice through the MCP loop: the text of every turn, the client's own
-        calls of the last, and pippin's calls in `mcp_calls`."""
-        parsed = ParsedDelta()
-        mcp_calls: list[dict[str, Any]] = []
-        async for ev in loop.events(whole=True):
-            if isinstance(ev, CallFinished):
-                mcp_calls.append(call_summary(ev.call))
-                parsed.calls = []  # the next turn's calls are numbered anew
-            elif not isinstance(ev, ParsedStep):
-                continue
-            else:
-                d = ev.parsed
-                parsed.merge(ParsedDelta(d.content, d.reasoning, self._client_calls(loop, d)))
-        parser = self.new_parser(whole=True)
-        msg = message_body(parsed, parser)
-        if mcp_calls:
-            msg["mcp_calls"] = mcp_calls
-        reason = loop.finish_reason or "stop"
-        if reason == "tool_calls" and "tool_calls" not in msg:
-            reason = "stop"  # only pippin's calls were made: the model answered
-        body = self.header("chat.completion")
-        body["choices"] = [{"index": 0, "message": msg, "logprobs": None, "finish_reason": reason}]
-        body["usage"] = usage_dict(loop.prompt_tokens, loop.completion_tokens, loop.cached_tokens)
-        if self.metadata is not None:
-            body["metadata"] = self.metadata
-        return body
-
-    def _client_calls(self, loop: ToolLoop, d: ParsedDelta) -> list[Any]:
-        """The call deltas of the client's own tools (MCP calls are pippin's to run)."""
-        out = []
-        for c in d.calls:
-            if c.name is not None:
-                self._mcp_index[c.index] = loop.owns(c.name)
-            if not self._mcp_index.get(c.index, False):
-                out.append(c)
-        return out
-
-    async def _loop_events(self, loop: ToolLoop, tally: dict[str, int]) -> AsyncIterator[str]:
-        first = {"role": "assistant", "content": ""}
-        yield self._chunk([{"index": 0, "delta": first, "logprobs": None, "finish_reason": None}])
-        client_called = False
-        async for ev in loop.events():
-            tally["prompt"], tally["cached"] = loop.prompt_tokens, loop.cached_tokens
-            tally["completion"] = loop.completion_tokens
-            if isinstance(ev, CallFinished):
-                self._mcp_index.clear()  # the next turn numbers its calls anew
-                delta = {"mcp_calls": [call_summary(ev.call)]}
-                yield self._chunk(
-                    [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]
-                )
-                continue
-            if not isinstance(ev, ParsedStep):
-                continue
-            d = ev.parsed
-            calls = self._client_calls(loop, d)
-            client_called = client_called or any(c.name is not None for c in calls)
-            delta = delta_body(ParsedDelta(d.content, d.reasoning, calls))
-            if delta:
-                yield self._chunk(
-                    [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]
-                )
-        reason = loop.finish_reason or "stop"
-        if reason == "tool_calls" and not client_called:
-            reason = "stop"
-        yield self._chunk([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}])
-
-    async def _events(self, tally: dict[str, int]) -> AsyncIterator[str]:
-        if self.loop is not None:
-            async for chunk in self._loop_events(self.loop, tally):
-                yield chunk
-            return
-        parsers = [self.new_parser() for _ in range(self.params.n)]
-        for i in range(self.params.n):
-            first = {"role": "assistant", "content": ""}
-            yield self._chunk(
-                [{"index": i, "delta": first, "logprobs": None, "finish_reason": None}]
-            )
-        gen = self.engine.generate(self.prompt_ids, self.params, self.request_id)
-        async with closing(gen) as outputs:
-            async for out in outputs:
-                tally["prompt"], tally["cached"] = out.prompt_tokens, out.cached_tokens
-                choices = []
-                finals = []
-                for c in out.outputs:
-                    tally["completion"] += len(c.token_ids)
-                    failed = engine_failure(out, c)
-                    if failed:
-                        raise failed
-                    parser = parsers[c.index]
-                    parsed = parser.feed(c.text, c.token_ids)
-                    if c.finish_reason is not None:
-                        parsed.merge(parser.finish())
-                    delta = delta_body(parsed)
-                    lp = (
-                        {"content": format_logprobs(c.logprobs, self.render), "refusal": None}
-                        if c.logprobs
-                        else None
-                    )
-                    if delta or lp is not None:
-                        choices.append(
-                            {
-                                "index": c.index,
-                                "delta": delta,
-                                "logprobs": lp,
-                                "finish_reason": None,
-                            }
-                        )
-                    if c.finish_reason is not None:
-                        # As OpenAI: the finish reason comes in a chunk of its own, with
-                        # an empty delta, after the last text.
-                        finals.append(
-                            {
-                                "index": c.index,
-                                "delta": {},
-                                "logprobs": None,
-                                "finish_reason": finish_reason(c.finish_reason, parser),
-                            }
-                        )
-                failed = engine_failure(out)
-                if failed:
-                    raise failed
-                if choices:
-                    yield self._chunk(choices)
-                if finals:
-                    yield self._chunk(finals)
+    async def _events(self) -> AsyncIterator[str]:
+        for i in range(self.n):
+            yield self._chunk(i, {"role": "assistant", "content": ""})
+        called = [False] * self.n
+        async with closing(self.loop.events()) as events:
+            async for ev in events:
+                if isinstance(ev, CallFinished):
+                    self._mcp_index.clear()  # the next turn numbers its calls anew
+                    yield self._chunk(0, {"mcp_calls": [call_summary(ev.call)]})
+                if not isinstance(ev, ParsedStep):
+                    continue
+                i, d = ev.output.index, ev.parsed
+                calls = self._client_calls(d)
+                called[i] = called[i] or any(c.name is not None for c in calls)
+                delta = delta_body(ParsedDelta(d.content, d.reasoning, calls))
+                lps = ev.output.logprobs
+                lp = {"content": token_logprobs(lps, self.render), "refusal": None} if lps else None
+                if delta or lp is not None:
+                    yield self._chunk(i, delta, logprobs=lp)
+                if ev.finish_reason is not None and self.loop.tools is None:
+                    # As OpenAI: the finish reason comes in a chunk of its own, with an
+                    # empty delta, after the last text.
+                    reason = self._reason(ev.finish_reason, called[i])
+                    yield self._chunk(i, {}, finish_reason=reason)
+        if self.loop.tools is not None:
+            yield self._chunk(0, {}, finish_reason=self._reason(None, called[0]))
 
 
 @router.post(
@@ -607,108 +531,21 @@ class ChatRun:
 )
 async def create_chat_completion(request: Request) -> Any:
     req = await parse_request(ChatCompletionRequest, await request.body())
-    state = get_state(request)
-    check_model(state, req.model)
-    # Everything that can be refused without the model is refused first.
-    reject_unsupported(req)
-    media = MediaParts()
-    messages = template_messages(req, media)
-    tools = template_tools(req)
-    client_tools = tools
-    mcp = mcp_tools(req, state)  # the server's MCP servers, before the model is chosen
-    if mcp is not None:
-        mcp.check_clash(tools, "tools")
-        tools = [*(tools or []), *mcp.functions()] or None
-    state = await use_model(state, req.model)
-    engine, loaded = require_engine(state)
-    info = state.template
-    assert info is not None and state.limits is not None
-    verbosity = verbosity_kwargs(req.verbosity, state.template_source, "verbosity")
-    kwargs = template_kwargs(req, state.settings.default_chat_template_kwargs, info.reasoning_kwarg)
-    kwargs |= verbosity
-    add_gen = (
-        not req.continue_final_message
-        if req.add_generation_prompt is None
-        else req.add_generation_prompt
-    )
-    prompt_ids, mm = await render_media_prompt(
-        state,
-        loaded.tokenizer,
-        messages,
-        tools,
-        kwargs,
-        media,
-        add_generation_prompt=add_gen,
-        continue_final_message=bool(req.continue_final_message),
-    )
-
-    requested = (
-        req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    )
-    max_tokens = resolve_max_tokens(
-        requested,
-        len(prompt_ids),
-        state.limits,
-        state.defaults.get("max_tokens"),
-        None,
-        "messages",
-        "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens",
-    )
-    params = build_sampling_params(
-        req,
-        max_tokens=max_tokens,
-        limits=state.limits,
-        defaults=state.defaults,
-        logprobs=bool(req.logprobs),
-        top_logprobs=req.top_logprobs or 0,
-    )
-    params.mm = mm
-    assert state.grammars is not None
-    new_parser, params = await output_parsing(
-        state,
-        loaded.tokenizer,
-        prompt_ids,
-        params,
-        tools,
-        req.thinking_token_budget,
-        spec=chat_spec(req, state, state.grammars, tools),
-        one_call=req.parallel_tool_calls is False,
-    )
-    try:
-        engine.check(prompt_ids, params)
-    except EngineError as exc:
-        raise bad_request(str(exc), param="messages") from None
-
+    server = get_state(request)
+    check_model(server, req.model)
+    job = chat_job(req, server)
+    live = await use_model(server, req.model)
     run = ChatRun(
-        engine=engine,
-        prompt_ids=prompt_ids,
-        params=params,
-        request_id=f"chatcmpl-{uuid.uuid4().hex}",
+        await prepare(live, job),
         model=req.model,
-        fingerprint=state.fingerprint,
-        render=state.token_renderer,
-        new_parser=new_parser,
+        fingerprint=live.fingerprint,
+        render=live.token_renderer,
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
         obfuscate=bool(req.stream_options and req.stream_options.include_obfuscation),
         # There is one tier; it is reported when asked about, as OpenAI does.
         service_tier="default" if req.service_tier is not None else None,
         metadata=req.metadata,
     )
-    if mcp is not None:
-        run.loop = request_loop(
-            state,
-            engine,
-            loaded.tokenizer,
-            run.request_id,
-            messages,
-            Turn(prompt_ids, params, new_parser),
-            client_tools,
-            mcp,
-            kwargs,
-            thinking_budget=req.thinking_token_budget,
-            one_call=req.parallel_tool_calls is False,
-            media=media,
-        )
     if req.stream:
         return StreamingResponse(run.stream(), media_type="text/event-stream", headers=SSE_HEADERS)
     # JSONResponse directly: FastAPI's generic encoder is slow on big logprobs bodies.

@@ -17,26 +17,20 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from pippin.api.chat_pipeline import engine_failure
-from pippin.api.common import (
-    SSE_HEADERS,
-    cancel_on_disconnect,
-    closing,
-    obfuscation,
-    parse_request,
-    sse,
-)
-from pippin.api.errors import bad_request, unsupported_param
-from pippin.api.limits import Limits, context_exceeded
-from pippin.api.logprobs import TokenRenderer, clamp_logprob
+from pippin.api.common import SSE_HEADERS, cancel_on_disconnect, obfuscation, parse_request, sse
 from pippin.api.openai.chat import usage_dict
-from pippin.api.openai.protocol import CompletionRequest, framed_stream
-from pippin.api.openai.sampling import build_sampling_params, resolve_max_tokens
+from pippin.api.openai.protocol import CompletionRequest, framed_stream, sampling_of
 from pippin.api.openai.structured_output import completion_constraint
 from pippin.api.openapi import openai_route
-from pippin.api.state import check_model, get_state, require_engine, use_model
 from pippin.engine.client import EngineClient, EngineError
 from pippin.engine.types import RequestOutput, SamplingParams, TokenLogprob
+from pippin.serving.errors import bad_request, unsupported_param
+from pippin.serving.limits import Limits, context_exceeded
+from pippin.serving.logprobs import TokenRenderer, clamp_logprob
+from pippin.serving.pipeline import engine_failure
+from pippin.serving.sampling import build_sampling_params, resolve_max_tokens
+from pippin.serving.state import check_model, get_state, require_engine, use_model
+from pippin.serving.streams import closing
 
 router = APIRouter()
 log = logging.getLogger(__name__)
@@ -367,12 +361,10 @@ async def create_completion(request: Request) -> Any:
                 "prompt",
             )
         sp = build_sampling_params(
-            req,
+            sampling_of(req, req.logprobs is not None, req.logprobs or 0),
             max_tokens=max(max_tokens, 1),
             limits=limits,
             defaults=state.defaults,
-            logprobs=req.logprobs is not None,
-            top_logprobs=req.logprobs or 0,
         )
         sp.max_tokens = max_tokens
         sp.constraint = constraint

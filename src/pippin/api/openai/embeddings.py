@@ -19,13 +19,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from pippin.api.common import cancel_on_disconnect, parse_request
-from pippin.api.errors import bad_request, unsupported_value
-from pippin.api.limits import context_exceeded
 from pippin.api.openai.protocol import EmbeddingRequest
 from pippin.api.openapi import openai_route
-from pippin.api.state import get_state, require_extra_model
 from pippin.embed.inputs import InputTooLong, Item
 from pippin.embed.models import Embedder
+from pippin.serving.errors import bad_request, unsupported_value
+from pippin.serving.limits import context_exceeded
+from pippin.serving.state import get_state, require_extra_model
 
 router = APIRouter()
 

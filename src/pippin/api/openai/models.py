@@ -11,10 +11,10 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from pippin.api.media_parts import takes_images
 from pippin.api.openapi import openai_route
-from pippin.api.registry import LOADED, ModelEntry
-from pippin.api.state import ServerState, check_model, get_state
+from pippin.serving.media import takes_images
+from pippin.serving.registry import LOADED, ModelEntry
+from pippin.serving.state import ServerState, check_model, get_state
 
 router = APIRouter()
 

@@ -8,16 +8,17 @@ parsed here but not supported are refused by the handlers with a 400 naming them
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator, Callable
+from dataclasses import fields
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, Tag
 
-from pippin.api.common import Loose, StopSequences, Strict, by_tag, closing, sse
-from pippin.api.errors import OpenAIError, server_error
-from pippin.engine.client import EngineError
-from pippin.obs.http import note_error
+from pippin.api.common import Loose, StopSequences, Strict, by_tag, sse
+from pippin.api.errors import openai_body
+from pippin.serving.errors import ApiError
+from pippin.serving.sampling import Sampling
+from pippin.serving.streams import guarded
 
 # --- message content parts ---------------------------------------------------
 
@@ -277,6 +278,14 @@ class SamplingFields(Strict):
     cache_salt: str | None = Field(None, min_length=1)
 
 
+def sampling_of(req: SamplingFields, logprobs: bool = False, top_logprobs: int = 0) -> Sampling:
+    """The request's sampling fields in no API's shape."""
+    return Sampling(
+        **{f.name: getattr(req, f.name) for f in fields(Sampling) if hasattr(req, f.name)}
+        | {"logprobs": logprobs, "top_logprobs": top_logprobs}
+    )
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: list[Message] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
@@ -364,23 +373,17 @@ async def framed_stream(
 ) -> AsyncIterator[str]:
     """`events`, then the end every OpenAI stream has: an error event if it failed (the
     status, 200, is already sent), else the usage chunk when one was asked for; then
-    [DONE]. A failure is an OpenAIError (or any exception) raised by `events`."""
-    failed: OpenAIError | None = None
-    try:
-        async with closing(events) as body:
-            async for event in body:
-                yield event
-    except OpenAIError as exc:
-        failed = exc
-    except EngineError as exc:
-        failed = server_error(f"The engine could not take this request: {exc}", "engine_error")
-    except Exception as exc:  # never end a stream without saying why
-        logging.getLogger(__name__).exception("stream failed")
-        failed = server_error(f"Internal server error ({type(exc).__name__}).")
-    if failed is not None:
-        note_error(failed.code or failed.type)
-        yield sse(failed.body())
-    else:
+    [DONE]."""
+    failed = False
+
+    def error_event(err: ApiError) -> str:
+        nonlocal failed
+        failed = True
+        return sse(openai_body(err))
+
+    async for event in guarded(events, error_event):
+        yield event
+    if not failed:
         usage = usage_chunk()
         if usage is not None:
             yield sse(usage)

@@ -24,15 +24,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import TypeAdapter
 
-from pippin.api.chat_pipeline import (
-    NewParser,
-    arguments_for_template,
-    effort_kwargs,
-    output_parsing,
-    render_media_prompt,
-    tool_parser,
-    verbosity_kwargs,
-)
 from pippin.api.common import (
     SSE_HEADERS,
     cancel_on_disconnect,
@@ -40,26 +31,6 @@ from pippin.api.common import (
     parse_request,
     typed_sse,
 )
-from pippin.api.errors import (
-    OpenAIError,
-    bad_request,
-    server_error,
-    unsupported_param,
-    unsupported_value,
-)
-from pippin.api.mcp_loop import (
-    ApprovalNeeded,
-    CallFinished,
-    CallStarted,
-    McpCall,
-    McpTools,
-    ToolLoop,
-    Turn,
-    error_body,
-    openai_mcp_tools,
-    request_loop,
-)
-from pippin.api.media_parts import MediaParts
 from pippin.api.openai.protocol import SamplingFields
 from pippin.api.openai.responses_protocol import (
     BuiltinTool,
@@ -79,13 +50,42 @@ from pippin.api.openai.responses_protocol import (
     ReasoningItem,
     ResponsesRequest,
 )
-from pippin.api.openai.sampling import build_sampling_params, resolve_max_tokens
 from pippin.api.openai.structured_output import ForcedTool, forced_tool
 from pippin.api.openapi import openai_route
-from pippin.api.state import check_model, get_state, require_engine, use_model
 from pippin.chat.tool_parsers.base import CallDelta, ParsedDelta, random_call_id
 from pippin.engine.client import EngineClient, EngineError
 from pippin.engine.types import SamplingParams
+from pippin.serving.errors import (
+    ApiError,
+    bad_request,
+    server_error,
+    unsupported_param,
+    unsupported_value,
+)
+from pippin.serving.media import MediaParts
+from pippin.serving.pipeline import (
+    NewParser,
+    arguments_for_template,
+    effort_kwargs,
+    output_parsing,
+    render_media_prompt,
+    tool_parser,
+    verbosity_kwargs,
+)
+from pippin.serving.sampling import build_sampling_params, resolve_max_tokens
+from pippin.serving.state import check_model, get_state, require_engine, use_model
+from pippin.serving.tool_loop import (
+    ApprovalNeeded,
+    CallFinished,
+    CallStarted,
+    McpCall,
+    McpTools,
+    ToolLoop,
+    Turn,
+    error_body,
+    openai_mcp_tools,
+    request_loop,
+)
 from pippin.structured.formats import response_format_grammar
 from pippin.structured.spec import GrammarSpec, StructuredOutputError
 from pippin.structured.tool_calls import forced_tool_grammar
@@ -163,8 +163,8 @@ def get_store(request: Request) -> ResponseStore:
     return store
 
 
-def _not_found(response_id: str, param: str | None = None) -> OpenAIError:
-    return OpenAIError(
+def _not_found(response_id: str, param: str | None = None) -> ApiError:
+    return ApiError(
         404,
         f"Response with id '{response_id}' not found.",
         param=param,
@@ -825,7 +825,7 @@ class ResponseRun:
         """The stream's events, without sequence numbers; the last holds the response.
         `whole`: only the last is answered (a call cut off comes back as text).
 
-        Engine failures raise (as OpenAIError)."""
+        Engine failures raise (as ApiError)."""
         yield {"type": "response.created", "response": self.body("in_progress")}
         yield {"type": "response.in_progress", "response": self.body("in_progress")}
         loop = self.loop or ToolLoop(
@@ -900,7 +900,7 @@ class ResponseRun:
     def _failed(self, exc: Exception) -> dict[str, Any]:
         if isinstance(exc, EngineError):
             exc = server_error(f"The engine could not take this request: {exc}", "engine_error")
-        if not isinstance(exc, OpenAIError):
+        if not isinstance(exc, ApiError):
             exc = server_error(f"Internal server error ({type(exc).__name__}).")
         return self.body("failed", error={"code": "server_error", "message": exc.message})
 
@@ -976,7 +976,7 @@ def _max_tokens(req: ResponsesRequest, prompt_len: int, state: Any) -> int:
             "input",
             "max_output_tokens",
         )
-    except OpenAIError as exc:
+    except ApiError as exc:
         if exc.code == "context_length_exceeded" and req.truncation == "auto":
             raise unsupported_value(
                 "truncation",

@@ -23,11 +23,12 @@ from fastapi.responses import StreamingResponse
 from pydantic import Field
 
 from pippin.api.common import Strict, parse_request, sse
-from pippin.api.errors import OpenAIError, bad_request, server_error, unsupported_value
+from pippin.api.errors import openai_body
 from pippin.api.openapi import openai_route
-from pippin.api.state import ServerState, check_model, get_state
 from pippin.audio.encode import MEDIA_TYPES, AudioEncoder
 from pippin.audio.sentences import pieces
+from pippin.serving.errors import ApiError, bad_request, server_error, unsupported_value
+from pippin.serving.state import ServerState, check_model, get_state
 
 if TYPE_CHECKING:
     from pippin.audio.tts import Speech, TTSModel, TTSWorker
@@ -60,7 +61,7 @@ class SpeechRequest(Strict):
 def _tts(state: ServerState, name: str) -> tuple[TTSWorker, TTSModel]:
     names = state.extra_names.get("speech", [])
     if not names:
-        raise OpenAIError(
+        raise ApiError(
             404,
             "This server serves no text-to-speech model (start it with --tts-model).",
             param="model",
@@ -159,7 +160,7 @@ async def create_speech(request: Request) -> StreamingResponse:
         except Exception as e:
             log.exception("speech stream failed")
             err = server_error(f"The model failed to synthesise the input: {e}")
-            yield sse(err.body() | {"type": "error"})
+            yield sse(openai_body(err) | {"type": "error"})
             return
         finally:
             encoder.close()

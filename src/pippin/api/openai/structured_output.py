@@ -10,17 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pippin.api.chat_pipeline import compile_spec, grammar_error, tool_parser
-from pippin.api.errors import bad_request, unsupported_value
 from pippin.api.openai.protocol import ChatCompletionRequest, SamplingFields
 from pippin.engine.constraint import Constraint
-from pippin.structured.compiler import GrammarCompiler
+from pippin.serving.errors import bad_request, unsupported_value
+from pippin.serving.pipeline import compile_spec, grammar_error, tool_parser
 from pippin.structured.formats import guided_grammar, response_format_grammar
 from pippin.structured.spec import GrammarSpec, StructuredOutputError
 from pippin.structured.tool_calls import forced_tool_grammar
 
 if TYPE_CHECKING:
-    from pippin.api.live_model import LiveModel
+    from pippin.serving.live_model import LiveModel
 
 
 @dataclass(frozen=True)
@@ -74,10 +73,7 @@ def guided_spec(req: SamplingFields) -> GrammarSpec | None:
 
 
 def chat_spec(
-    req: ChatCompletionRequest,
-    state: LiveModel,
-    compiler: GrammarCompiler,
-    tools: list[dict[str, Any]] | None,
+    req: ChatCompletionRequest, live: LiveModel, tools: list[dict[str, Any]] | None
 ) -> GrammarSpec | None:
     """What a chat request constrains: a forced tool call, else the format asked for."""
     choice, choice_param = req.tool_choice, "tool_choice"
@@ -96,11 +92,11 @@ def chat_spec(
         if forced is not None:
             # The answer is the call: a response format has no text to apply to.
             return forced_tool_grammar(
-                tool_parser(state, tools),
+                tool_parser(live, tools),
                 tools or [],
                 forced.name,
                 parallel=req.parallel_tool_calls is not False,
-                vocab=compiler,
+                vocab=live.grammars,
                 param=forced.param,
             )
     except StructuredOutputError as exc:

@@ -21,12 +21,12 @@ from starlette.datastructures import FormData, UploadFile
 from starlette.formparsers import MultiPartException
 
 from pippin.api.common import cancel_on_disconnect, sse
-from pippin.api.errors import OpenAIError, bad_request, server_error, unsupported_param
 from pippin.api.openapi import openai_route
-from pippin.api.state import check_model, get_state
 from pippin.audio.decode import AudioError, AudioTooLong, decode_audio
 from pippin.audio.stt import SttWorker, TranscribeOptions, Transcript
 from pippin.audio.transcript_formats import to_json, to_srt, to_verbose_json, to_vtt
+from pippin.serving.errors import ApiError, bad_request, server_error, unsupported_param
+from pippin.serving.state import check_model, get_state
 
 router = APIRouter()
 
@@ -129,7 +129,7 @@ def _temperature(form: FormData) -> float:
 def _worker(request: Request) -> SttWorker:
     worker = get_state(request).stt
     if worker is None:
-        raise OpenAIError(
+        raise ApiError(
             404,
             "This server serves no speech-to-text model (start it with --stt-model).",
             param="model",
@@ -168,7 +168,7 @@ async def _parse(request: Request, task: str) -> tuple[SttWorker, SttRequest]:
     limit = state.settings.stt.max_bytes
     data = await upload.read(limit + 1)
     if len(data) > limit:
-        raise OpenAIError(
+        raise ApiError(
             413,
             f"The audio file is larger than this server's limit of {limit / 2**20:g} MiB.",
             param="file",

@@ -18,12 +18,12 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from pippin.api.errors import OpenAIError, bad_request, unsupported_value
+from pippin.serving.errors import ApiError, bad_request, unsupported_value
 from pippin.vision.media import MediaError, MediaLimits
 
 if TYPE_CHECKING:
-    from pippin.api.live_model import LiveModel
-    from pippin.api.registry import ModelEntry
+    from pippin.serving.live_model import LiveModel
+    from pippin.serving.registry import ModelEntry
     from pippin.vision.inputs import MultiModal
 
 # OpenAI's `detail: "low"`: the picture is shrunk to fit this square first.
@@ -207,7 +207,7 @@ async def load(state: LiveModel, media: MediaParts, limits: MediaLimits) -> list
     for ref, res in zip(media.refs, results):
         if isinstance(res, MediaError):
             raise bad_request(f"{ref.param}: {res}", param=ref.param)
-        if isinstance(res, OpenAIError):
+        if isinstance(res, ApiError):
             raise res
         if isinstance(res, BaseException):
             raise res

@@ -1,6 +1,6 @@
 """Who may start a request now: draining, the bounded queue and per-key limits.
 
-- **Draining** (SIGTERM, `pippin.api.drain`): every new request gets 503 with
+- **Draining** (SIGTERM, `pippin.serving.drain`): every new request gets 503 with
   ``Retry-After`` (Anthropic's route: 529 ``overloaded_error``) while those in flight finish.
 - **Queue** (``--max-queue N``): a generation request that arrives while N others are
   held without output yet (queued in the engine, or still in their prefill) gets 429
@@ -20,17 +20,13 @@ import hashlib
 import hmac
 import json
 import math
-import time
 from collections import deque
-from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from starlette.types import ASGIApp, Receive, Scope, Send
-
-from pippin.api.errors import OpenAIError, is_anthropic_path
-from pippin.obs.http import RequestRecord, current_record
+from pippin.obs.http import RequestRecord
+from pippin.serving.errors import ApiError
 
 WINDOW_S = 60.0
 # The routes that generate: the queue limit applies to them.
@@ -108,7 +104,7 @@ class KeyUse:
         self.token_sum = 0
         self.in_flight = 0
 
-    def refusal(self, now: float) -> OpenAIError | None:
+    def refusal(self, now: float) -> ApiError | None:
         """The 429 this key gets now, if any."""
         k = self.key
         while self.starts and self.starts[0] <= now - WINDOW_S:
@@ -137,9 +133,9 @@ class KeyUse:
             self.token_sum += tokens
 
 
-def _rate_limited(what: str, wait: float, kind: str) -> OpenAIError:
+def _rate_limited(what: str, wait: float, kind: str) -> ApiError:
     seconds = max(1, math.ceil(wait))
-    return OpenAIError(
+    return ApiError(
         429,
         f"Rate limit reached for this API key: {what}. Try again in {seconds}s.",
         type=kind,  # as OpenAI: "requests" or "tokens"; Anthropic's body says rate_limit_error
@@ -148,13 +144,13 @@ def _rate_limited(what: str, wait: float, kind: str) -> OpenAIError:
     )
 
 
-_current_key: ContextVar[ApiKey | None] = ContextVar("pippin_api_key", default=None)
+current_key: ContextVar[ApiKey | None] = ContextVar("pippin_api_key", default=None)
 
 
 def salted(cache_salt: str | None) -> str | None:
     """The request's cache salt, joined with its key's when it came with one of the
     --api-keys: keys never share prefix-cache blocks."""
-    key = _current_key.get()
+    key = current_key.get()
     if key is None:
         return cache_salt
     return key.salt if cache_salt is None else f"{key.salt}|{cache_salt}"
@@ -189,87 +185,6 @@ class Admission:
         return sum(
             1 for r in self.generating.values() if r.timing is None or r.timing.t_first is None
         )
-
-
-class AdmissionMiddleware:
-    """Inside the key check: draining, then the key's limits, then the queue."""
-
-    def __init__(self, app: ASGIApp, admission: Admission) -> None:
-        self.app = app
-        self.a = admission
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        a, path = self.a, scope["path"]
-        if a.draining and path != "/health":  # /health answers 503 itself
-            await _unavailable(a.retry_after_s).response(path)(scope, receive, send)
-            return
-        use = scope.get("state", {}).get("pippin_key")
-        now = time.monotonic()
-        if use is not None:
-            err = use.refusal(now)
-            if err is not None:
-                await err.response(path)(scope, receive, send)
-                return
-        generating = path in GENERATION_PATHS
-        record = current_record() if generating else None
-        if generating and a.max_queue is not None and a.queued() >= a.max_queue:
-            await _queue_full(path, a.retry_after_s).response(path)(scope, receive, send)
-            return
-        a.in_flight += 1
-        if record is not None:
-            a.generating[id(record)] = record
-        token = _current_key.set(use.key) if use is not None else None
-        if use is not None:
-            use.starts.append(now)
-            use.in_flight += 1
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            a.in_flight -= 1
-            if record is not None:
-                a.generating.pop(id(record), None)
-            if use is not None:
-                use.in_flight -= 1
-                t = record.timing if record is not None else None
-                if t is not None:
-                    use.charge(time.monotonic(), t.prompt_tokens + t.completion_tokens)
-            if token is not None:
-                _current_key.reset(token)
-
-
-def _unavailable(retry_after: int) -> OpenAIError:
-    return OpenAIError(
-        503,
-        "The server is shutting down; retry on another instance or shortly.",
-        type="server_error",
-        code="server_shutting_down",
-        headers={"Retry-After": str(retry_after)},
-    )
-
-
-def _queue_full(path: str, retry_after: int) -> OpenAIError:
-    message = "The server's queue is full; try again shortly."
-    headers = {"Retry-After": str(retry_after)}
-    if is_anthropic_path(path):
-        return OpenAIError(529, message, type="overloaded_error", headers=headers)
-    return OpenAIError(429, message, type="server_error", code="queue_full", headers=headers)
-
-
-def key_check(admission: Admission) -> Callable[[str, Scope], bool]:
-    """For the API key middleware: whether `supplied` is one of the file's keys (then
-    remembered in the scope for the limits)."""
-
-    def check(supplied: str, scope: Scope) -> bool:
-        use = admission.key_for(supplied)
-        if use is None:
-            return False
-        scope.setdefault("state", {})["pippin_key"] = use
-        return True
-
-    return check
 
 
 def describe(keys: list[ApiKey]) -> str:

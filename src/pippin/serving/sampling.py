@@ -8,13 +8,40 @@ default and by ``--max-tokens``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from pippin.api.admission import salted
-from pippin.api.errors import bad_request
-from pippin.api.limits import Limits, context_exceeded
-from pippin.api.openai.protocol import SamplingFields
 from pippin.engine.types import SamplingParams
+from pippin.serving.admission import salted
+from pippin.serving.errors import bad_request
+from pippin.serving.limits import Limits, context_exceeded
+
+
+@dataclass
+class Sampling:
+    """A request's sampling fields in no API's shape (None: the defaults decide).
+
+    Each API fills in what it has: OpenAI's chat and completions all of it, Anthropic's
+    Messages temperature, top_p, top_k and stop sequences, Ollama's `options`."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool | None = None
+    min_tokens: int | None = None
+    n: int | None = None
+    skip_special_tokens: bool | None = None
+    cache_salt: str | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
 
 
 def resolve_max_tokens(
@@ -92,13 +119,7 @@ def _logit_bias(raw: dict[str, float] | None, limits: Limits) -> dict[int, float
 
 
 def build_sampling_params(
-    req: SamplingFields,
-    *,
-    max_tokens: int,
-    limits: Limits,
-    defaults: dict[str, Any],
-    logprobs: bool,
-    top_logprobs: int,
+    req: Sampling, *, max_tokens: int, limits: Limits, defaults: dict[str, Any]
 ) -> SamplingParams:
     """`max_tokens` comes from resolve_max_tokens; `defaults` from merge_defaults."""
 
@@ -131,8 +152,8 @@ def build_sampling_params(
         frequency_penalty=float(pick("frequency_penalty")),
         logit_bias=_logit_bias(req.logit_bias, limits),
         seed=req.seed,
-        logprobs=logprobs,
-        top_logprobs=top_logprobs if logprobs else 0,
+        logprobs=req.logprobs,
+        top_logprobs=req.top_logprobs if req.logprobs else 0,
         # An empty stop string would end every answer before it starts.
         stop=[s for s in stops if s],
         stop_token_ids=[_token_id(t, limits, "stop_token_ids") for t in req.stop_token_ids or []],

@@ -19,7 +19,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from pippin.api.chat_pipeline import (
+from pippin.chat.tool_parsers.base import ParsedDelta, ToolCall, collect_calls, random_call_id
+from pippin.engine.client import EngineClient
+from pippin.engine.types import SamplingParams
+from pippin.serving.errors import ApiError, bad_request
+from pippin.serving.pipeline import (
     NewParser,
     ParsedStep,
     arguments_for_template,
@@ -27,16 +31,12 @@ from pippin.api.chat_pipeline import (
     render_media_prompt,
     run_parsed,
 )
-from pippin.api.common import closing
-from pippin.api.errors import OpenAIError, bad_request
-from pippin.chat.tool_parsers.base import ParsedDelta, ToolCall, collect_calls, random_call_id
-from pippin.engine.client import EngineClient
-from pippin.engine.types import SamplingParams
+from pippin.serving.streams import closing
 
 if TYPE_CHECKING:
-    from pippin.api.media_parts import MediaParts
-    from pippin.api.state import ServerState
     from pippin.mcp.manager import CallResult, ServerConn, ToolInfo
+    from pippin.serving.media import MediaParts
+    from pippin.serving.state import ServerState
 
 # --- the tools of one request ---------------------------------------------------------
 
@@ -295,22 +295,25 @@ class ToolLoop:
                 self.cached_tokens,
                 self.completion_tokens,
             )
-            parser = turn.new_parser(whole)
+            # One parser per choice (several only without MCP tools: `n`).
+            parsers = [turn.new_parser(whole) for _ in range(turn.params.n)]
             steps = run_parsed(
                 self.engine,
                 turn.prompt_ids,
                 turn.params,
                 f"{self.request_id}-{self.turns}" if self.turns else self.request_id,
-                parser,
+                parsers,
             )
             self.turns += 1
-            thinking = parser.in_reasoning
+            thinking = [p.in_reasoning for p in parsers]
             async with closing(steps) as it:
                 async for step in it:
-                    if thinking:  # a token generated inside the reasoning section
+                    i = step.output.index
+                    if thinking[i]:  # a token generated inside the reasoning section
                         self.reasoning_tokens += len(step.output.token_ids)
-                    thinking = parser.in_reasoning
-                    parsed.merge(step.parsed)
+                    thinking[i] = parsers[i].in_reasoning
+                    if i == 0:
+                        parsed.merge(step.parsed)
                     self.prompt_tokens = done_prompt + step.prompt_tokens
                     self.cached_tokens = done_cached + step.cached_tokens
                     self.completion_tokens = done_completion + step.completion_tokens
@@ -415,7 +418,7 @@ def arguments_json(raw: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def mcp_error(message: str, param: str) -> OpenAIError:
+def mcp_error(message: str, param: str) -> ApiError:
     return bad_request(message, param=param, code="invalid_value")
 
 

@@ -7,7 +7,7 @@ there is no other path to an engine. The API for routes:
 
 - `ModelRegistry.resolve(name) -> ModelEntry`: the model a request's ``model`` field names
   (served names, aliases, the path or Hub id as given, its basename, ``default``, alias
-  patterns such as ``claude-*``); a 404 `OpenAIError` (``model_not_found``) otherwise.
+  patterns such as ``claude-*``); a 404 `ApiError` (``model_not_found``) otherwise.
   Never loads anything.
 - ``await ModelRegistry.acquire(name, keep_alive=None) -> LiveModel``: the model, loaded
   (waiting for it if it is loading, at most ``load_timeout`` seconds, then a 503 with
@@ -33,23 +33,22 @@ import fnmatch
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from starlette.types import ASGIApp, Receive, Scope, Send
-
-from pippin.api.errors import OpenAIError, server_error
-from pippin.api.live_model import LiveModel
-from pippin.api.model_specs import ModelSpec, SpecError
 from pippin.obs.observer import ServerObserver
+from pippin.serving.errors import ApiError, server_error
+from pippin.serving.live_model import LiveModel
+from pippin.serving.model_specs import ModelSpec, SpecError
 
 if TYPE_CHECKING:
-    from pippin.api.settings import ServerSettings
     from pippin.engine.client import EngineClient
     from pippin.obs.metrics import Metrics
+    from pippin.serving.settings import ServerSettings
 
 log = logging.getLogger("pippin.server")
 
@@ -191,7 +190,7 @@ class ModelRegistry:
         return list(self.entries_)
 
     def resolve(self, name: str) -> ModelEntry:
-        """The model ``name`` means (404 `OpenAIError` if none). Never loads."""
+        """The model ``name`` means (404 `ApiError` if none). Never loads."""
         entry = self._by_name.get(name)
         if entry is None and name == DEFAULT_NAME:
             entry = self.default
@@ -199,7 +198,7 @@ class ModelRegistry:
             entry = next((e for p, e in self.patterns if fnmatch.fnmatchcase(name, p)), None)
         if entry is None:
             listed = ", ".join(n for e in self.entries_ for n in e.served_names)
-            raise OpenAIError(
+            raise ApiError(
                 404,
                 f"The model '{name}' does not exist or you do not have access to it "
                 f"(served: {listed}).",
@@ -259,7 +258,7 @@ class ModelRegistry:
         try:
             await asyncio.wait_for(asyncio.shield(entry.task), self.load_timeout)
         except TimeoutError:
-            raise OpenAIError(
+            raise ApiError(
                 503,
                 f"The model '{entry.name}' is loading; try again shortly.",
                 type="server_error",
@@ -448,24 +447,13 @@ class ModelRegistry:
         return live
 
 
-class LeaseMiddleware:
-    """Holds the models a request acquired until its response has been sent (a stream
-    until its end), so they are neither unloaded nor evicted while in use."""
-
-    def __init__(self, app: ASGIApp, registry: Callable[[], ModelRegistry | None]) -> None:
-        self.app = app
-        self.registry = registry
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        leases: list[ModelEntry] = []
-        token = _LEASES.set(leases)
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            _LEASES.reset(token)
-            registry = self.registry()
-            if registry is not None:
-                registry.release(leases)
+@contextmanager
+def request_leases() -> Iterator[list[ModelEntry]]:
+    """The models one request acquires (`ModelRegistry.acquire` adds them), for the lease
+    middleware to release once its response has been sent."""
+    leases: list[ModelEntry] = []
+    token = _LEASES.set(leases)
+    try:
+        yield leases
+    finally:
+        _LEASES.reset(token)

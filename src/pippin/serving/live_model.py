@@ -2,7 +2,7 @@
 
 Its engine, its `LoadedModel`, its limits and sampling defaults, template info, output
 parsers, grammar compiler, token renderer and fingerprint. The registry
-(`pippin.api.registry`) builds one per model when it loads; every chat-shaped route gets
+(`pippin.serving.registry`) builds one per model when it loads; every chat-shaped route gets
 its `LiveModel` from the registry by the request's ``model`` field.
 """
 
@@ -15,18 +15,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pippin import __version__
-from pippin.api.limits import Limits, merge_defaults
-from pippin.api.logprobs import TokenRenderer
 from pippin.chat import generic_tools
 from pippin.chat.output import ParserChoice
 from pippin.chat.template import TemplateInfo, inspect_template
 from pippin.engine.client import EngineClient
 from pippin.obs.observer import ServerObserver
+from pippin.serving.limits import Limits, merge_defaults
+from pippin.serving.logprobs import TokenRenderer
 from pippin.store.loaded import LoadedModel
 from pippin.structured.compiler import GrammarCompiler
 
 if TYPE_CHECKING:
-    from pippin.api.settings import ServerSettings
+    from pippin.serving.settings import ServerSettings
 
 log = logging.getLogger("pippin.server")
 

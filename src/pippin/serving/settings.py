@@ -5,16 +5,33 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pippin.api.admission import ApiKey
-from pippin.api.http_limits import CorsSettings, HeadLimits
-from pippin.api.model_specs import ModelSpec
 from pippin.audio.config import SttSettings
 from pippin.embed.config import EmbedSettings
 from pippin.engine.config import EngineConfig
 from pippin.mcp.config import McpSettings
+from pippin.serving.admission import ApiKey
+from pippin.serving.model_specs import ModelSpec
 from pippin.vision.media import MediaLimits
 
 MIB = 1024 * 1024
+KIB = 1024
+
+
+@dataclass(frozen=True)
+class HeadLimits:
+    max_headers: int = 100
+    max_header_bytes: int = 32 * KIB  # names and values of all headers together
+    max_url_bytes: int = 8 * KIB  # path and query string
+
+
+@dataclass(frozen=True)
+class CorsSettings:
+    """Cross-origin access from browsers (vLLM's flags); off unless origins are given."""
+
+    allowed_origins: tuple[str, ...] = ()
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
 
 
 @dataclass
@@ -50,7 +67,7 @@ class ServerSettings:
     # --log-prompts: request and response bodies in the request log (never otherwise).
     log_prompts: bool = False
     head_limits: HeadLimits = field(default_factory=HeadLimits)
-    # Admission (pippin.api.admission): --max-queue, --api-keys, and --drain-timeout
+    # Admission (pippin.serving.admission): --max-queue, --api-keys, and --drain-timeout
     # (how long SIGTERM waits for requests in flight).
     max_queue: int | None = None
     api_keys: list[ApiKey] = field(default_factory=list)

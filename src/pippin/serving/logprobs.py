@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pippin.engine.types import TokenLogprob
+
 # JSON has no -inf; a token the model considers impossible is reported this low
 # (vLLM does the same).
 MIN_LOGPROB = -9999.0
@@ -54,3 +56,18 @@ class TokenRenderer:
             hit = (raw.decode("utf-8", errors="replace"), list(raw))
             self._cache[token_id] = hit
         return hit
+
+
+def token_logprobs(lps: list[TokenLogprob], render: TokenRenderer) -> list[dict[str, Any]]:
+    """Chosen tokens with their alternatives, as OpenAI's chat and Ollama show them."""
+    out = []
+    for lp in lps:
+        text, raw = render(lp.token_id)
+        top = []
+        for tid, val in lp.top:
+            t, b = render(tid)
+            top.append({"token": t, "logprob": clamp_logprob(val), "bytes": b})
+        out.append(
+            {"token": text, "logprob": clamp_logprob(lp.logprob), "bytes": raw, "top_logprobs": top}
+        )
+    return out

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pippin.api.errors import OpenAIError, bad_request
+from pippin.serving.errors import ApiError, bad_request
 
 BUILTIN_DEFAULTS: dict[str, Any] = {
     "temperature": 1.0,
@@ -40,7 +40,7 @@ def merge_defaults(model_defaults: dict[str, Any], overrides: dict[str, Any]) ->
     return out
 
 
-def context_exceeded(limit: int, prompt_len: int, what: str) -> OpenAIError:
+def context_exceeded(limit: int, prompt_len: int, what: str) -> ApiError:
     return bad_request(
         f"This model's maximum context length is {limit} tokens. However, your {what} "
         f"resulted in {prompt_len} tokens. Please reduce the length of the {what}.",

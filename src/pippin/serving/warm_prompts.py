@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message
 
-from pippin.api.registry import DEFAULT_NAME
+from pippin.serving.registry import DEFAULT_NAME
 
 if TYPE_CHECKING:
-    from pippin.api.state import ServerState
+    from pippin.serving.state import ServerState
 
 log = logging.getLogger(__name__)
 

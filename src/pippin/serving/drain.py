@@ -1,7 +1,7 @@
 """Stopping without losing requests: SIGTERM (or Ctrl-C) drains before uvicorn stops.
 
 On the first signal the server keeps its socket open and turns draining: new requests get
-503 with ``Retry-After`` (`pippin.api.admission`) and /health answers 503, so a load
+503 with ``Retry-After`` (`pippin.serving.admission`) and /health answers 503, so a load
 balancer moves on, while the requests in flight finish. Once none is left, or after
 ``--drain-timeout`` seconds, the engine is stopped (streams still open end with an error
 event, the SSD tier's pending blocks are written) and uvicorn shuts down as usual. A second
@@ -17,7 +17,7 @@ from types import FrameType
 
 import uvicorn
 
-from pippin.api.state import ServerState
+from pippin.serving.state import ServerState
 
 log = logging.getLogger("pippin.server")
 

@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
 
-from pippin.api.admission import Admission
-from pippin.api.errors import OpenAIError, server_error
-from pippin.api.live_model import LiveModel
-from pippin.api.registry import ModelRegistry
-from pippin.api.settings import MIB, ServerSettings
 from pippin.engine.client import EngineClient
 from pippin.obs.metrics import Metrics
+from pippin.serving.admission import Admission
+from pippin.serving.errors import ApiError, server_error
+from pippin.serving.live_model import LiveModel
+from pippin.serving.registry import ModelRegistry
+from pippin.serving.settings import MIB, ServerSettings
 from pippin.store.loaded import LoadedModel
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ log = logging.getLogger("pippin.server")
 @dataclass
 class ServerState:
     """Shared by the routes through ``app.state.pippin``. The chat models are in the
-    registry (`pippin.api.registry`); the embedding and rerank models beside them."""
+    registry (`pippin.serving.registry`); the embedding and rerank models beside them."""
 
     settings: ServerSettings
     registry: ModelRegistry | None = None
@@ -89,7 +89,7 @@ def check_model(state: ServerState, name: str, names: list[str] | None = None) -
         state.registry.resolve(name)
         return
     if name not in names:
-        raise OpenAIError(
+        raise ApiError(
             404,
             f"The model '{name}' does not exist or you do not have access to it.",
             param="model",
@@ -117,7 +117,7 @@ def require_extra_model(
     """The embedding or rerank model a request names (None: the only one served)."""
     names = state.extra_names.get(kind, [])
     if not names:
-        raise OpenAIError(
+        raise ApiError(
             404,
             f"This server serves no {kind} model (start it with --{kind}-model).",
             param="model",

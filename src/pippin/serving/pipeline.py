@@ -13,15 +13,6 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pippin.api import media_parts
-from pippin.api.common import closing
-from pippin.api.errors import (
-    OpenAIError,
-    bad_request,
-    server_error,
-    unsupported_param,
-    unsupported_value,
-)
 from pippin.chat import generic_tools
 from pippin.chat.output import OutputParser, ParserChoice
 from pippin.chat.template import ChatTemplateError, render_chat_async, render_chat_text_async
@@ -29,12 +20,21 @@ from pippin.chat.tool_parsers.base import ParsedDelta, ToolParser, random_call_i
 from pippin.engine.client import EngineClient
 from pippin.engine.constraint import Constraint
 from pippin.engine.types import CompletionOutput, RequestOutput, SamplingParams
+from pippin.serving import media as media_parts
+from pippin.serving.errors import (
+    ApiError,
+    bad_request,
+    server_error,
+    unsupported_param,
+    unsupported_value,
+)
+from pippin.serving.streams import closing
 from pippin.structured.constraint import after_reasoning
 from pippin.structured.spec import GrammarSpec, StructuredOutputError
 
 if TYPE_CHECKING:
-    from pippin.api.live_model import LiveModel
-    from pippin.api.media_parts import MediaParts
+    from pippin.serving.live_model import LiveModel
+    from pippin.serving.media import MediaParts
     from pippin.vision.inputs import MultiModal
 
 
@@ -183,7 +183,7 @@ async def output_parsing(
     return (lambda whole=False: choice.make(tools, tail, new_id, whole, one_call)), params
 
 
-def engine_failure(out: RequestOutput, c: CompletionOutput | None = None) -> OpenAIError | None:
+def engine_failure(out: RequestOutput, c: CompletionOutput | None = None) -> ApiError | None:
     """The error a failed or server-aborted output stands for, if any."""
     if out.error_kind == "timeout":  # --request-timeout
         return server_error(f"The request timed out: {out.error}.", "request_timeout", 504)
@@ -200,7 +200,7 @@ def engine_failure(out: RequestOutput, c: CompletionOutput | None = None) -> Ope
 
 @dataclass
 class ParsedStep:
-    """One engine output of a single-sequence request, parsed."""
+    """One engine output of one of a request's sequences (`output.index`), parsed."""
 
     parsed: ParsedDelta
     output: CompletionOutput
@@ -216,9 +216,10 @@ async def run_parsed(
     prompt_ids: list[int],
     params: SamplingParams,
     request_id: str,
-    parser: OutputParser,
+    parsers: list[OutputParser],
 ) -> AsyncIterator[ParsedStep]:
-    """Generate one sequence and parse it as it comes; engine failures raise."""
+    """Generate the request's sequences (one parser each, by choice index) and parse them
+    as they come; engine failures raise."""
     completion = 0
     gen = engine.generate(prompt_ids, params, request_id)
     async with closing(gen) as outputs:
@@ -230,6 +231,7 @@ async def run_parsed(
                 err = engine_failure(out, c)
                 if err:
                     raise err
+                parser = parsers[c.index]
                 completion += len(c.token_ids)
                 parsed = parser.feed(c.text, c.token_ids)
                 reason = c.finish_reason
@@ -248,7 +250,7 @@ async def run_parsed(
                 )
 
 
-def grammar_error(exc: StructuredOutputError) -> OpenAIError:
+def grammar_error(exc: StructuredOutputError) -> ApiError:
     return bad_request(exc.message, param=exc.param, code="invalid_value")
 
 
