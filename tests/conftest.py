@@ -1,7 +1,8 @@
 """Shared pytest fixtures.
 
-``tests/`` has no ``__init__.py``, so helper modules here (``tiny_models``) are imported
-by name; putting this folder on ``sys.path`` keeps that working under any import mode.
+``tests/`` has no ``__init__.py``: the shared helpers are the package ``tests/support/``,
+imported as ``support.<module>``; putting this folder on ``sys.path`` keeps that working
+under any import mode.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 
-import tiny_models as _tiny  # noqa: E402  (needs the path above)
+from support import tiny_models as _tiny  # noqa: E402  (needs the path above)
 
 TinyModelFactory = Callable[..., Path]
 

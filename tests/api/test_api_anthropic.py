@@ -16,8 +16,8 @@ from typing import Any
 import anthropic
 import httpx
 import pytest
-from server_utils import Server, run_server
-from tiny_models import CHAT_TEMPLATE
+from support.server_utils import Server, run_server
+from support.tiny_models import CHAT_TEMPLATE
 
 KEY = "sk-ant-tiny"
 THINKING_TEMPLATE = CHAT_TEMPLATE.replace(
@@ -471,7 +471,7 @@ def test_thinking_display_omitted(client: anthropic.Anthropic, server: Server) -
 def test_strict_tools_reach_the_forced_call_grammar() -> None:
     """A tool's `strict: true` goes to the forced-call grammar as chat's does (closed
     objects); tools without it stay open."""
-    from pippin.api.anthropic.messages import template_tools
+    from pippin.api.anthropic.messages_input import template_tools
     from pippin.api.anthropic.protocol import MessagesRequest
     from pippin.structured.tool_calls import params_schema
 
@@ -496,7 +496,7 @@ def test_strict_tools_reach_the_forced_call_grammar() -> None:
 
 def test_stop_sequence_wins_over_a_started_tool_call() -> None:
     """A stop sequence that ends the turn, even inside a tool call, is the stop reason."""
-    from pippin.api.anthropic.messages import stop_fields
+    from pippin.api.anthropic.messages_output import stop_fields
     from pippin.chat.tool_parsers.base import ParsedDelta
     from pippin.engine.types import CompletionOutput
     from pippin.serving.pipeline import ParsedStep

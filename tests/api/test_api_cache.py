@@ -8,7 +8,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from server_utils import Server, run_server
+from support.server_utils import Server, run_server
 
 SYSTEM = "You are a careful assistant. " * 40  # a long shared system prompt
 TOOLS = [

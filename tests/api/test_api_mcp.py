@@ -1,5 +1,5 @@
 """MCP tools run by pippin for the model, end to end: the real Qwen2.5-Coder-0.5B (which
-calls tools), a real MCP server (tests/mcp_test_server.py) over stdio and streamable
+calls tools), a real MCP server (tests/support/mcp_test_server.py) over stdio and streamable
 HTTP, and the official SDKs as clients: chat completions (pippin's `mcp` tools), the
 Responses API's `mcp` tool (with approvals across turns) and Anthropic's `mcp_servers`;
 streamed and not. Timeouts, a crash mid-call, a denied tool, arguments that fail the
@@ -20,8 +20,8 @@ import anthropic
 import httpx
 import openai
 import pytest
-from mcp_test_server import SCRIPT, http_server
-from server_utils import SRC_DIR, Server, at_once, free_port, run_server
+from support.mcp_test_server import SCRIPT, http_server
+from support.server_utils import SRC_DIR, Server, at_once, free_port, run_server
 
 SERVER = SCRIPT
 QUESTION = "What is the door code of the Paris office? Look it up with the tool."

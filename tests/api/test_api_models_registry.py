@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 import yaml
-from server_utils import Server, run_server
+from support.server_utils import Server, run_server
 
 from pippin.bench.scrape import parse_metrics, total
 from pippin.serving.model_specs import ModelSpec, SpecError, load_specs, parse_alias, parse_size

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from server_utils import Server, run_server
+from support.server_utils import Server, run_server
 
 ollama = pytest.importorskip("ollama")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from server_utils import Server, run_server
+from support.server_utils import Server, run_server
 
 ollama = pytest.importorskip("ollama")
 

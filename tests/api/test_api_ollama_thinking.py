@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from server_utils import Server, run_server
-from tiny_models import CHAT_TEMPLATE
+from support.server_utils import Server, run_server
+from support.tiny_models import CHAT_TEMPLATE
 
 ollama = pytest.importorskip("ollama")
 

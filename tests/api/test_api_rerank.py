@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from embed_models import build_cross_encoder, build_yes_no_reranker
-from server_utils import Server, run_server
+from support.embed_models import build_cross_encoder, build_yes_no_reranker
+from support.server_utils import Server, run_server
 
 torch = pytest.importorskip("torch")
 

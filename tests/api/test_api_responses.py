@@ -16,8 +16,8 @@ from typing import Any
 
 import openai
 import pytest
-from server_utils import Server, run_server
-from tiny_models import CHAT_TEMPLATE
+from support.server_utils import Server, run_server
+from support.tiny_models import CHAT_TEMPLATE
 
 CONTEXT = 2048
 # Long enough that the first turn fills whole KV blocks (16 tokens) for the prefix cache.

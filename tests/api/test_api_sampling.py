@@ -8,7 +8,8 @@ import pytest
 
 from pippin.api.errors import loc_to_param
 from pippin.api.openai.protocol import ChatCompletionRequest, sampling_of
-from pippin.cli import build_parser, settings_from_args
+from pippin.cli.main import build_parser
+from pippin.cli.settings import settings_from_args
 from pippin.engine.config import BATCHED_TOKENS_CUDA
 from pippin.kernels import device
 from pippin.serving.errors import ApiError

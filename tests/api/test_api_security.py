@@ -10,7 +10,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_utils import Server, run_server
+from support.errors import assert_api_error
+from support.server_utils import Server, run_server
 
 KEY = "sk-test-security"
 ORIGIN = "https://app.example"
@@ -40,22 +41,6 @@ def logging_server(tiny_models: Callable[..., Path]) -> Iterator[Server]:
         yield s
 
 
-def openai_error(r: httpx.Response, status: int, code: str | None = None) -> dict:
-    assert r.status_code == status, r.text
-    err = r.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"} and err["message"]
-    if code is not None:
-        assert err["code"] == code
-    return err
-
-
-def anthropic_error(r: httpx.Response, status: int) -> dict:
-    assert r.status_code == status, r.text
-    body = r.json()
-    assert body["type"] == "error" and body["error"]["message"]
-    return body["error"]
-
-
 def chat_body(text: str, **kw: object) -> dict:
     return {"model": "tiny", "messages": [{"role": "user", "content": text}], "max_tokens": 4, **kw}
 
@@ -68,11 +53,11 @@ def chat_body(text: str, **kw: object) -> dict:
     ["/metrics", "/version", "/v1/engine/stats", "/v1/cache/stats", "/openapi.json", "/docs"],
 )
 def test_every_route_but_health_needs_the_key(server: Server, path: str) -> None:
-    openai_error(httpx.get(server.url + path), 401, "invalid_api_key")
-    openai_error(
+    assert_api_error(httpx.get(server.url + path), 401, code="invalid_api_key")
+    assert_api_error(
         httpx.get(server.url + path, headers={"Authorization": "Bearer wrong"}),
         401,
-        "invalid_api_key",
+        code="invalid_api_key",
     )
     assert httpx.get(server.url + path, headers=server.headers()).status_code == 200
 
@@ -83,7 +68,7 @@ def test_health_stays_open(server: Server) -> None:
 
 def test_anthropic_route_refuses_in_its_own_format(server: Server) -> None:
     r = httpx.post(server.url + "/v1/messages", json={"model": "tiny"})
-    assert anthropic_error(r, 401)["type"] == "authentication_error"
+    assert_api_error(r, 401, type="authentication_error")
 
 
 # --- CORS ------------------------------------------------------------------------
@@ -127,19 +112,19 @@ def test_cors_is_off_by_default(logging_server: Server) -> None:
 def test_too_many_headers_is_431(server: Server) -> None:
     many = [(f"x-h{i}", "v") for i in range(120)]
     r = httpx.get(server.url + "/v1/models", headers=many + list(server.headers().items()))
-    openai_error(r, 431, "request_header_fields_too_large")
+    assert_api_error(r, 431, code="request_header_fields_too_large")
     r = httpx.post(server.url + "/v1/messages", headers=many, json={})
-    assert anthropic_error(r, 431)["type"] == "invalid_request_error"
+    assert_api_error(r, 431, type="invalid_request_error")
 
 
 def test_too_large_headers_is_431(server: Server) -> None:
     r = httpx.get(server.url + "/health", headers={"x-big": "a" * 40_000})
-    openai_error(r, 431, "request_header_fields_too_large")
+    assert_api_error(r, 431, code="request_header_fields_too_large")
 
 
 def test_too_long_url_is_414(server: Server) -> None:
     r = httpx.get(server.url + "/v1/models/" + "m" * 9000, headers=server.headers())
-    openai_error(r, 414, "uri_too_long")
+    assert_api_error(r, 414, code="uri_too_long")
 
 
 def test_deep_json_is_a_clear_400(server: Server) -> None:
@@ -149,13 +134,13 @@ def test_deep_json_is_a_clear_400(server: Server) -> None:
         content=deep,
         headers={"content-type": "application/json", **server.headers()},
     )
-    assert "recursion limit" in openai_error(r, 400, "invalid_json")["message"]
+    assert_api_error(r, 400, code="invalid_json", message="recursion limit")
     r = httpx.post(
         server.url + "/v1/messages",
         content=deep,
         headers={"content-type": "application/json", **server.headers()},
     )
-    anthropic_error(r, 400)
+    assert_api_error(r, 400)
 
 
 def test_stop_sequences_are_capped(server: Server) -> None:
@@ -163,7 +148,7 @@ def test_stop_sequences_are_capped(server: Server) -> None:
     stops = [f"s{i}" for i in range(65)]
     h = server.headers()
     r = httpx.post(server.url + "/v1/chat/completions", json=chat_body("x", stop=stops), headers=h)
-    assert "at most 64" in openai_error(r, 400)["message"]
+    assert_api_error(r, 400, message="at most 64")
     assert r.json()["error"]["param"] == "stop"
     r = httpx.post(
         server.url + "/v1/completions",
@@ -173,7 +158,7 @@ def test_stop_sequences_are_capped(server: Server) -> None:
     assert r.status_code == 200
     body = {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}
     r = httpx.post(server.url + "/v1/messages", json={**body, "stop_sequences": stops}, headers=h)
-    assert "at most 64" in anthropic_error(r, 400)["message"]
+    assert_api_error(r, 400, message="at most 64")
 
 
 # --- prompts and outputs in the log ------------------------------------------------------
@@ -189,8 +174,8 @@ def test_prompts_and_outputs_are_not_logged(server: Server) -> None:
         r = c.post("/v1/completions", json={"model": "tiny", "prompt": MARKER, "max_tokens": 2})
         assert r.status_code == 200
         # A refused request: the marker in a bad field value and as an unknown field's name.
-        openai_error(c.post("/v1/chat/completions", json=chat_body("x", stop=[1, MARKER])), 400)
-        openai_error(c.post("/v1/chat/completions", json={**chat_body("x"), MARKER: 1}), 400)
+        assert_api_error(c.post("/v1/chat/completions", json=chat_body("x", stop=[1, MARKER])), 400)
+        assert_api_error(c.post("/v1/chat/completions", json={**chat_body("x"), MARKER: 1}), 400)
     server.answered("/v1/completions")  # the request lines are written
     log = server.log()
     assert "endpoint=/v1/chat/completions status=200" in log  # logging at debug works

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from server_utils import Server, run_server
+from support.server_utils import Server, run_server
 
 KEY = "sk-tiny-test"
 CONTEXT = 2048

@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 import openai
 import pytest
-from server_utils import Server, run_server
-from tts_models import VOICES, build_kitten
+from support.errors import assert_api_error
+from support.server_utils import Server, run_server
+from support.tts_models import VOICES, build_kitten
 
 from pippin.audio.encode import to_int16
 
@@ -168,12 +169,6 @@ def test_sse_through_the_sdk(server: Server) -> None:
     assert rate == RATE and n > 0
 
 
-def _error(exc: pytest.ExceptionInfo[openai.APIStatusError]) -> dict:
-    body = exc.value.body
-    assert isinstance(body, dict)
-    return body
-
-
 @pytest.mark.parametrize(
     ("change", "param", "status"),
     [
@@ -195,10 +190,7 @@ def test_errors(server: Server, change: dict, param: str, status: int) -> None:
     body = {"model": NAME, "input": "Hello.", "voice": VOICES[0], **change}
     with pytest.raises(openai.APIStatusError) as exc:
         client.audio.speech.create(**body)
-    assert exc.value.status_code == status
-    err = _error(exc)
-    assert err["param"] == param, err
-    assert err["message"]
+    assert_api_error(exc, status, param=param)
 
 
 def test_unknown_field_and_a_good_request_after(server: Server) -> None:
@@ -207,7 +199,7 @@ def test_unknown_field_and_a_good_request_after(server: Server) -> None:
         client.audio.speech.create(
             model=NAME, input="Hello.", voice=VOICES[0], extra_body={"pitch": 3}
         )
-    assert _error(exc)["param"] == "pitch"
+    assert_api_error(exc, 400, param="pitch")
     resp = client.audio.speech.create(
         model=NAME, input="Still fine.", voice=VOICES[0], response_format="flac"
     )
@@ -264,7 +256,7 @@ def test_a_missing_tts_model_is_one_line_and_exit_3(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from server_utils import SRC_DIR
+    from support.server_utils import SRC_DIR
 
     r = subprocess.run(
         [sys.executable, "-m", "pippin.cli", "serve", "--tts-model", str(tmp_path / "nope")],

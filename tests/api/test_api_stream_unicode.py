@@ -23,7 +23,7 @@ import openai._streaming as openai_sse
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from server_utils import Server, run_server
+from support.server_utils import Server, run_server
 from test_api_stream_framing import ScriptedEngine, chat_run, completion_run, out
 
 from pippin.api.common import sse, typed_sse

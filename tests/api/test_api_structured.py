@@ -18,7 +18,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from server_utils import Server, run_server
+from support.server_utils import Server, run_server
 
 MSG = [{"role": "user", "content": "Describe something as JSON."}]
 

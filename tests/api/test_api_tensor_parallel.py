@@ -19,9 +19,9 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from engine_runs import TIE, _reference
 from mlx_lm.utils import load
-from server_utils import Server, run_server
+from support.engine_runs import TIE, mlx_lm_reference
+from support.server_utils import Server, run_server
 
 GEN = 16
 PROMPTS = [
@@ -36,7 +36,7 @@ def _references(path: Path) -> list[list[int]]:
     model, _ = load(str(path))
     out = []
     for prompt in PROMPTS:
-        tokens, gaps = _reference(model, prompt, GEN)
+        tokens, gaps = mlx_lm_reference(model, prompt, GEN)
         # Where the top two logprobs are within float rounding, any order of sums may
         # pick either: such a prompt would test nothing.
         assert min(gaps) > TIE, f"prompt {prompt} has a near tie; choose another"

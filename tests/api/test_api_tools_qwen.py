@@ -19,7 +19,7 @@ from typing import Any
 
 import openai
 import pytest
-from server_utils import Server, at_once, run_server
+from support.server_utils import Server, at_once, run_server
 
 TOOLS: list[dict[str, Any]] = [
     {

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from support.errors import assert_api_error
 
-from pippin.server import create_app
+from pippin.server.app import create_app
 from pippin.serving.state import MIB, ServerSettings
 
 KEY = "sk-test-key"
@@ -30,16 +31,6 @@ def client() -> Iterator[TestClient]:
         yield c
 
 
-def error_of(resp: Any, status: int) -> dict[str, Any]:
-    assert resp.status_code == status, resp.text
-    body = resp.json()
-    assert set(body) == {"error"}
-    err = body["error"]
-    assert set(err) == {"message", "type", "param", "code"}
-    assert err["message"]
-    return err
-
-
 def chat(client: TestClient, **fields: Any) -> Any:
     return client.post("/v1/chat/completions", json={**CHAT, **fields})
 
@@ -50,9 +41,9 @@ def completion(client: TestClient, **fields: Any) -> Any:
 
 def test_valid_requests_reach_the_engine_check(client: TestClient) -> None:
     # No model loaded: a valid request passes validation and then gets 503.
-    err = error_of(chat(client), 503)
+    err = assert_api_error(chat(client), 503)
     assert err["type"] == "server_error" and err["code"] == "model_not_ready"
-    error_of(completion(client), 503)
+    assert_api_error(completion(client), 503)
 
 
 def test_health_is_open_and_reports_not_ready(client: TestClient) -> None:
@@ -78,10 +69,10 @@ def test_head_of_the_root_is_its_get_without_a_body(client: TestClient) -> None:
 @pytest.mark.parametrize("path", ["/v1/models", "/version", "/v1/engine/stats"])
 def test_api_key_guards_routes(client: TestClient, path: str) -> None:
     assert client.get(path).status_code == 200
-    err = error_of(client.get(path, headers={"Authorization": ""}), 401)
+    err = assert_api_error(client.get(path, headers={"Authorization": ""}), 401)
     assert err["code"] == "invalid_api_key"
-    error_of(client.get(path, headers={"Authorization": "Bearer wrong"}), 401)
-    error_of(client.get(path, headers={"Authorization": "", "x-api-key": "wrong"}), 401)
+    assert_api_error(client.get(path, headers={"Authorization": "Bearer wrong"}), 401)
+    assert_api_error(client.get(path, headers={"Authorization": "", "x-api-key": "wrong"}), 401)
     ok = client.get(path, headers={"Authorization": "", "x-api-key": KEY})
     assert ok.status_code == 200
 
@@ -95,17 +86,17 @@ def test_models_and_version(client: TestClient) -> None:
     data = client.get("/v1/models").json()
     assert data["object"] == "list" and [m["id"] for m in data["data"]] == [MODEL]
     assert client.get(f"/v1/models/{MODEL}").json()["id"] == MODEL
-    err = error_of(client.get("/v1/models/nope"), 404)
+    err = assert_api_error(client.get("/v1/models/nope"), 404)
     assert err["code"] == "model_not_found" and err["param"] == "model"
     assert client.get("/version").json()["version"]
 
 
 def test_unknown_route_is_an_openai_404(client: TestClient) -> None:
-    error_of(client.get("/v1/nothing-here"), 404)
+    assert_api_error(client.get("/v1/nothing-here"), 404)
 
 
 def test_unknown_model(client: TestClient) -> None:
-    err = error_of(chat(client, model="gpt-9"), 404)
+    err = assert_api_error(chat(client, model="gpt-9"), 404)
     assert err["code"] == "model_not_found" and err["param"] == "model"
 
 
@@ -115,10 +106,10 @@ def test_malformed_json(client: TestClient) -> None:
         content=b'{"model": "m", "messages": [',
         headers={"Content-Type": "application/json"},
     )
-    err = error_of(resp, 400)
+    err = assert_api_error(resp, 400)
     assert err["type"] == "invalid_request_error" and err["code"] == "invalid_json"
-    error_of(client.post("/v1/completions", content=b"[1, 2]"), 400)
-    error_of(client.post("/v1/completions", content=b""), 400)
+    assert_api_error(client.post("/v1/completions", content=b"[1, 2]"), 400)
+    assert_api_error(client.post("/v1/completions", content=b""), 400)
 
 
 @pytest.mark.parametrize(
@@ -174,7 +165,7 @@ def test_malformed_json(client: TestClient) -> None:
     ],
 )
 def test_chat_bad_fields_are_named(client: TestClient, fields: dict[str, Any], param: str) -> None:
-    err = error_of(chat(client, **fields), 400)
+    err = assert_api_error(chat(client, **fields), 400)
     assert err["param"] == param, err
     assert err["type"] == "invalid_request_error"
 
@@ -190,7 +181,7 @@ def test_chat_bad_fields_are_named(client: TestClient, fields: dict[str, Any], p
 def test_chat_unknown_fields_are_named(
     client: TestClient, fields: dict[str, Any], param: str
 ) -> None:
-    err = error_of(chat(client, **fields), 400)
+    err = assert_api_error(chat(client, **fields), 400)
     assert err["param"] == param
     assert err["code"] == "unknown_parameter"
     assert param in err["message"]
@@ -236,13 +227,13 @@ def test_chat_unsupported_fields_are_refused_by_name(
 ) -> None:
     # These are refused before the engine is needed, so the 400 comes without a model.
     # (reasoning_effort and verbosity depend on the model's template: see the server tests.)
-    err = error_of(chat(client, **fields), 400)
+    err = assert_api_error(chat(client, **fields), 400)
     assert err["param"] == param, err
 
 
 def _audio_chat(client: TestClient, audio: dict[str, Any]) -> dict[str, Any]:
     part = {"type": "input_audio", "input_audio": audio}
-    return error_of(chat(client, messages=[{"role": "user", "content": [part]}]), 400)
+    return assert_api_error(chat(client, messages=[{"role": "user", "content": [part]}]), 400)
 
 
 @pytest.mark.parametrize(
@@ -304,7 +295,7 @@ def test_chat_accepts_every_other_reference_field(client: TestClient) -> None:
         "add_generation_prompt": True,
     }
     # Passes validation; 503 only because no model is loaded here.
-    error_of(chat(client, **fields), 503)
+    assert_api_error(chat(client, **fields), 503)
 
 
 def test_chat_message_shapes_are_accepted(client: TestClient) -> None:
@@ -324,7 +315,7 @@ def test_chat_message_shapes_are_accepted(client: TestClient) -> None:
         {"role": "function", "name": "f", "content": "1"},
         {"role": "user", "content": "go"},
     ]
-    error_of(chat(client, messages=messages), 503)
+    assert_api_error(chat(client, messages=messages), 503)
 
 
 @pytest.mark.parametrize(
@@ -345,7 +336,7 @@ def test_chat_message_shapes_are_accepted(client: TestClient) -> None:
 def test_completion_bad_fields_are_named(
     client: TestClient, fields: dict[str, Any], param: str
 ) -> None:
-    err = error_of(completion(client, **fields), 400)
+    err = assert_api_error(completion(client, **fields), 400)
     assert err["param"] == param, err
 
 
@@ -368,12 +359,12 @@ def test_completion_accepts_reference_fields(client: TestClient) -> None:
         "top_p": 1,
         "user": "u",
     }
-    error_of(completion(client, **fields), 503)
+    assert_api_error(completion(client, **fields), 503)
 
 
 def test_body_over_the_cap_by_content_length(client: TestClient) -> None:
     body = json.dumps({**CHAT, "pad": "x" * (2 * MIB)}).encode()
-    err = error_of(client.post("/v1/chat/completions", content=body), 413)
+    err = assert_api_error(client.post("/v1/chat/completions", content=body), 413)
     assert err["code"] == "request_too_large"
 
 
@@ -384,7 +375,7 @@ def test_body_over_the_cap_when_chunked(client: TestClient) -> None:
             yield b"x" * 65536
         yield b'"}'
 
-    err = error_of(client.post("/v1/completions", content=chunks()), 413)
+    err = assert_api_error(client.post("/v1/completions", content=chunks()), 413)
     assert err["code"] == "request_too_large"
 
 
@@ -433,5 +424,5 @@ def test_tags_that_are_not_strings_are_named(
         assert err["type"] == "invalid_request_error"
         assert f"'{param}" in err["message"], err
     else:
-        err = error_of(resp, 400)
+        err = assert_api_error(resp, 400)
         assert err["param"].startswith(param), err

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_utils import Server, free_port, run_server
+from support.server_utils import Server, free_port, run_server
 
 from pippin.bench.scrape import parse_metrics, total
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from whisper_models import ct2_tiny_en_dir
+from support.whisper_models import ct2_tiny_en_dir
 
 
 @pytest.fixture(scope="session")

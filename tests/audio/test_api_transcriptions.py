@@ -15,11 +15,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import openai
 import pytest
-from server_utils import Server, run_server
-from whisper_models import speak, word_errors
+from support.errors import assert_api_error
+from support.server_utils import Server, run_server
+from support.whisper_models import speak, word_errors
 
 SENTENCES = [
     "The weather is nice today and we are going to the park.",
@@ -185,13 +187,9 @@ def test_translation_of_english_speech(server: Server, clips: dict[str, bytes]) 
     assert _wer(SENTENCES[1], text) <= MAX_WER
 
 
-def _bad(server: Server, status: int, param: str, **kw: object) -> dict[str, object]:
+def _post(server: Server, **kw: object) -> httpx.Response:
     with server.http() as http:
-        r = http.post("/v1/audio/transcriptions", **kw)  # type: ignore[arg-type]
-    assert r.status_code == status, r.text
-    error = r.json()["error"]
-    assert error["param"] == param, error
-    return error
+        return http.post("/v1/audio/transcriptions", **kw)  # type: ignore[arg-type]
 
 
 def test_bad_uploads_are_refused_and_the_server_keeps_serving(
@@ -199,44 +197,38 @@ def test_bad_uploads_are_refused_and_the_server_keeps_serving(
 ) -> None:
     model = {"model": "whisper-1"}
     png = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8
-    assert "decode" in str(
-        _bad(server, 400, "file", files={"file": ("a.png", png)}, data=model)["message"]
-    )
-    assert "empty" in str(
-        _bad(server, 400, "file", files={"file": ("a.wav", b"")}, data=model)["message"]
-    )
+    r = _post(server, files={"file": ("a.png", png)}, data=model)
+    assert_api_error(r, 400, param="file", message="decode")
+    r = _post(server, files={"file": ("a.wav", b"")}, data=model)
+    assert_api_error(r, 400, param="file", message="empty")
     truncated = clips["short"][: len(clips["short"]) // 3]
-    msg = _bad(server, 400, "file", files={"file": ("a.wav", truncated)}, data=model)["message"]
-    assert "truncated" in str(msg)
+    r = _post(server, files={"file": ("a.wav", truncated)}, data=model)
+    assert_api_error(r, 400, param="file", message="truncated")
     # Longer than --stt-max-seconds (silence, small enough for the byte cap at 8 kHz).
     three_min = _wav_bytes(np.zeros(8000 * (MAX_SECONDS + 5), dtype="<i2"), 8000)
-    err = _bad(server, 400, "file", files={"file": ("long.wav", three_min)}, data=model)
-    assert err["code"] == "audio_too_long"
+    r = _post(server, files={"file": ("long.wav", three_min)}, data=model)
+    assert_api_error(r, 400, param="file", code="audio_too_long")
     # Over --stt-max-mb.
     big = _wav_bytes(np.zeros(MAX_MB * 2**20 // 2 + 1000, dtype="<i2"), 48000)
-    assert (
-        _bad(server, 413, "file", files={"file": ("big.wav", big)}, data=model)["code"]
-        == "file_too_large"
-    )
+    r = _post(server, files={"file": ("big.wav", big)}, data=model)
+    assert_api_error(r, 413, param="file", code="file_too_large")
     short = {"file": ("s.wav", clips["short"])}
-    _bad(server, 400, "foo", files=short, data={**model, "foo": "1"})
-    _bad(server, 400, "include", files=short, data={**model, "include[]": "logprobs"})
-    _bad(server, 400, "chunking_strategy", files=short, data={**model, "chunking_strategy": "auto"})
-    _bad(server, 400, "language", files=short, data={**model, "language": "fr"})
-    _bad(server, 400, "temperature", files=short, data={**model, "temperature": "2"})
-    _bad(server, 400, "response_format", files=short, data={**model, "response_format": "xml"})
-    _bad(
-        server,
-        400,
-        "timestamp_granularities",
-        files=short,
-        data={**model, "timestamp_granularities[]": "word"},
-    )
-    _bad(server, 400, "file", data=model)
-    _bad(server, 404, "model", files=short, data={"model": "no-such-model"})
+    for param, data in (
+        ("foo", {"foo": "1"}),
+        ("include", {"include[]": "logprobs"}),
+        ("chunking_strategy", {"chunking_strategy": "auto"}),
+        ("language", {"language": "fr"}),
+        ("temperature", {"temperature": "2"}),
+        ("response_format", {"response_format": "xml"}),
+        ("timestamp_granularities", {"timestamp_granularities[]": "word"}),
+    ):
+        assert_api_error(_post(server, files=short, data={**model, **data}), 400, param=param)
+    assert_api_error(_post(server, data=model), 400, param="file")
+    r = _post(server, files=short, data={"model": "no-such-model"})
+    assert_api_error(r, 404, param="model")
     with server.http() as http:  # translations take no 'language'
         r = http.post("/v1/audio/translations", files=short, data={**model, "language": "en"})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "language"
+    assert_api_error(r, 400, param="language")
 
     with pytest.raises(openai.BadRequestError):
         server.client().audio.transcriptions.create(file=("x.png", png), model="whisper-1")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from whisper_models import ct2_tiny_en_dir
+from support.whisper_models import ct2_tiny_en_dir
 
 from pippin.audio.ct2_convert import ensure_mlx_whisper, read_ct2_model
 

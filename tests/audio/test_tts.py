@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("mlx_audio")
 av = pytest.importorskip("av")
 
-from tts_models import VOICES, build_kitten  # noqa: E402
+from support.tts_models import VOICES, build_kitten  # noqa: E402
 
 from pippin.audio.encode import FORMATS, AudioEncoder, to_int16  # noqa: E402
 from pippin.audio.sentences import pieces  # noqa: E402
@@ -108,7 +108,7 @@ def test_kokoro_equals_mlx_audio_generate(tmp_path: Path) -> None:
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_audio.tts.utils import load_model
-    from tts_models import KOKORO_VOICES, build_kokoro
+    from support.tts_models import KOKORO_VOICES, build_kokoro
 
     from pippin.audio.tts import TTSModel
 

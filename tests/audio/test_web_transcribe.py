@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from server_utils import Server, run_server
-from whisper_models import speak, word_errors
+from support.server_utils import Server, run_server
+from support.whisper_models import speak, word_errors
 
 CHROMIUM = next(
     (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None

@@ -9,7 +9,7 @@ from pathlib import Path
 import mlx.nn as nn
 import pytest
 from mlx_lm.utils import load
-from tiny_models import tiny_config
+from support.tiny_models import tiny_config
 
 from pippin.bench import models
 from pippin.bench.workload import load_workload, words_per_token
@@ -156,18 +156,26 @@ def test_lazy_build_writes_the_eager_model(tiny_moe: str, moe_root: Path) -> Non
 
 def test_quantised_moe_serves_as_mlx_lm_decodes(tiny_moe: str, moe_root: Path) -> None:
     """pippin's engine on the built 4-bit model: mlx-lm's greedy tokens, alone and batched."""
-    from engine_runs import GEN, _agrees, _config, _loaded, _prompts, _reference, _run
+    from support.engine_runs import (
+        GEN,
+        agrees,
+        engine_config,
+        loaded_model,
+        mlx_lm_reference,
+        random_prompts,
+        run_to_end,
+    )
 
     from pippin.engine.core import EngineCore
     from pippin.engine.types import SamplingParams
 
-    loaded = _loaded(models.build_model(f"{tiny_moe}-4bit", moe_root))
-    prompts = _prompts(5000, 4, seed=2)
-    refs = [_reference(loaded.model, p, GEN) for p in prompts]
-    core = EngineCore(loaded, _config())
+    loaded = loaded_model(models.build_model(f"{tiny_moe}-4bit", moe_root))
+    prompts = random_prompts(5000, 4, seed=2)
+    refs = [mlx_lm_reference(loaded.model, p, GEN) for p in prompts]
+    core = EngineCore(loaded, engine_config())
     greedy = SamplingParams(max_tokens=GEN, temperature=0.0, ignore_eos=True)
     for i, p in enumerate(prompts):
         core.add_request(str(i), p, greedy)
-    res = _run(core)
+    res = run_to_end(core)
     for i, (ref, gaps) in enumerate(refs):
-        assert _agrees(res[str(i)]["ids"][0], ref, gaps), (i, res[str(i)]["ids"][0], ref)
+        assert agrees(res[str(i)]["ids"][0], ref, gaps), (i, res[str(i)]["ids"][0], ref)

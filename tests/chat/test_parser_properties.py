@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from parser_harness import run, run_reasoning
+from support.parser_harness import run, run_reasoning
 
 from pippin.chat.reasoning import REASONING_PARSERS
 from pippin.chat.tool_parsers import registry

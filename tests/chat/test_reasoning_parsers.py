@@ -14,7 +14,7 @@ import random
 from typing import Any
 
 import pytest
-from parser_harness import run_reasoning
+from support.parser_harness import run_reasoning
 
 from pippin.chat.output import OutputParser, ParserChoice
 from pippin.chat.reasoning import (

@@ -11,7 +11,7 @@ import json
 import random
 
 import pytest
-from parser_harness import check_split_invariance, random_pieces
+from support.parser_harness import check_split_invariance, random_pieces
 
 from pippin.chat.reasoning import Gemma4ReasoningParser, detect_reasoning_parser
 from pippin.chat.tool_parsers import detect_tool_parser, get_tool_parser

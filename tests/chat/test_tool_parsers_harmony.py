@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from parser_harness import Result, check_split_invariance
+from support.parser_harness import Result, check_split_invariance
 
 from pippin.chat.output import ParserChoice
 from pippin.chat.tool_parsers import detect_tool_parser, get_tool_parser

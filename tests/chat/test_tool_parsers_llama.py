@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from parser_harness import check_split_invariance
+from support.parser_harness import check_split_invariance
 
 from pippin.chat.tool_parsers import detect_tool_parser, get_tool_parser
 from pippin.chat.tool_parsers.llama import Llama3JsonParser

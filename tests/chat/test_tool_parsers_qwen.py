@@ -4,7 +4,7 @@ Qwen3-Coder's `<function=…>` XML, read whole, char by char and in random piece
 from __future__ import annotations
 
 import pytest
-from parser_harness import check_split_invariance
+from support.parser_harness import check_split_invariance
 
 from pippin.chat.tool_parsers import get_tool_parser
 from pippin.chat.tool_parsers.qwen import QwenParser

@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 import pytest
-from parser_harness import check_split_invariance
+from support.parser_harness import check_split_invariance
 
 from pippin.chat.tool_parsers import detect_tool_parser, get_tool_parser
 from pippin.chat.tool_parsers.base import collect_calls

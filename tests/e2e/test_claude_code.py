@@ -16,9 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from npm_tools import npm_bin
-from server_utils import run_server
-from tiny_models import CHAT_TEMPLATE
+from support.npm_tools import npm_bin
+from support.server_utils import run_server
+from support.tiny_models import CHAT_TEMPLATE
 
 CLAUDE_CODE = "@anthropic-ai/claude-code@2.1.332"
 

@@ -12,8 +12,8 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from npm_tools import npm_bin
-from server_utils import run_server
+from support.npm_tools import npm_bin
+from support.server_utils import run_server
 
 CODEX = "@openai/codex@0.171.0"
 CONFIG = """web_search = "disabled"

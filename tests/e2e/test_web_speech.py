@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from server_utils import Server, run_server
-from tts_models import VOICES, build_kitten
+from support.server_utils import Server, run_server
+from support.tts_models import VOICES, build_kitten
 
 CHROMIUM = next(
     (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None

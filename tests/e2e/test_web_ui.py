@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_utils import Server, run_server
+from support.server_utils import Server, run_server
 
 KEY = "sk-web-test"
 CHROMIUM = next(

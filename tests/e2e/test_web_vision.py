@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from server_utils import Server, run_server
+from support.server_utils import Server, run_server
 
 CHROMIUM = next(
     (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 from PIL import Image  # noqa: E402
-from tiny_vlms import get_tiny_vlm  # noqa: E402
+from support.tiny_vlms import get_tiny_vlm  # noqa: E402
 
 
 def png(seed: int) -> bytes:

@@ -11,9 +11,16 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
-from engine_runs import OOM, _config, _faulty_forward, _loaded, _prompts, _run
+from support.engine_runs import (
+    OOM,
+    engine_config,
+    faulty_forward,
+    loaded_model,
+    random_prompts,
+    run_to_end,
+)
+from support.tiny_models import with_swapped_tokens
 from test_speculative import _chi2_ok, _sample_many, _softmax
-from tiny_models import with_swapped_tokens
 
 from pippin.engine.config import SpeculativeConfig
 from pippin.engine.core import EngineCore
@@ -53,7 +60,7 @@ def _greedy_runs(loaded, spec, core_kw=None, penalties=True) -> tuple[dict, dict
     (sampled with a seed) and ones with stop tokens and (`penalties`) with penalties,
     bias, min_tokens and logprobs."""
     vocab = loaded.model.args.vocab_size
-    prompts = _prompts(vocab, 5, seed=9)
+    prompts = random_prompts(vocab, 5, seed=9)
     greedy = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     reqs = [(f"g{i}", p, greedy) for i, p in enumerate(prompts)]
     reqs += [
@@ -78,17 +85,17 @@ def _greedy_runs(loaded, spec, core_kw=None, penalties=True) -> tuple[dict, dict
     reqs += [
         ("stop", prompts[2], SamplingParams(max_tokens=50, temperature=0.0, stop_token_ids=[77])),
     ]
-    core = EngineCore(loaded, _config(speculative=spec, **(core_kw or {})))
+    core = EngineCore(loaded, engine_config(speculative=spec, **(core_kw or {})))
     for r in reqs:
         core.add_request(*r)
-    res = _run(core)
+    res = run_to_end(core)
     return {k: (v["ids"][0], v["finish"][0]) for k, v in res.items()}, core.stats(), core
 
 
 @pytest.mark.parametrize("draft", ["small", "self"])
 def test_greedy_identical_with_a_draft_model(tiny_models, draft: str) -> None:
     target = tiny_models("llama")
-    loaded = _loaded(target)
+    loaded = loaded_model(target)
     plain, _, _ = _greedy_runs(loaded, None)
     path = target if draft == "self" else _small_draft(tiny_models)
     spec, stats, core = _greedy_runs(loaded, _spec(path))
@@ -119,13 +126,13 @@ def test_proposals_follow_the_requests_logit_bias(tiny_models, temperature: floa
     """A bias that makes the target say one token: a draft that applies the request's
     bias proposes it and every proposal is kept (the draft's own argmax would not be)."""
     target = tiny_models("llama")
-    loaded = _loaded(target)
-    core = EngineCore(loaded, _config(speculative=_spec(_small_draft(tiny_models), k=4)))
+    loaded = loaded_model(target)
+    core = EngineCore(loaded, engine_config(speculative=_spec(_small_draft(tiny_models), k=4)))
     params = SamplingParams(
         max_tokens=24, temperature=temperature, seed=None, logit_bias={50: 60.0}, ignore_eos=True
     )
-    core.add_request("bias", _prompts(loaded.model.args.vocab_size, 1, seed=3)[0], params)
-    res = _run(core)
+    core.add_request("bias", random_prompts(loaded.model.args.vocab_size, 1, seed=3)[0], params)
+    res = run_to_end(core)
     assert res["bias"]["ids"][0] == [50] * 24
     stats = core.stats()
     assert stats["spec_decode_num_draft_tokens"] > 0
@@ -137,7 +144,7 @@ def test_draft_kv_caught_up_in_chunks_and_evicted_when_short(tiny_models) -> Non
     step is dropped and computed again later; a small step budget chunks catch-ups over
     several steps. Outputs stay those of plain decoding."""
     target = tiny_models("llama")
-    loaded = _loaded(target)
+    loaded = loaded_model(target)
     small = {"max_num_batched_tokens": 16, "num_blocks": 60}
     plain, _, _ = _greedy_runs(loaded, None, small, penalties=False)
     spec, stats, core = _greedy_runs(loaded, _spec(target, k=3), small, penalties=False)
@@ -149,15 +156,15 @@ def test_draft_kv_caught_up_in_chunks_and_evicted_when_short(tiny_models) -> Non
 
 def test_speculation_off_above_the_batch_threshold(tiny_models) -> None:
     target = tiny_models("llama")
-    loaded = _loaded(target)
-    core = EngineCore(loaded, _config(speculative=_spec(target, disable_by_batch_size=2)))
-    for i, p in enumerate(_prompts(loaded.model.args.vocab_size, 3, seed=2)):
+    loaded = loaded_model(target)
+    core = EngineCore(loaded, engine_config(speculative=_spec(target, disable_by_batch_size=2)))
+    for i, p in enumerate(random_prompts(loaded.model.args.vocab_size, 3, seed=2)):
         params = SamplingParams(max_tokens=10 + 20 * i, temperature=0.0, ignore_eos=True)
         core.add_request(f"r{i}", p, params)
     for _ in range(6):  # all three decoding: no draft call, no draft KV
         core.step()
     assert core.stats()["spec_decode_num_drafts"] == 0 and not core.spec.draft.seqs
-    _run(core)
+    run_to_end(core)
     assert core.stats()["spec_decode_num_drafts"] > 0  # once the first ended
 
 
@@ -169,9 +176,9 @@ def test_sampled_tokens_follow_the_target_distribution(tiny_models, draft: str) 
     most proposals are refused and the residual draws), and the target itself (nearly
     every proposal kept, the bonus token drawn)."""
     target = tiny_models("llama")
-    loaded = _loaded(target)
+    loaded = loaded_model(target)
     model = loaded.model
-    prompt = _prompts(model.args.vocab_size, 1, seed=21)[0][:20]
+    prompt = random_prompts(model.args.vocab_size, 1, seed=21)[0][:20]
     temp, top_k, N = 0.7, 2, 2000
 
     def dist(ctx: list[int]) -> dict[int, float]:
@@ -206,13 +213,14 @@ def test_sampled_tokens_follow_the_target_distribution(tiny_models, draft: str) 
 def test_draft_pool_and_weights_count_against_the_memory(tiny_models) -> None:
     """The KV budget covers both models' pools, and the engine's weight and KV bytes (what
     the model registry holds against its memory limit) include the draft's."""
-    loaded = _loaded(tiny_models("llama"))
+    loaded = loaded_model(tiny_models("llama"))
     draft_path = _small_draft(tiny_models)
-    plain = EngineCore(loaded, _config(num_blocks=None))
+    plain = EngineCore(loaded, engine_config(num_blocks=None))
     budget = 200 * (plain.kv_bytes // plain.num_blocks)
-    alone = EngineCore(loaded, _config(num_blocks=None, cache_memory_bytes=budget))
+    alone = EngineCore(loaded, engine_config(num_blocks=None, cache_memory_bytes=budget))
     both = EngineCore(
-        loaded, _config(num_blocks=None, cache_memory_bytes=budget, speculative=_spec(draft_path))
+        loaded,
+        engine_config(num_blocks=None, cache_memory_bytes=budget, speculative=_spec(draft_path)),
     )
     draft = both.spec.draft
     assert alone.num_blocks == 200
@@ -224,7 +232,9 @@ def test_draft_pool_and_weights_count_against_the_memory(tiny_models) -> None:
     assert (stats["kv_bytes"], stats["weight_bytes"]) == (both.kv_bytes, both.weight_bytes)
     # Past what the draft needs (few speculating sequences), the rest is the target's.
     few = _spec(draft_path, disable_by_batch_size=1)
-    core = EngineCore(loaded, _config(num_blocks=None, cache_memory_bytes=budget, speculative=few))
+    core = EngineCore(
+        loaded, engine_config(num_blocks=None, cache_memory_bytes=budget, speculative=few)
+    )
     need = 512 // 4 + 2 + 1
     assert core.spec.draft.num_blocks == need
     assert core.num_blocks == (budget - need * draft.bytes_per_block) // (
@@ -233,24 +243,24 @@ def test_draft_pool_and_weights_count_against_the_memory(tiny_models) -> None:
 
 
 def test_bad_drafts_refused_at_startup(tiny_models, tmp_path: Path) -> None:
-    loaded = _loaded(tiny_models("llama"))
+    loaded = loaded_model(tiny_models("llama"))
     other = with_swapped_tokens(_small_draft(tiny_models), tmp_path / "other")
     with pytest.raises(DraftModelError, match="does not share the target's vocabulary"):
-        EngineCore(loaded, _config(speculative=_spec(other)))
+        EngineCore(loaded, engine_config(speculative=_spec(other)))
     with pytest.raises(ModelLoadError, match="no such file or folder"):
-        EngineCore(loaded, _config(speculative=_spec(tmp_path / "missing")))
+        EngineCore(loaded, engine_config(speculative=_spec(tmp_path / "missing")))
     with pytest.raises(DraftModelError, match="recurrent layers"):
-        EngineCore(loaded, _config(speculative=_spec(tiny_models("qwen3_next"))))
+        EngineCore(loaded, engine_config(speculative=_spec(tiny_models("qwen3_next"))))
 
 
 def test_random_proposal_lengths_and_aborts_free_every_block(tiny_models) -> None:
     """Requests aborted mid-way and ending at max_tokens or the context: no block of
     either model is left behind."""
     target = tiny_models("llama")
-    loaded = _loaded(target)
-    core = EngineCore(loaded, _config(speculative=_spec(target, k=5), max_model_len=64))
+    loaded = loaded_model(target)
+    core = EngineCore(loaded, engine_config(speculative=_spec(target, k=5), max_model_len=64))
     rng = random.Random(4)
-    prompts = _prompts(loaded.model.args.vocab_size, 6, seed=3)
+    prompts = random_prompts(loaded.model.args.vocab_size, 6, seed=3)
     for i, p in enumerate(prompts):
         core.add_request(
             str(i), p, SamplingParams(max_tokens=rng.randrange(1, 30), temperature=0.5)
@@ -259,7 +269,7 @@ def test_random_proposal_lengths_and_aborts_free_every_block(tiny_models) -> Non
         core.step()
     core.abort("0")
     core.abort("3")
-    _run(core)
+    run_to_end(core)
     stats = core.stats()
     assert stats["blocks_free"] == stats["blocks_total"]
     assert stats["spec_draft_blocks_free"] == stats["spec_draft_blocks_total"]
@@ -271,16 +281,16 @@ def test_failed_steps_recovered_with_both_pools_made_anew(tiny_models, monkeypat
     running sequences are recomputed, the draft's KV is dropped with its pool made anew,
     and every request ends exactly as without the failures."""
     target = tiny_models("llama")
-    loaded = _loaded(target)
-    prompts = _prompts(loaded.model.args.vocab_size, 5, seed=9)
+    loaded = loaded_model(target)
+    prompts = random_prompts(loaded.model.args.vocab_size, 5, seed=9)
     greedy = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
 
     def run(core: EngineCore) -> dict:
         for i, p in enumerate(prompts):
             core.add_request(f"g{i}", p, greedy)
-        return {k: v["ids"][0] for k, v in _run(core, recover=True).items()}
+        return {k: v["ids"][0] for k, v in run_to_end(core, recover=True).items()}
 
-    want = run(EngineCore(loaded, _config()))
+    want = run(EngineCore(loaded, engine_config()))
     calls: list[bool] = []  # per model call: whether the draft's runner made it
 
     real = ModelRunner.forward
@@ -290,8 +300,8 @@ def test_failed_steps_recovered_with_both_pools_made_anew(tiny_models, monkeypat
         return real(self, items)
 
     monkeypatch.setattr(ModelRunner, "forward", spy)
-    core = EngineCore(loaded, _config(speculative=_spec(target)))
-    _faulty_forward(monkeypatch, lambda n, _: OOM if n in (9, 30) else None)
+    core = EngineCore(loaded, engine_config(speculative=_spec(target)))
+    faulty_forward(monkeypatch, lambda n, _: OOM if n in (9, 30) else None)
     assert run(core) == want
     assert core.stats()["failed_steps_out_of_memory"] == 2
     assert any(calls[n - 1] for n in (9, 30))  # a draft call among the failed ones
@@ -306,14 +316,14 @@ def test_draft_kv_of_a_prompt_served_from_its_prefix_cache(tiny_models) -> None:
     """A second request with the same prompt starts from the draft KV the first left in
     the draft's prefix cache; its output is the same."""
     target = tiny_models("llama")
-    loaded = _loaded(target)
-    core = EngineCore(loaded, _config(speculative=_spec(target)))
-    prompt = _prompts(loaded.model.args.vocab_size, 1, seed=12)[0] * 2
+    loaded = loaded_model(target)
+    core = EngineCore(loaded, engine_config(speculative=_spec(target)))
+    prompt = random_prompts(loaded.model.args.vocab_size, 1, seed=12)[0] * 2
     greedy = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
     outs = []
     for rid in ("a", "b"):
         core.add_request(rid, prompt, greedy)
-        outs.append(_run(core)[rid]["ids"][0])
+        outs.append(run_to_end(core)[rid]["ids"][0])
     bm = core.spec.draft.bm
     assert outs[0] == outs[1]
     assert (bm.queries, bm.hits) == (2, 1) and bm.hit_blocks >= len(prompt) // 4 - 1

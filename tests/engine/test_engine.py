@@ -6,17 +6,17 @@ import asyncio
 
 import mlx.core as mx
 import pytest
-from engine_runs import (
+from support.engine_runs import (
     GEN,
     OOM,
-    _agrees,
-    _config,
-    _faulty_forward,
-    _loaded,
-    _prompts,
-    _reference,
-    _run,
-    _serve,
+    agrees,
+    engine_config,
+    faulty_forward,
+    loaded_model,
+    mlx_lm_reference,
+    random_prompts,
+    run_to_end,
+    serve_inproc,
 )
 
 from pippin.engine import core as core_module
@@ -28,22 +28,22 @@ from pippin.kernels import device
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3", "qwen3_next", "qwen3_moe", "gpt_oss"])
 def test_greedy_matches_mlx_lm_alone_and_batched(tiny_models, arch: str) -> None:
-    loaded = _loaded(tiny_models(arch))
+    loaded = loaded_model(tiny_models(arch))
     vocab = loaded.model.args.vocab_size
-    prompts = _prompts(vocab, 16)
-    refs = [_reference(loaded.model, p, GEN) for p in prompts[:4]]
+    prompts = random_prompts(vocab, 16)
+    refs = [mlx_lm_reference(loaded.model, p, GEN) for p in prompts[:4]]
     greedy = SamplingParams(max_tokens=GEN, temperature=0.0, ignore_eos=True)
 
     # Alone: one request at a time.
-    core = EngineCore(loaded, _config())
+    core = EngineCore(loaded, engine_config())
     for i, (ref, gaps) in enumerate(refs):
         core.add_request(f"a{i}", prompts[i], greedy)
-        got = _run(core)[f"a{i}"]["ids"][0]
-        assert _agrees(got, ref, gaps), (i, got, ref)
+        got = run_to_end(core)[f"a{i}"]["ids"][0]
+        assert agrees(got, ref, gaps), (i, got, ref)
 
     # Batched with 15 others of other lengths and sampling settings; a small
     # token budget forces chunked prefill beside running decodes.
-    core = EngineCore(loaded, _config())
+    core = EngineCore(loaded, engine_config())
     for i, p in enumerate(prompts):
         if i < 4:
             params = greedy
@@ -63,10 +63,10 @@ def test_greedy_matches_mlx_lm_alone_and_batched(tiny_models, arch: str) -> None
                 top_logprobs=2,
             )
         core.add_request(f"b{i}", p, params)
-    res = _run(core)
+    res = run_to_end(core)
     for i, (ref, gaps) in enumerate(refs):
         got = res[f"b{i}"]["ids"][0]
-        assert _agrees(got, ref, gaps), (i, got, ref)
+        assert agrees(got, ref, gaps), (i, got, ref)
     for i in range(4, 16):
         assert len(res[f"b{i}"]["ids"][0]) == GEN + i
     stats = core.stats()
@@ -75,93 +75,93 @@ def test_greedy_matches_mlx_lm_alone_and_batched(tiny_models, arch: str) -> None
 
 
 def test_preemption_recomputes_and_frees(tiny_models) -> None:
-    loaded = _loaded(tiny_models("llama"))
-    prompts = _prompts(loaded.model.args.vocab_size, 8, seed=3)
-    refs = [_reference(loaded.model, p, GEN) for p in prompts]
+    loaded = loaded_model(tiny_models("llama"))
+    prompts = random_prompts(loaded.model.args.vocab_size, 8, seed=3)
+    refs = [mlx_lm_reference(loaded.model, p, GEN) for p in prompts]
     # 40 blocks of 4 tokens cannot hold 8 sequences of up to 84 tokens at once.
-    core = EngineCore(loaded, _config(num_blocks=41))
+    core = EngineCore(loaded, engine_config(num_blocks=41))
     greedy = SamplingParams(max_tokens=GEN, temperature=0.0, ignore_eos=True)
     for i, p in enumerate(prompts):
         core.add_request(str(i), p, greedy)
-    res = _run(core)
+    res = run_to_end(core)
     assert core.stats()["preemptions"] > 0
     for i, (ref, gaps) in enumerate(refs):
-        assert _agrees(res[str(i)]["ids"][0], ref, gaps)
+        assert agrees(res[str(i)]["ids"][0], ref, gaps)
     assert core.stats()["blocks_free"] == core.stats()["blocks_total"]
 
 
 def test_prefix_cache_hit_and_n_shares_prompt(tiny_models) -> None:
-    loaded = _loaded(tiny_models("qwen3"))
-    core = EngineCore(loaded, _config(block_size=4))
-    prompt = _prompts(loaded.model.args.vocab_size, 1, seed=5)[0][:41]
+    loaded = loaded_model(tiny_models("qwen3"))
+    core = EngineCore(loaded, engine_config(block_size=4))
+    prompt = random_prompts(loaded.model.args.vocab_size, 1, seed=5)[0][:41]
     greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     core.add_request("first", prompt, greedy)
-    first = _run(core)["first"]
+    first = run_to_end(core)["first"]
     assert first["cached"] == 0
     core.add_request("again", prompt, greedy)
-    again = _run(core)["again"]
+    again = run_to_end(core)["again"]
     assert again["cached"] == 40  # every full block but the one holding the last token
     assert again["ids"] == first["ids"]
 
     hits = core.bm.hits
     params = SamplingParams(max_tokens=8, temperature=1.0, seed=7, n=3, ignore_eos=True)
     core.add_request("n3", prompt + [5, 6, 7, 8], params)
-    res = _run(core)["n3"]
+    res = run_to_end(core)["n3"]
     assert sorted(res["ids"]) == [0, 1, 2]
     assert core.bm.hits >= hits + 3  # all three reuse the shared prompt's blocks
     assert len({tuple(v) for v in res["ids"].values()}) > 1  # the samples differ
 
 
 def test_seed_gives_same_output_in_any_batch(tiny_models) -> None:
-    loaded = _loaded(tiny_models("llama"))
-    prompts = _prompts(loaded.model.args.vocab_size, 6, seed=9)
+    loaded = loaded_model(tiny_models("llama"))
+    prompts = random_prompts(loaded.model.args.vocab_size, 6, seed=9)
     seeded = SamplingParams(max_tokens=16, temperature=1.0, seed=1234, ignore_eos=True)
-    core = EngineCore(loaded, _config())
+    core = EngineCore(loaded, engine_config())
     core.add_request("alone", prompts[0], seeded)
-    alone = _run(core)["alone"]["ids"][0]
+    alone = run_to_end(core)["alone"]["ids"][0]
     for i, p in enumerate(prompts):
         core.add_request(f"x{i}", p, seeded if i == 0 else SamplingParams(max_tokens=20))
-    assert _run(core)["x0"]["ids"][0] == alone
+    assert run_to_end(core)["x0"]["ids"][0] == alone
     core.add_request("other", prompts[0], SamplingParams(max_tokens=16, seed=99, ignore_eos=True))
-    assert _run(core)["other"]["ids"][0] != alone
+    assert run_to_end(core)["other"]["ids"][0] != alone
 
 
 def test_stop_strings_split_across_tokens_are_cut(tiny_models) -> None:
-    loaded = _loaded(tiny_models("llama"))
-    prompt = _prompts(loaded.model.args.vocab_size, 1, seed=11)[0]
-    core = EngineCore(loaded, _config())
+    loaded = loaded_model(tiny_models("llama"))
+    prompt = random_prompts(loaded.model.args.vocab_size, 1, seed=11)[0]
+    core = EngineCore(loaded, engine_config())
     core.add_request("plain", prompt, SamplingParams(max_tokens=40, temperature=0.0))
-    text = _run(core)["plain"]["text"][0]
+    text = run_to_end(core)["plain"]["text"][0]
     assert len(text) > 20
     # A stop that starts inside one token and ends inside a later one.
     start = len(text) // 2
     stop = text[start : start + 5]
     first = text.find(stop)
     core.add_request("stopped", prompt, SamplingParams(max_tokens=40, temperature=0.0, stop=[stop]))
-    res = _run(core)["stopped"]
+    res = run_to_end(core)["stopped"]
     assert res["text"][0] == text[:first]
     assert res["finish"][0] == ("stop", stop)
 
 
 def test_max_tokens_stop_tokens_logprobs_and_bias(tiny_models) -> None:
-    loaded = _loaded(tiny_models("qwen3"))
-    prompt = _prompts(loaded.model.args.vocab_size, 1, seed=13)[0]
-    core = EngineCore(loaded, _config())
+    loaded = loaded_model(tiny_models("qwen3"))
+    prompt = random_prompts(loaded.model.args.vocab_size, 1, seed=13)[0]
+    core = EngineCore(loaded, engine_config())
     core.add_request("len", prompt, SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))
-    res = _run(core)["len"]
+    res = run_to_end(core)["len"]
     assert len(res["ids"][0]) == 5 and res["finish"][0] == ("length", None)
     stop_tok = res["ids"][0][2]
     core.add_request(
         "tok", prompt, SamplingParams(max_tokens=5, temperature=0.0, stop_token_ids=[stop_tok])
     )
-    res2 = _run(core)["tok"]
+    res2 = run_to_end(core)["tok"]
     assert res2["ids"][0] == res["ids"][0][: res["ids"][0].index(stop_tok) + 1]
     assert res2["finish"][0] == ("stop", stop_tok)
 
     core.add_request("bias", prompt, SamplingParams(max_tokens=6, logit_bias={77: 100.0}))
-    assert _run(core)["bias"]["ids"][0] == [77] * 6
+    assert run_to_end(core)["bias"]["ids"][0] == [77] * 6
 
-    ref, _ = _reference(loaded.model, prompt, 3)
+    ref, _ = mlx_lm_reference(loaded.model, prompt, 3)
     lp_params = SamplingParams(max_tokens=3, temperature=0.0, logprobs=True, top_logprobs=3)
     logprobs = []
     core.add_request("lp", prompt, lp_params)
@@ -175,19 +175,19 @@ def test_max_tokens_stop_tokens_logprobs_and_bias(tiny_models) -> None:
 
 
 def test_rejects_prompt_past_context(tiny_models) -> None:
-    loaded = _loaded(tiny_models("llama"))
-    core = EngineCore(loaded, _config(max_model_len=64))
+    loaded = loaded_model(tiny_models("llama"))
+    core = EngineCore(loaded, engine_config(max_model_len=64))
     with pytest.raises(EngineError, match="64"):
         core.add_request("long", list(range(3, 80)), SamplingParams())
 
 
 def test_async_engine_concurrency_and_cancellation(tiny_models) -> None:
-    loaded = _loaded(tiny_models("llama"))
+    loaded = loaded_model(tiny_models("llama"))
     vocab = loaded.model.args.vocab_size
-    prompts = _prompts(vocab, 24, seed=17)
+    prompts = random_prompts(vocab, 24, seed=17)
 
     async def main() -> dict:
-        engine = InprocClient(loaded, _config(max_num_batched_tokens=256))
+        engine = InprocClient(loaded, engine_config(max_num_batched_tokens=256))
         await engine.start()
         assert engine.ready
 
@@ -225,11 +225,11 @@ def test_failure_adding_a_later_sequence_leaves_nothing_behind(
     """A request of n=3 whose second sequence cannot be added ends with an error, and the
     first one, already queued, goes with it: nothing keeps waiting or holds a block, and
     the next request is served."""
-    loaded = _loaded(tiny_models("llama"))
-    prompt = _prompts(loaded.model.args.vocab_size, 1, seed=4)[0]
+    loaded = loaded_model(tiny_models("llama"))
+    prompt = random_prompts(loaded.model.args.vocab_size, 1, seed=4)[0]
 
     async def main() -> tuple[list, dict, list]:
-        engine = InprocClient(loaded, _config())
+        engine = InprocClient(loaded, engine_config())
         await engine.start()
         core = engine.engine.core
         assert core is not None
@@ -269,21 +269,21 @@ def test_step_out_of_memory_is_recomputed_on_fresh_pools(
     anew, and end exactly as without the failure. A later request sharing their prompt's
     prefix reads no block the failed step left behind (the prefix cache was emptied), and
     admission is narrowed for a while, then restored."""
-    loaded = _loaded(tiny_models("llama"))
+    loaded = loaded_model(tiny_models("llama"))
     vocab = loaded.model.args.vocab_size
-    shared = _prompts(vocab, 1, seed=9)[0][:16] + [5] * 8  # whole blocks, cached
-    prompts = [shared + p for p in _prompts(vocab, 4, seed=5)]
+    shared = random_prompts(vocab, 1, seed=9)[0][:16] + [5] * 8  # whole blocks, cached
+    prompts = [shared + p for p in random_prompts(vocab, 4, seed=5)]
     later = [shared + [7, 8, 9]]
-    want, want_later, _, _ = _serve(loaded, prompts, later)
+    want, want_later, _, _ = serve_inproc(loaded, prompts, later)
 
     monkeypatch.setattr(core_module, "NARROW_STEPS", 6)
-    _faulty_forward(monkeypatch, lambda n, _: OOM if n in (6, 9) else None)
-    got, got_later, stats, core = _serve(loaded, prompts, later)
+    faulty_forward(monkeypatch, lambda n, _: OOM if n in (6, 9) else None)
+    got, got_later, stats, core = serve_inproc(loaded, prompts, later)
     assert [t for t, _, _ in want] == [t for t, _, _ in got]
     assert all(len(t) == 20 and r == "length" and e is None for t, r, e in got)
     assert got_later == want_later
     assert core.scheduler.num_preemptions >= 2  # at least one running sequence, twice
-    assert core.scheduler.max_num_seqs == _config().max_num_seqs
+    assert core.scheduler.max_num_seqs == engine_config().max_num_seqs
     assert stats["blocks_free"] == stats["blocks_total"]
     assert (stats["failed_steps_out_of_memory"], stats["failed_steps_other"]) == (2, 0)
     # The pools were made anew: nothing of what the failed step left (3.0 everywhere).
@@ -297,15 +297,15 @@ def test_recovery_frees_the_old_pools_before_making_new_ones(
     """The failed step's frames hold its graph, and through it the old KV pools: recovery
     lets them go before allocating fresh pools, so it never needs room for both (which a
     device that just ran out of memory would not have)."""
-    loaded = _loaded(tiny_models("llama"))
-    core = EngineCore(loaded, _config(num_blocks=40000))
+    loaded = loaded_model(tiny_models("llama"))
+    core = EngineCore(loaded, engine_config(num_blocks=40000))
     pool = sum(p.nbytes for p in core.runner.pools.values())
     params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
-    for i, p in enumerate(_prompts(loaded.model.args.vocab_size, 3, seed=3)):
+    for i, p in enumerate(random_prompts(loaded.model.args.vocab_size, 3, seed=3)):
         core.add_request(str(i), p, params)
     for _ in range(3):
         core.step()
-    _faulty_forward(monkeypatch, lambda n, _: OOM)
+    faulty_forward(monkeypatch, lambda n, _: OOM)
     with pytest.raises(RuntimeError) as failed:
         core.step()
     before = mx.get_active_memory()
@@ -325,15 +325,15 @@ def test_step_failing_again_and_again_ends_its_requests(
     failed steps, with an error that says what to change. Any other error ends every
     running request at once. Either way the engine then serves new requests in full,
     with every block back in the pool."""
-    loaded = _loaded(tiny_models("llama"))
-    prompts = _prompts(loaded.model.args.vocab_size, 5, seed=5)
+    loaded = loaded_model(tiny_models("llama"))
+    prompts = random_prompts(loaded.model.args.vocab_size, 5, seed=5)
     for message, hint in ((OOM, "--buffer-cache-mb"), ("a bug", None)):
         # Every call with one of the first four requests in it fails, from the fourth on.
-        _faulty_forward(
+        faulty_forward(
             monkeypatch,
             lambda n, rids, m=message: m if n >= 4 and any(r[0] == "r" for r in rids) else None,
         )
-        first, after, stats, _ = _serve(loaded, prompts[:4], prompts[4:])
+        first, after, stats, _ = serve_inproc(loaded, prompts[:4], prompts[4:])
         for tokens, reason, error in first:
             assert reason == "error" and len(tokens) < 20, (message, reason)
             assert error is not None and message in error
@@ -347,13 +347,13 @@ def test_step_failing_again_and_again_ends_its_requests(
 
 def test_mixed_decode_and_prefill_step_updates_pool_in_place(tiny_models) -> None:
     """A step with both a decode call and a prefill call must not copy the KV pools."""
-    loaded = _loaded(tiny_models("qwen3"))
-    config = _config(
+    loaded = loaded_model(tiny_models("qwen3"))
+    config = engine_config(
         num_blocks=10000, block_size=16, max_model_len=4096, max_num_batched_tokens=2048
     )
     core = EngineCore(loaded, config)
     pool_bytes = sum(p.nbytes for p in core.runner.pools.values())
-    prompts = _prompts(loaded.model.args.vocab_size, 4, seed=21)
+    prompts = random_prompts(loaded.model.args.vocab_size, 4, seed=21)
     params = SamplingParams(max_tokens=8, temperature=1.0, ignore_eos=True)
     core.add_request("a", prompts[0], params)
     core.step()  # a is decoding now
@@ -372,30 +372,30 @@ def test_mixed_decode_and_prefill_step_updates_pool_in_place(tiny_models) -> Non
 
 
 def test_lone_sequence_longer_than_pool_ends_with_length(tiny_models) -> None:
-    loaded = _loaded(tiny_models("llama"))
-    core = EngineCore(loaded, _config(num_blocks=9, block_size=4, max_model_len=512))
+    loaded = loaded_model(tiny_models("llama"))
+    core = EngineCore(loaded, engine_config(num_blocks=9, block_size=4, max_model_len=512))
     assert core.max_model_len == 32  # capped to what the pool holds
     core.add_request("r", list(range(3, 13)), SamplingParams(max_tokens=100, ignore_eos=True))
-    res = _run(core)["r"]
+    res = run_to_end(core)["r"]
     assert res["finish"][0][0] == "length" and len(res["ids"][0]) == 22
 
 
 def test_min_tokens_holds_back_stop_strings(tiny_models) -> None:
-    loaded = _loaded(tiny_models("llama"))
-    prompt = _prompts(loaded.model.args.vocab_size, 1, seed=23)[0]
-    core = EngineCore(loaded, _config())
+    loaded = loaded_model(tiny_models("llama"))
+    prompt = random_prompts(loaded.model.args.vocab_size, 1, seed=23)[0]
+    core = EngineCore(loaded, engine_config())
     core.add_request("plain", prompt, SamplingParams(max_tokens=30, temperature=0.0))
-    plain = _run(core)["plain"]
+    plain = run_to_end(core)["plain"]
     first_char = plain["text"][0][0]
     params = SamplingParams(max_tokens=30, temperature=0.0, stop=[first_char], min_tokens=5)
     core.add_request("min", prompt, params)
-    res = _run(core)["min"]
+    res = run_to_end(core)["min"]
     assert len(res["ids"][0]) >= 5
 
 
 def test_cache_memory_bytes_sizes_the_pool(tiny_models) -> None:
-    loaded = _loaded(tiny_models("llama"))
-    core = EngineCore(loaded, _config(num_blocks=None, cache_memory_bytes=4 * 1024 * 1024))
+    loaded = loaded_model(tiny_models("llama"))
+    core = EngineCore(loaded, engine_config(num_blocks=None, cache_memory_bytes=4 * 1024 * 1024))
     per_block = sum(p.nbytes for p in core.runner.pools.values()) // core.num_blocks
     assert core.num_blocks == 4 * 1024 * 1024 // per_block
 
@@ -404,15 +404,15 @@ def test_buffer_cache_stays_under_its_limit(tiny_models) -> None:
     """MLX's cache of freed buffers is held to `buffer_cache_bytes` (by default the KV
     pool's size, at least 1 GiB), however many batch shapes the steps go through: without
     the limit the same run caches more."""
-    loaded = _loaded(tiny_models("llama"))
+    loaded = loaded_model(tiny_models("llama"))
     before = mx.set_cache_limit(0)
     try:
         peaks = {}
         for limit in (None, 64 * 1024):
             mx.set_cache_limit(before)
             mx.clear_cache()
-            core = EngineCore(loaded, _config(buffer_cache_bytes=limit))
-            for i, p in enumerate(_prompts(loaded.model.args.vocab_size, 12, seed=3)):
+            core = EngineCore(loaded, engine_config(buffer_cache_bytes=limit))
+            for i, p in enumerate(random_prompts(loaded.model.args.vocab_size, 12, seed=3)):
                 core.add_request(f"r{i}", p, SamplingParams(max_tokens=6 + i, temperature=0))
             peak = 0
             while core.has_work():
@@ -424,7 +424,7 @@ def test_buffer_cache_stays_under_its_limit(tiny_models) -> None:
         # model's steps free is under 64 KiB (CPU and Metal trim to the limit itself).
         bound = 64 * 1024 + (64 * 1024 if device.on_cuda() else 0)
         assert peaks[64 * 1024] <= bound < peaks[None], peaks
-        EngineCore(loaded, _config(num_blocks=None, cache_memory_bytes=4 * 1024 * 1024))
+        EngineCore(loaded, engine_config(num_blocks=None, cache_memory_bytes=4 * 1024 * 1024))
         assert mx.set_cache_limit(before) == 1 << 30  # the default's floor
     finally:
         mx.set_cache_limit(before)
@@ -433,11 +433,11 @@ def test_buffer_cache_stays_under_its_limit(tiny_models) -> None:
 def test_stream_interval_merges_deltas_without_losing_tokens(tiny_models) -> None:
     """With a stream interval, a request's tokens arrive in fewer, larger deltas: the
     first one at once, the same tokens, text and logprobs in total, the end not held."""
-    loaded = _loaded(tiny_models("llama"))
-    prompts = _prompts(loaded.model.args.vocab_size, 3, seed=31)
+    loaded = loaded_model(tiny_models("llama"))
+    prompts = random_prompts(loaded.model.args.vocab_size, 3, seed=31)
 
     async def run(interval: float) -> list[list[tuple[list[int], str, int, str | None]]]:
-        engine = InprocClient(loaded, _config(stream_interval_s=interval))
+        engine = InprocClient(loaded, engine_config(stream_interval_s=interval))
         await engine.start()
 
         async def one(i: int) -> list[tuple[list[int], str, int, str | None]]:
@@ -502,16 +502,16 @@ def test_thinking_budget_ends_on_the_whole_marker_only(tiny_models, budget: int)
     come in order: a model that writes the marker's last token on its own inside the
     section (a random model on a GPU wrote '>' of '</think>') still gets its budget
     enforced, the whole marker written, then the answer."""
-    loaded = _loaded(tiny_models("qwen3"))
+    loaded = loaded_model(tiny_models("qwen3"))
     a, b, c = 41, 42, 43  # the end marker as three tokens
-    core = EngineCore(loaded, _config())
+    core = EngineCore(loaded, engine_config())
     tb = ThinkingBudget(budget, (a, b, c), start_id=None, open=True)
     # The model would write the marker's last token every time.
     params = SamplingParams(
         max_tokens=budget + 5, temperature=0.0, logit_bias={c: 100.0}, thinking=tb
     )
-    core.add_request("r", _prompts(loaded.model.args.vocab_size, 1, seed=8)[0], params)
-    ids = _run(core)["r"]["ids"][0]
+    core.add_request("r", random_prompts(loaded.model.args.vocab_size, 1, seed=8)[0], params)
+    ids = run_to_end(core)["r"]["ids"][0]
     assert ids == [c] * budget + [a, b, c] + [c, c], ids
 
 
@@ -522,11 +522,11 @@ def test_outputs_finished_before_a_failed_step_are_handed_out(
     """A step that finishes the one in flight first (penalties need its tokens) and then
     fails: the tokens it finished reach the client (by `recover`), so a recomputed request
     misses none and one that ended in them still ends."""
-    loaded = _loaded(tiny_models("llama"))
-    prompts = _prompts(loaded.model.args.vocab_size, 3, seed=6)
+    loaded = loaded_model(tiny_models("llama"))
+    prompts = random_prompts(loaded.model.args.vocab_size, 3, seed=6)
 
     def run(fail: bool) -> dict:
-        core = EngineCore(loaded, _config())
+        core = EngineCore(loaded, engine_config())
         for i, p in enumerate(prompts):
             params = SamplingParams(
                 max_tokens=2 + 5 * i, temperature=0, ignore_eos=True, repetition_penalty=1.2
@@ -542,8 +542,8 @@ def test_outputs_finished_before_a_failed_step_are_handed_out(
                 failed.append(n)
                 return error
 
-            _faulty_forward(monkeypatch, once)
-        res = _run(core, recover=True)
+            faulty_forward(monkeypatch, once)
+        res = run_to_end(core, recover=True)
         monkeypatch.undo()
         return {k: (v["ids"][0], v["finish"][0][0]) for k, v in res.items()}
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from server_utils import Server, run_server
+from support.server_utils import Server, run_server
 
 from pippin.bench.scrape import parse_metrics, total
 
@@ -162,7 +162,8 @@ def test_engine_process_death_ends_streams_with_an_error(
 
 
 def test_engine_process_is_the_default_on_cuda_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pippin.cli import build_parser, settings_from_args
+    from pippin.cli.main import build_parser
+    from pippin.cli.settings import settings_from_args
     from pippin.kernels import device
 
     def settings(*flags: str) -> bool:

@@ -10,7 +10,7 @@ from collections import Counter
 import mlx.core as mx
 import numpy as np
 import pytest
-from engine_runs import _config, _loaded, _prompts, _run
+from support.engine_runs import engine_config, loaded_model, random_prompts, run_to_end
 
 from pippin.engine import speculative
 from pippin.engine.config import SpeculativeConfig
@@ -29,7 +29,7 @@ def _sample_many(
     each, and the engine's stats after."""
     core = EngineCore(
         loaded,
-        _config(
+        engine_config(
             speculative=cfg,
             num_blocks=6000,
             block_size=16,
@@ -38,7 +38,7 @@ def _sample_many(
         ),
     )
     core.add_request("many", prompt, params)
-    return _run(core)["many"]["ids"], core.stats()
+    return run_to_end(core)["many"]["ids"], core.stats()
 
 
 def _chi2_ok(observed: dict, expected: dict[tuple, float], n: int) -> tuple[bool, float, float]:
@@ -135,9 +135,9 @@ def _repeating_prompt(vocab: int, seed: int) -> list[int]:
 
 
 def test_greedy_identical_alone_and_batched_with_others(tiny_models) -> None:
-    loaded = _loaded(tiny_models("llama"))
+    loaded = loaded_model(tiny_models("llama"))
     vocab = loaded.model.args.vocab_size
-    prompts = [_repeating_prompt(vocab, s) for s in range(3)] + _prompts(vocab, 3, seed=4)
+    prompts = [_repeating_prompt(vocab, s) for s in range(3)] + random_prompts(vocab, 3, seed=4)
     greedy = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
     others = [
         # Penalties, bias and min_tokens are applied per verified position; logprobs too.
@@ -158,7 +158,7 @@ def test_greedy_identical_alone_and_batched_with_others(tiny_models) -> None:
     ]
 
     def run(spec: SpeculativeConfig | None, batched: bool) -> tuple[dict, dict]:
-        core = EngineCore(loaded, _config(speculative=spec))
+        core = EngineCore(loaded, engine_config(speculative=spec))
         res: dict = {}
         logprobs: dict[str, list] = {}
         reqs = [(f"g{i}", p, greedy) for i, p in enumerate(prompts)]
@@ -209,12 +209,12 @@ def test_blocks_freed_and_prefix_cache_only_has_kept_tokens(tiny_models, monkeyp
         return propose_ngram(ids, k, n_max, n_min) or [ids[-1]] * k
 
     monkeypatch.setattr(speculative, "propose_ngram", propose)
-    loaded = _loaded(tiny_models("qwen3"))
+    loaded = loaded_model(tiny_models("qwen3"))
     prompt = _repeating_prompt(loaded.model.args.vocab_size, 7)
     greedy = SamplingParams(max_tokens=80, temperature=0.0, ignore_eos=True)
-    core = EngineCore(loaded, _config(speculative=SPEC, block_size=4))
+    core = EngineCore(loaded, engine_config(speculative=SPEC, block_size=4))
     core.add_request("a", prompt, greedy)
-    first = _run(core)["a"]["ids"][0]
+    first = run_to_end(core)["a"]["ids"][0]
     stats = core.stats()
     assert stats["blocks_free"] == stats["blocks_total"]
     assert stats["spec_decode_num_draft_tokens"] > stats["spec_decode_num_accepted_tokens"]
@@ -224,34 +224,34 @@ def test_blocks_freed_and_prefix_cache_only_has_kept_tokens(tiny_models, monkeyp
     for i, bid in enumerate(cached):
         assert core.bm.blocks[bid].token_ids == tuple(full[i * 4 : (i + 1) * 4])
     core.add_request("b", full, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
-    res = _run(core)["b"]
+    res = run_to_end(core)["b"]
     assert res["cached"] >= len(prompt)
-    no_spec = EngineCore(loaded, _config(block_size=4))
+    no_spec = EngineCore(loaded, engine_config(block_size=4))
     no_spec.add_request("b", full, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
-    assert _run(no_spec)["b"]["ids"] == res["ids"]
+    assert run_to_end(no_spec)["b"]["ids"] == res["ids"]
 
 
 def test_speculation_off_above_the_batch_threshold(tiny_models) -> None:
-    loaded = _loaded(tiny_models("llama"))
+    loaded = loaded_model(tiny_models("llama"))
     prompt = _repeating_prompt(loaded.model.args.vocab_size, 1)
     greedy = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     cfg = SpeculativeConfig(prompt_lookup_min=1, disable_by_batch_size=2)
-    core = EngineCore(loaded, _config(speculative=cfg))
+    core = EngineCore(loaded, engine_config(speculative=cfg))
     for i in range(3):
         core.add_request(f"r{i}", prompt, greedy)
-    _run(core)
+    run_to_end(core)
     assert core.stats()["spec_decode_num_drafts"] == 0
     core.add_request("alone", prompt, greedy)
-    _run(core)
+    run_to_end(core)
     assert core.stats()["spec_decode_num_drafts"] > 0
 
 
 def test_sampled_tokens_follow_the_target_distribution(tiny_models, monkeypatch) -> None:
     """Three tokens at top_k=3 from many sequences, each later step verifying random
     proposals: their joint frequencies match the model's exact joint distribution."""
-    loaded = _loaded(tiny_models("llama"))
+    loaded = loaded_model(tiny_models("llama"))
     model = loaded.model
-    prompt = _prompts(model.args.vocab_size, 1, seed=21)[0][:20]
+    prompt = random_prompts(model.args.vocab_size, 1, seed=21)[0][:20]
     temp, top_k, N = 0.7, 3, 2000
 
     def dist(ctx: list[int]) -> dict[int, float]:
@@ -297,18 +297,18 @@ def test_sampled_tokens_follow_the_target_distribution(tiny_models, monkeypatch)
 
 
 def test_models_with_recurrent_layers_do_not_speculate(tiny_models) -> None:
-    loaded = _loaded(tiny_models("qwen3_next"))
-    core = EngineCore(loaded, _config(speculative=SPEC))
+    loaded = loaded_model(tiny_models("qwen3_next"))
+    core = EngineCore(loaded, engine_config(speculative=SPEC))
     assert core.spec is None
     prompt = _repeating_prompt(loaded.model.args.vocab_size, 2)
     core.add_request("a", prompt, SamplingParams(max_tokens=20, temperature=0.0))
-    assert len(_run(core)["a"]["ids"][0]) > 0
+    assert len(run_to_end(core)["a"]["ids"][0]) > 0
 
 
 def test_lookups_back_off_while_they_find_nothing(tiny_models, monkeypatch) -> None:
     """A stream whose lookups find nothing is looked up again after 1, 2, 4, 8, 8 ...
     steps, so most of its steps keep the overlap of host and device work."""
-    loaded = _loaded(tiny_models("llama"))
+    loaded = loaded_model(tiny_models("llama"))
     calls = []
     prompt = _repeating_prompt(loaded.model.args.vocab_size, 8)
     quiet = len(prompt) + 60  # no proposal before the output's 60th token
@@ -318,9 +318,9 @@ def test_lookups_back_off_while_they_find_nothing(tiny_models, monkeypatch) -> N
         return [] if len(ids) < quiet else [ids[-1]]
 
     monkeypatch.setattr(speculative, "propose_ngram", propose)
-    core = EngineCore(loaded, _config(speculative=SPEC))
+    core = EngineCore(loaded, engine_config(speculative=SPEC))
     core.add_request("a", prompt, SamplingParams(max_tokens=90, temperature=0.0, ignore_eos=True))
-    _run(core)
+    run_to_end(core)
     misses = [n for n in calls if n < quiet]
     # 60 tokens without a match: tries at +1, +2, +4, +8, +8, ... steps.
     assert 5 <= len(misses) <= 12, misses

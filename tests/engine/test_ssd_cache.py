@@ -10,17 +10,17 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
-from engine_runs import (
-    OOM,
-    _agrees,
-    _config,
-    _core_or_skip,
-    _faulty_forward,
-    _loaded,
-    _prompts,
-    _run,
-)
 from mlx_lm.models.cache import QuantizedKVCache
+from support.engine_runs import (
+    OOM,
+    agrees,
+    core_or_skip,
+    engine_config,
+    faulty_forward,
+    loaded_model,
+    random_prompts,
+    run_to_end,
+)
 
 from pippin.engine.core import EngineCore
 from pippin.engine.kv_fingerprint import kv_fingerprint
@@ -34,17 +34,17 @@ BS = 4
 def _core(loaded, ssd: Path | None, **kw) -> EngineCore:
     base = dict(num_blocks=40, block_size=BS, max_model_len=128)
     base.update(kw)
-    return EngineCore(loaded, _config(ssd_cache_dir=str(ssd) if ssd else None, **base))
+    return EngineCore(loaded, engine_config(ssd_cache_dir=str(ssd) if ssd else None, **base))
 
 
 def _one(core: EngineCore, rid: str, prompt: list[int], params: SamplingParams = GREEDY) -> dict:
     core.add_request(rid, prompt, params)
-    return _run(core)[rid]
+    return run_to_end(core)[rid]
 
 
 def _evict_all(core: EngineCore, vocab: int) -> None:
     """Run enough other prompts that nothing of earlier ones is left in memory."""
-    for i, p in enumerate(_prompts(vocab, 12, seed=99)):
+    for i, p in enumerate(random_prompts(vocab, 12, seed=99)):
         _one(core, f"filler{i}", p)
     core.scheduler.schedule()  # hands the last spills to the writer
     core.tiers.store.drain()
@@ -56,7 +56,7 @@ def _stats(core: EngineCore) -> dict:
 
 @pytest.fixture
 def llama(tiny_models):
-    return _loaded(tiny_models("llama"))
+    return loaded_model(tiny_models("llama"))
 
 
 def _prompt(vocab: int, n: int = 41, seed: int = 5) -> list[int]:
@@ -132,7 +132,7 @@ def test_concurrent_requests_share_a_prefix_being_promoted(llama, tmp_path: Path
         core.add_request(f"r{i}", prompt + [20 + i] * (i + 4), GREEDY)
     assert core.tiers.is_promoting(core.scheduler.waiting[0])
     assert core.tiers.is_promoting(core.scheduler.waiting[2])
-    res = _run(core)
+    res = run_to_end(core)
     for i in range(3):
         assert res[f"r{i}"]["cached"] == 40
     ssd = _stats(core)["ssd"]
@@ -154,7 +154,7 @@ def test_failed_step_leaves_the_disk_tier_right(
     ref = _core(llama, None)
     for i, p in enumerate(prompts):
         ref.add_request(f"r{i}", p, GREEDY)
-    want = _run(ref)
+    want = run_to_end(ref)
     cold = _one(ref, "cold", prompt)
 
     core = _core(llama, tmp_path)
@@ -166,10 +166,10 @@ def test_failed_step_leaves_the_disk_tier_right(
         calls["n"] += 1
         return OOM if calls["n"] == 2 else None
 
-    _faulty_forward(monkeypatch, fail)
+    faulty_forward(monkeypatch, fail)
     for i, p in enumerate(prompts):
         core.add_request(f"r{i}", p, GREEDY)
-    got = _run(core, recover=True)
+    got = run_to_end(core, recover=True)
     monkeypatch.undo()
     assert calls["n"] > 2 and core.failed_steps["out_of_memory"] == 1
     for i in range(3):
@@ -246,8 +246,8 @@ def test_full_write_queue_is_reported(llama, tmp_path: Path, monkeypatch) -> Non
 
 
 def test_model_change_never_reads_stale_kv(tiny_models, tmp_path: Path) -> None:
-    a = _loaded(tiny_models("llama"))
-    b = _loaded(tiny_models("llama", seed=1))  # same shapes, other weights
+    a = loaded_model(tiny_models("llama"))
+    b = loaded_model(tiny_models("llama", seed=1))  # same shapes, other weights
     prompt = _prompt(a.model.args.vocab_size)
     first = _core(a, tmp_path)
     _one(first, "a", prompt)
@@ -321,7 +321,7 @@ def test_ssd_size_cap_evicts_least_recently_used(llama, tmp_path: Path) -> None:
 
 
 def test_recurrent_models_opt_out_of_the_ssd_tier(tiny_models, tmp_path: Path) -> None:
-    core = _core(_loaded(tiny_models("qwen3_next")), tmp_path)
+    core = _core(loaded_model(tiny_models("qwen3_next")), tmp_path)
     ssd = _stats(core)["ssd"]
     assert ssd["enabled"] is False and "recurrent" in ssd["reason"]
 
@@ -343,21 +343,21 @@ def _quantized_reference(model, prompt: list[int], n: int, bits: int, group_size
 
 @pytest.mark.parametrize("bits", [8, 4])
 def test_quantized_kv_matches_mlx_lm_and_saves_memory(tiny_models, bits: int) -> None:
-    loaded = _loaded(tiny_models("qwen3", head_dim=32))  # groups of 32 need dims of 32
+    loaded = loaded_model(tiny_models("qwen3", head_dim=32))  # groups of 32 need dims of 32
     vocab = loaded.model.args.vocab_size
-    prompts = _prompts(vocab, 6, seed=31)
+    prompts = random_prompts(vocab, 6, seed=31)
     n = 16
-    full = EngineCore(loaded, _config(num_blocks=200))
-    quant = _core_or_skip(loaded, _config(num_blocks=200, kv_bits=bits, kv_group_size=32))
+    full = EngineCore(loaded, engine_config(num_blocks=200))
+    quant = core_or_skip(loaded, engine_config(num_blocks=200, kv_bits=bits, kv_group_size=32))
     params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
     # Alone and batched (padding, masks and chunked prefill over quantised pools).
     for i, p in enumerate(prompts):
         quant.add_request(f"q{i}", p, params)
-    batched = _run(quant)
+    batched = run_to_end(quant)
     for i, p in enumerate(prompts[:3]):
         ref, gaps = _quantized_reference(loaded.model, p, n, bits, 32)
-        assert _agrees(_one(quant, f"alone{i}", p, params)["ids"][0], ref, gaps)
-        assert _agrees(batched[f"q{i}"]["ids"][0], ref, gaps)
+        assert agrees(_one(quant, f"alone{i}", p, params)["ids"][0], ref, gaps)
+        assert agrees(batched[f"q{i}"]["ids"][0], ref, gaps)
     full_bytes = sum(p.nbytes for p in full.runner.pools.values())
     quant_bytes = sum(p.nbytes for p in quant.runner.pools.values())
     # float32 KV of head dim 32: each row of 32 values (128 bytes) becomes 32 * bits / 8
@@ -373,11 +373,12 @@ def test_quantized_kv_matches_mlx_lm_and_saves_memory(tiny_models, bits: int) ->
 
 
 def test_quantized_kv_sizes_the_pool_by_its_bytes(tiny_models) -> None:
-    loaded = _loaded(tiny_models("llama", head_dim=32))
+    loaded = loaded_model(tiny_models("llama", head_dim=32))
     mib = 1024 * 1024
-    full = EngineCore(loaded, _config(num_blocks=None, cache_memory_bytes=4 * mib))
-    quant = _core_or_skip(
-        loaded, _config(num_blocks=None, cache_memory_bytes=4 * mib, kv_bits=8, kv_group_size=32)
+    full = EngineCore(loaded, engine_config(num_blocks=None, cache_memory_bytes=4 * mib))
+    quant = core_or_skip(
+        loaded,
+        engine_config(num_blocks=None, cache_memory_bytes=4 * mib, kv_bits=8, kv_group_size=32),
     )
     assert quant.num_blocks > 3 * full.num_blocks
     mx.clear_cache()

@@ -67,7 +67,8 @@ def test_several_hosts_need_a_port_and_the_right_count(tmp_path: Path) -> None:
 
 
 def _settings(*argv: str):  # type: ignore[no-untyped-def]
-    from pippin.cli import build_parser, settings_from_args
+    from pippin.cli.main import build_parser
+    from pippin.cli.settings import settings_from_args
 
     return settings_from_args(build_parser().parse_args(["serve", "m", *argv]))
 

@@ -13,7 +13,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from cuda_compile import Recorder, compile_launch, nvrtc
+from support.cuda_compile import Recorder, compile_launch, nvrtc
 from test_fused_attention import _attention, _kernel_path, _Layout, _runner
 from test_paged_attention import _case
 

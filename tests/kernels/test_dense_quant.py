@@ -8,7 +8,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from engine_runs import _greedy_logprobs, _loaded, _prompts
+from support.engine_runs import greedy_logprobs, loaded_model, random_prompts
 
 from pippin.kernels import dense_quant, patches
 from pippin.kernels.config import KernelConfig
@@ -50,7 +50,7 @@ def _as_float32(q: nn.QuantizedLinear) -> nn.QuantizedLinear:
 
 
 def _quantised_model(tiny_models, bits: int = 4):  # type: ignore[no-untyped-def]
-    loaded = _loaded(tiny_models("llama"))
+    loaded = loaded_model(tiny_models("llama"))
     nn.quantize(loaded.model, group_size=64, bits=bits)
     mx.eval(loaded.model.parameters())
     return loaded
@@ -95,12 +95,12 @@ def test_patched_model_gives_the_same_logits_and_undo_restores_it(tiny_models) -
 @pytest.mark.parametrize("bits", [4, 8])
 def test_engine_decodes_the_same_with_dense_prompt_chunks(tiny_models, bits: int) -> None:
     loaded = _quantised_model(tiny_models, bits)
-    prompts = _prompts(loaded.model.args.vocab_size, 3, seed=5)
+    prompts = random_prompts(loaded.model.args.vocab_size, 3, seed=5)
     # Chunks of up to 48 rows take the dense product, decode steps (3 rows) the quantised one.
     run = dict(max_num_batched_tokens=48)
-    off = _greedy_logprobs(loaded, prompts, kernels=OFF, **run)
+    off = greedy_logprobs(loaded, prompts, kernels=OFF, **run)
     assert _dense_layers(loaded.model) == 0
-    on = _greedy_logprobs(
+    on = greedy_logprobs(
         loaded, prompts, kernels=KernelConfig(dense_quant="1", dense_quant_rows=4), **run
     )
     assert _dense_layers(loaded.model) > 0

@@ -14,10 +14,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from engine_runs import _greedy_logprobs, _loaded
 from mlx.utils import tree_map
 from mlx_lm.models import llama, qwen3
 from mlx_lm.models.rope_utils import initialize_rope
+from support.engine_runs import greedy_logprobs, loaded_model
 
 from pippin.engine.config import EngineConfig
 from pippin.engine.core import EngineCore
@@ -65,7 +65,7 @@ def _fused_on(monkeypatch: pytest.MonkeyPatch) -> None:
 def _runner(model: Any, **config: Any) -> Any:
     """The model runner of a small engine on `model` (a path or a loaded model): what it
     fused."""
-    loaded = model if isinstance(model, LoadedModel) else _loaded(model)
+    loaded = model if isinstance(model, LoadedModel) else loaded_model(model)
     return EngineCore(loaded, EngineConfig(num_blocks=64, **config)).runner
 
 
@@ -95,14 +95,14 @@ def test_engine_decode_fused_matches_unfused(
     """The same greedy tokens and logprobs with the attention block fused as without, over
     contexts that cross blocks, in compiled and op-by-op decode steps."""
     monkeypatch.setenv("PIPPIN_COMPILE", compiled)
-    loaded = _loaded(tiny_models(arch, head_dim=32, **overrides))
+    loaded = loaded_model(tiny_models(arch, head_dim=32, **overrides))
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 200) for _ in range(rng.randrange(2, 40))] for _ in range(6)]
     gens = [rng.randrange(5, 40) for _ in prompts]
     name = _kernel_path(monkeypatch)
 
     monkeypatch.setenv("PIPPIN_FUSED_ATTENTION", "0")
-    base = _greedy_logprobs(loaded, prompts, gens, top=2)
+    base = greedy_logprobs(loaded, prompts, gens, top=2)
     monkeypatch.setenv("PIPPIN_FUSED_ATTENTION", "1")
     calls = 0
     real = getattr(fused_attention, name)
@@ -113,7 +113,7 @@ def test_engine_decode_fused_matches_unfused(
         return real(*args)
 
     monkeypatch.setattr(fused_attention, name, counting)
-    fused = _greedy_logprobs(loaded, prompts, gens, top=2)
+    fused = greedy_logprobs(loaded, prompts, gens, top=2)
     assert calls > 0
     assert_same_greedy(base, fused)
 

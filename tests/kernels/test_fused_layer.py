@@ -13,7 +13,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from engine_runs import _greedy_logprobs, _loaded
+from support.engine_runs import greedy_logprobs, loaded_model
 from test_fused_attention import (
     LLAMA3_SCALING,
     _kernel_path,
@@ -45,14 +45,14 @@ def test_engine_decode_fused_layer_matches_unfused(
     """The same greedy tokens and logprobs with the layers fused as without, for batches
     small enough to take them and batches too large to."""
     monkeypatch.setenv("PIPPIN_COMPILE", compiled)
-    loaded = _loaded(tiny_models(arch, head_dim=32, **overrides))
+    loaded = loaded_model(tiny_models(arch, head_dim=32, **overrides))
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 200) for _ in range(rng.randrange(2, 40))] for _ in range(12)]
     gens = [rng.randrange(5, 40) for _ in prompts]
     name = "gemv" if _kernel_path(monkeypatch) == "fused_decode_attention" else "reference_gemv"
 
     monkeypatch.setenv("PIPPIN_FUSED_LAYER", "0")
-    base = _greedy_logprobs(loaded, prompts, gens, top=2)
+    base = greedy_logprobs(loaded, prompts, gens, top=2)
     monkeypatch.setenv("PIPPIN_FUSED_LAYER", "all")
     rows: list[int] = []
     real = getattr(fused_layer, name)
@@ -62,7 +62,7 @@ def test_engine_decode_fused_layer_matches_unfused(
         return real(p, x, res)
 
     monkeypatch.setattr(fused_layer, name, counting)
-    fused = _greedy_logprobs(loaded, prompts, gens, top=2)
+    fused = greedy_logprobs(loaded, prompts, gens, top=2)
     assert rows and max(rows) <= fused_layer.MAX_ROWS
     assert_same_greedy(base, fused)
 
@@ -89,7 +89,7 @@ def test_not_installed_without_fused_attention(
 def test_not_installed_on_quantised_weights(tiny_models, monkeypatch: pytest.MonkeyPatch) -> None:
     """Quantised projections keep mlx-lm's layer (the kernel reads plain weights)."""
     _kernel_path(monkeypatch)
-    loaded = _loaded(tiny_models("llama", head_dim=32))
+    loaded = loaded_model(tiny_models("llama", head_dim=32))
     nn.quantize(loaded.model, group_size=32, bits=4)
     assert not _runner(loaded).fused_layer
 
@@ -140,14 +140,14 @@ def test_some_projections_as_mlx_ops(tiny_models, monkeypatch: pytest.MonkeyPatc
     runs gate/up as the kernel for a lone row only. By default down is the kernel, and
     gate/up for one row. A bad name or row count is refused when the engine starts."""
     _kernel_path(monkeypatch)
-    loaded = _loaded(tiny_models("llama", head_dim=32))
+    loaded = loaded_model(tiny_models("llama", head_dim=32))
     rng = random.Random(1)
     prompts = [[rng.randrange(3, 200) for _ in range(rng.randrange(2, 30))] for _ in range(5)]
     gens = [rng.randrange(5, 25) for _ in prompts]
     monkeypatch.setenv("PIPPIN_FUSED_LAYER", "0")
-    base = _greedy_logprobs(loaded, prompts, gens, top=2)
+    base = greedy_logprobs(loaded, prompts, gens, top=2)
     monkeypatch.setenv("PIPPIN_FUSED_LAYER", "qkv/down")
-    assert_same_greedy(base, _greedy_logprobs(loaded, prompts, gens, top=2))
+    assert_same_greedy(base, greedy_logprobs(loaded, prompts, gens, top=2))
     plan = _runner(loaded).model.model.layers[0]._pippin_plan
     assert [p.kernel_rows for p, _ in plan.steps()] == [8, 0, 0, 8]
 
@@ -161,7 +161,7 @@ def test_some_projections_as_mlx_ops(tiny_models, monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(fused_layer, "as_kernel", counting)
     monkeypatch.setenv("PIPPIN_FUSED_LAYER", "gate_up:1/down")
-    assert_same_greedy(base, _greedy_logprobs(loaded, prompts, gens, top=2))
+    assert_same_greedy(base, greedy_logprobs(loaded, prompts, gens, top=2))
     gate_up_rows = {rows for swiglu, rows in seen if swiglu}
     down_rows = {rows for swiglu, rows in seen if not swiglu}
     assert gate_up_rows == {1}, gate_up_rows

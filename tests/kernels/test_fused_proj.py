@@ -9,10 +9,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from engine_runs import _greedy_logprobs, _loaded
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load
+from support.engine_runs import greedy_logprobs, loaded_model
 
 from pippin.kernels import fused_proj, patches
 
@@ -195,13 +195,13 @@ def test_engine_greedy_same_tokens_with_and_without(
     gens = [rng.randrange(5, 30) for _ in prompts]
 
     monkeypatch.setenv("PIPPIN_FUSED_PROJ", "0")
-    plain = _loaded(path)
-    base = _greedy_logprobs(plain, prompts, gens)
+    plain = loaded_model(path)
+    base = greedy_logprobs(plain, prompts, gens)
     assert type(plain.model.model.layers[0].self_attn.q_proj) is nn.Linear
 
     monkeypatch.delenv("PIPPIN_FUSED_PROJ")
-    fused = _loaded(path)
-    got = _greedy_logprobs(fused, prompts, gens)
+    fused = loaded_model(path)
+    got = greedy_logprobs(fused, prompts, gens)
     assert isinstance(fused.model.model.layers[0].self_attn.q_proj, fused_proj.Part)
 
     assert got.keys() == base.keys()

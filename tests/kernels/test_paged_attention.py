@@ -13,7 +13,7 @@ import random
 import mlx.core as mx
 import numpy as np
 import pytest
-from engine_runs import _greedy_logprobs, _greedy_or_skip, _loaded
+from support.engine_runs import greedy_logprobs, greedy_or_skip, loaded_model
 
 from pippin.engine.config import EngineConfig
 from pippin.engine.core import EngineCore
@@ -122,14 +122,14 @@ def test_engine_decode_through_paged_path_matches_gather(
 ) -> None:
     """Both with the decode step compiled (`decode_graph`) and built op by op."""
     monkeypatch.setenv("PIPPIN_COMPILE", compiled)
-    loaded = _loaded(tiny_models(arch, head_dim=32))
+    loaded = loaded_model(tiny_models(arch, head_dim=32))
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 200) for _ in range(rng.randrange(2, 40))] for _ in range(6)]
 
     monkeypatch.setenv("PIPPIN_PAGED_KERNEL", "0")
     monkeypatch.setattr(paged_attention, "force_reference", False)
     monkeypatch.setenv("PIPPIN_FUSED_ATTENTION", "0")  # its own tests: test_fused_attention
-    base = _greedy_logprobs(loaded, prompts)
+    base = greedy_logprobs(loaded, prompts)
 
     if not device.on_cuda():
         monkeypatch.setattr(paged_attention, "force_reference", True)  # the plumbing only
@@ -146,7 +146,7 @@ def test_engine_decode_through_paged_path_matches_gather(
         return real(*args, **kwargs)
 
     monkeypatch.setattr(paged_attention, name, counting)
-    paged = _greedy_logprobs(loaded, prompts)
+    paged = greedy_logprobs(loaded, prompts)
     assert calls > 0
     for rid, ref in base.items():
         got = paged[rid]
@@ -160,7 +160,7 @@ def test_kernel_not_used_for_windows_or_recurrent_layers(
     tiny_models, arch: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(paged_attention, "force_reference", True)
-    loaded = _loaded(tiny_models(arch))
+    loaded = loaded_model(tiny_models(arch))
     core = EngineCore(loaded, EngineConfig(num_blocks=64, block_size=4, max_model_len=128))
     assert not core.runner.paged_kernel
 
@@ -182,13 +182,13 @@ def test_fresh_prefill_matches_reading_the_pool(
     pool. gemma3 and gpt_oss have sliding-window layers, gpt_oss attention sinks; 8-bit KV
     attends to the quantised keys."""
     windowed = arch in ("gemma3", "gpt_oss")
-    loaded = _loaded(tiny_models(arch) if windowed else tiny_models(arch, head_dim=32))
+    loaded = loaded_model(tiny_models(arch) if windowed else tiny_models(arch, head_dim=32))
     rng = random.Random(3)
     prompts = [[rng.randrange(3, 200) for _ in range(rng.randrange(2, 40))] for _ in range(6)]
     config = {"max_num_batched_tokens": 512, **config}
-    fast = _greedy_or_skip(loaded, prompts, **config)
+    fast = greedy_or_skip(loaded, prompts, **config)
     monkeypatch.setattr(paged_cache, "FRESH_PREFILL", False)
-    slow = _greedy_logprobs(loaded, prompts, **config)
+    slow = greedy_logprobs(loaded, prompts, **config)
     assert fast.keys() == slow.keys() == {str(i) for i in range(len(prompts))}
     for rid in fast:
         assert [t for t, _ in fast[rid]] == [t for t, _ in slow[rid]], rid

@@ -7,7 +7,7 @@ import sys
 
 import mlx.core as mx
 import numpy as np
-from engine_runs import _config, _loaded, _prompts, _run
+from support.engine_runs import engine_config, loaded_model, random_prompts, run_to_end
 
 from pippin.engine.core import EngineCore
 from pippin.engine.types import SamplingParams
@@ -31,15 +31,15 @@ def _changes(model) -> list[str]:  # type: ignore[no-untyped-def]
 
 
 def _greedy(loaded, kernels: KernelConfig) -> dict:  # type: ignore[no-untyped-def]
-    core = EngineCore(loaded, _config(kernels=kernels))
+    core = EngineCore(loaded, engine_config(kernels=kernels))
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-    for i, p in enumerate(_prompts(loaded.model.args.vocab_size, 3, seed=2)):
+    for i, p in enumerate(random_prompts(loaded.model.args.vocab_size, 3, seed=2)):
         core.add_request(str(i), p, params)
-    return {rid: r["ids"][0] for rid, r in _run(core).items()}
+    return {rid: r["ids"][0] for rid, r in run_to_end(core).items()}
 
 
 def test_switch_off_leaves_mlx_lm_untouched_and_decodes_the_same(tiny_models) -> None:
-    loaded = _loaded(tiny_models("qwen3"))
+    loaded = loaded_model(tiny_models("qwen3"))
     # Off, nothing is changed, and what an earlier engine in this process changed (mlx-lm's
     # modules are shared) is taken back.
     patches.route_attention(loaded.model, "composed")
@@ -58,9 +58,9 @@ def test_switch_off_leaves_mlx_lm_untouched_and_decodes_the_same(tiny_models) ->
 
 
 def test_undo_gives_back_the_same_logits(tiny_models) -> None:
-    loaded = _loaded(tiny_models("llama"))
+    loaded = loaded_model(tiny_models("llama"))
     model = loaded.model
-    tokens = mx.array([_prompts(model.args.vocab_size, 1, seed=9)[0][:12]])
+    tokens = mx.array([random_prompts(model.args.vocab_size, 1, seed=9)[0][:12]])
     before = np.array(model(tokens))
     kernels = KernelConfig(prefill_attention="composed")
     patched = patches.apply(model, kernels, {}, {}, None)

@@ -11,7 +11,7 @@ import random
 import mlx.core as mx
 import numpy as np
 import pytest
-from engine_runs import _greedy_logprobs, _loaded
+from support.engine_runs import greedy_logprobs, loaded_model
 
 from pippin.kernels import prefill_attention
 from pippin.kernels.config import KernelConfig
@@ -96,7 +96,7 @@ def test_engine_outputs_match_with_composed_prefill(
     has sliding-window layers; qwen3_next recurrent ones (its prompts go one a call).
     `pieces`: the CUDA default's policy with a budget small enough that batches of rows
     go in pieces, and the longest rows to the fused kernel."""
-    loaded = _loaded(tiny_models(arch, head_dim=32) if arch != "gemma3" else tiny_models(arch))
+    loaded = loaded_model(tiny_models(arch, head_dim=32) if arch != "gemma3" else tiny_models(arch))
     rng = random.Random(5)
     header = [rng.randrange(3, 200) for _ in range(20)]
     prompts = [[rng.randrange(3, 200) for _ in range(rng.randrange(2, 40))] for _ in range(4)]
@@ -106,7 +106,7 @@ def test_engine_outputs_match_with_composed_prefill(
     config = {"max_num_batched_tokens": 64}
 
     monkeypatch.setenv("PIPPIN_PREFILL_ATTENTION", "fused")
-    fused = _greedy_logprobs(loaded, prompts, **config)
+    fused = greedy_logprobs(loaded, prompts, **config)
 
     if route == "pieces":
         monkeypatch.delenv("PIPPIN_PREFILL_ATTENTION")
@@ -125,7 +125,7 @@ def test_engine_outputs_match_with_composed_prefill(
         return real(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(prefill_attention, "composed_attention", counting)
-    composed = _greedy_logprobs(loaded, prompts, **config)
+    composed = greedy_logprobs(loaded, prompts, **config)
     assert calls > 0
     # Recurrent models prefill one row a call: nothing to split.
     assert (split > 0) == (route == "pieces" and arch != "qwen3_next")

@@ -1,4 +1,4 @@
-"""The MCP manager against a real MCP server (tests/mcp_test_server.py) over stdio and
+"""The MCP manager against a real MCP server (tests/support/mcp_test_server.py) over stdio and
 streamable HTTP: listing, calls, allow/deny lists, the environment a stdio server gets,
 schema checks, timeouts, a crash mid-call and the restart after it."""
 
@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mcp_test_server import SCRIPT, http_server
-from server_utils import free_port
+from support.mcp_test_server import SCRIPT, http_server
+from support.server_utils import free_port
 
 from pippin.mcp.config import McpConfigError, load_config, parse_server
 from pippin.mcp.manager import McpManager

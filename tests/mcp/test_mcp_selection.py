@@ -10,13 +10,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from mcp_test_server import SCRIPT
+from support.mcp_test_server import SCRIPT
 
-from pippin.api.anthropic.messages import mcp_tools as anthropic_tools
+from pippin.api.anthropic.messages_input import mcp_tools as anthropic_tools
 from pippin.api.anthropic.protocol import MessagesRequest
 from pippin.api.openai.chat import mcp_tools as chat_tools
 from pippin.api.openai.protocol import ChatCompletionRequest
-from pippin.api.openai.responses import mcp_tools as responses_tools
+from pippin.api.openai.responses_input import mcp_tools as responses_tools
 from pippin.api.openai.responses_protocol import ResponsesRequest
 from pippin.mcp.config import McpSettings, parse_server
 from pippin.mcp.manager import McpManager

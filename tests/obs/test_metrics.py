@@ -14,10 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from server_utils import Server, run_server
+from support.server_utils import Server, run_server
 
 from pippin.bench.scrape import Samples, parse_metrics, total
-from pippin.server import create_app
+from pippin.server.app import create_app
 from pippin.serving.state import ServerSettings
 
 KEY = "sk-metrics-test"

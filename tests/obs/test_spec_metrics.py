@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import openai
-from server_utils import run_server
+from support.server_utils import run_server
+from support.tiny_models import with_swapped_tokens
 from test_metrics import scrape, wait_idle
-from tiny_models import with_swapped_tokens
 
 from pippin.bench.scrape import total
 
@@ -72,14 +72,14 @@ def test_bad_speculative_config_is_refused(tiny_models: Callable[..., Path]) -> 
 
 def _plain_greedy(model: Path, prompt: list[int], n: int) -> str:
     """The target's greedy text without speculation, from an engine in this process."""
-    from engine_runs import _config, _loaded, _run
+    from support.engine_runs import engine_config, loaded_model, run_to_end
 
     from pippin.engine.core import EngineCore
     from pippin.engine.types import SamplingParams
 
-    core = EngineCore(_loaded(model), _config(max_model_len=512))
+    core = EngineCore(loaded_model(model), engine_config(max_model_len=512))
     core.add_request("r", prompt, SamplingParams(max_tokens=n, temperature=0, ignore_eos=True))
-    return _run(core)["r"]["text"][0]
+    return run_to_end(core)["r"]["text"][0]
 
 
 def test_draft_model_over_http(tiny_models: Callable[..., Path]) -> None:

@@ -6,7 +6,7 @@ import random
 
 import mlx.core as mx
 import pytest
-from engine_runs import _greedy_logprobs, _greedy_or_skip, _loaded
+from support.engine_runs import greedy_logprobs, greedy_or_skip, loaded_model
 
 from pippin.runner import decode_graph
 
@@ -29,12 +29,12 @@ def test_compiled_decode_matches_op_by_op(
     table-width buckets, (gemma3, gpt_oss) sliding-window layers, (gpt_oss) attention sinks,
     (qwen3_moe, gpt_oss) routed experts: the same tokens and logprobs."""
     windowed = arch in ("gemma3", "gpt_oss")
-    loaded = _loaded(tiny_models(arch) if windowed else tiny_models(arch, head_dim=32))
+    loaded = loaded_model(tiny_models(arch) if windowed else tiny_models(arch, head_dim=32))
     rng = random.Random(1)
     prompts = [[rng.randrange(3, 200) for _ in range(rng.randrange(1, 60))] for _ in range(11)]
     gens = [rng.randrange(5, 70) for _ in prompts]
     monkeypatch.setenv("PIPPIN_COMPILE", "0")
-    eager = _greedy_or_skip(loaded, prompts, gens, 400, **config)
+    eager = greedy_or_skip(loaded, prompts, gens, 400, **config)
 
     monkeypatch.setenv("PIPPIN_COMPILE", "1")
     traced = 0
@@ -46,7 +46,7 @@ def test_compiled_decode_matches_op_by_op(
         return real(self, *args)
 
     monkeypatch.setattr(decode_graph.DecodeGraph, "_step", counting)
-    compiled = _greedy_logprobs(loaded, prompts, gens, 400, **config)
+    compiled = greedy_logprobs(loaded, prompts, gens, 400, **config)
     assert 0 < traced < 40  # traced once per padded shape, not once per step
     assert compiled.keys() == eager.keys()
     for rid, ref in eager.items():

@@ -25,7 +25,7 @@ from gguf.quants import dequantize, quantize
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
 from mlx_lm.generate import generate_step
 from mlx_lm.utils import _get_classes
-from tiny_models import (
+from support.tiny_models import (
     CHAT_TEMPLATE,
     EOS_TOKEN,
     SPECIAL_TOKENS,

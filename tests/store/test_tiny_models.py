@@ -12,7 +12,7 @@ import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 from mlx_lm.utils import load, load_tokenizer
-from tiny_models import ARCHS, EOS_TOKEN, SPECIAL_TOKENS, build_tiny_model, gpt_oss_hf_state
+from support.tiny_models import ARCHS, EOS_TOKEN, SPECIAL_TOKENS, build_tiny_model, gpt_oss_hf_state
 
 TinyModelFactory = Callable[..., Path]
 
@@ -146,7 +146,7 @@ def test_matches_transformers(tiny_models: TinyModelFactory, arch: str) -> None:
     full = prompt + generated
 
     if arch == "gpt_oss":
-        # The file is in mlx-lm's layout (see tiny_models._to_hf_layout): transformers gets
+        # The file is in mlx-lm's layout (see support.tiny_models._to_hf_layout): transformers gets
         # the same arrays in its own.
         from transformers import AutoConfig
 

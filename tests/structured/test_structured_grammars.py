@@ -18,8 +18,8 @@ from typing import Any
 import jsonschema
 import numpy as np
 import pytest
-import tiny_models
 from llguidance import LLMatcher
+from support import tiny_models
 
 from pippin.chat.tool_parsers import get_tool_parser
 from pippin.chat.tool_parsers.base import collect_calls

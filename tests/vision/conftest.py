@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from server_utils import Server, run_server
+from support.server_utils import Server, run_server
 
 
 @pytest.fixture(scope="module")

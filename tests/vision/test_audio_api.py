@@ -15,8 +15,9 @@ import pytest
 
 pytest.importorskip("mlx_vlm")
 
-from server_utils import Server, run_server  # noqa: E402
-from tiny_omni import clip, get_tiny_omni  # noqa: E402
+from support.errors import assert_api_error  # noqa: E402
+from support.server_utils import Server, run_server  # noqa: E402
+from support.tiny_omni import clip, get_tiny_omni  # noqa: E402
 
 from pippin.audio.decode import decode_audio  # noqa: E402
 from pippin.store.loader import load_model  # noqa: E402
@@ -61,14 +62,6 @@ def ask(server: Server, content: list, model: str = "tiny-omni", max_tokens: int
         max_tokens=max_tokens,
         temperature=0,
     )
-
-
-def refused(server: Server, content: list, model: str = "tiny-omni") -> dict:
-    with pytest.raises(openai.BadRequestError) as e:
-        ask(server, content, model)
-    body = e.value.body
-    assert isinstance(body, dict)
-    return body
 
 
 def reference(omni_path, data: bytes, text: str, n: int) -> tuple[list[int], int, str]:
@@ -139,28 +132,33 @@ def test_audio_and_text_requests_at_once(omni_server: Server) -> None:
     ],
 )
 def test_bad_audio_is_a_400_naming_the_part(omni_server: Server, data: bytes, says: str) -> None:
-    body = refused(omni_server, [{"type": "text", "text": "Hi"}, audio_part(data)])
-    assert body["param"] == "messages[0].content[1]", body
-    assert says in body["message"], body
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(omni_server, [{"type": "text", "text": "Hi"}, audio_part(data)])
+    assert_api_error(e, 400, param="messages[0].content[1]", message=says)
 
 
 def test_bad_base64_is_a_400_naming_the_part(omni_server: Server) -> None:
     part = {"type": "input_audio", "input_audio": {"data": "%%%not base64", "format": "wav"}}
-    body = refused(omni_server, [part])
-    assert body["param"] == "messages[0].content[0]", body
-    assert "base64" in body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(omni_server, [part])
+    assert_api_error(e, 400, param="messages[0].content[0]", message="base64")
 
 
 def test_images_are_refused_on_the_audio_model(omni_server: Server) -> None:
     png = base64.b64encode(b"\x89PNG\r\n\x1a\n").decode()
     part = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}}
-    body = refused(omni_server, [part])
-    assert body["param"] == "messages[0].content[0]"
-    assert "does not accept image" in body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(omni_server, [part])
+    assert_api_error(e, 400, param="messages[0].content[0]", message="does not accept image")
 
 
 def test_text_model_refuses_input_audio(text_server: Server) -> None:
-    body = refused(text_server, [audio_part(wav(clip(1)))], model="tiny")
-    assert body["param"] == "messages[0].content[0]"
-    assert body["code"] == "unsupported_value"
-    assert "does not accept audio input" in body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(text_server, [audio_part(wav(clip(1)))], model="tiny")
+    assert_api_error(
+        e,
+        400,
+        param="messages[0].content[0]",
+        code="unsupported_value",
+        message="does not accept audio input",
+    )

@@ -11,8 +11,8 @@ import pytest
 
 pytest.importorskip("mlx_vlm")
 
-from engine_runs import _config, _run  # noqa: E402
-from tiny_omni import clip, get_tiny_omni  # noqa: E402
+from support.engine_runs import engine_config, run_to_end  # noqa: E402
+from support.tiny_omni import clip, get_tiny_omni  # noqa: E402
 
 from pippin.engine.core import EngineCore  # noqa: E402
 from pippin.engine.types import SamplingParams  # noqa: E402
@@ -80,34 +80,34 @@ def test_greedy_matches_mlx_vlm_alone_and_batched(model) -> None:
     refs = {k: reference(model, ids, mm, GEN) for k, (ids, mm) in reqs.items()}
     # Alone, then all at once with chunks smaller than the prompts (the clip's span cut).
     for budget in (2048, 7):
-        core = EngineCore(model, _config(max_num_batched_tokens=budget))
+        core = EngineCore(model, engine_config(max_num_batched_tokens=budget))
         for k, (ids, mm) in reqs.items():
             core.add_request(
                 k, ids, SamplingParams(max_tokens=GEN, temperature=0.0, ignore_eos=True, mm=mm)
             )
-        got = _run(core)
+        got = run_to_end(core)
         for k in reqs:
             assert got[k]["ids"][0] == refs[k], (budget, k)
 
 
 def test_same_clip_is_a_prefix_hit_and_different_clips_never_share(model) -> None:
-    core = EngineCore(model, _config(block_size=4))
+    core = EngineCore(model, engine_config(block_size=4))
     first = prompt(model, "What is said?", [1])
     same = prompt(model, "What is said? Say more.", [1])
     other = prompt(model, "What is said? Say more.", [5])
     clip_in = first[1].images[0]
     params = dict(max_tokens=4, temperature=0.0, ignore_eos=True)
     core.add_request("first", first[0], SamplingParams(**params, mm=first[1]))
-    _run(core)
+    run_to_end(core)
     encoded = core.vision.images_encoded
     core.add_request("other", other[0], SamplingParams(**params, mm=other[1]))
-    got = _run(core)
+    got = run_to_end(core)
     # The blocks before the clip are shared; none from the clip on.
     assert got["other"]["cached"] == clip_in.start // 4 * 4
     assert core.vision.images_encoded == encoded + 1
     assert got["other"]["ids"][0] == reference(model, *other, 4)
     core.add_request("same", same[0], SamplingParams(**params, mm=same[1]))
-    got = _run(core)
+    got = run_to_end(core)
     assert got["same"]["cached"] >= clip_in.end // 4 * 4
     assert core.vision.images_encoded == encoded + 1  # nothing encoded again
     assert got["same"]["ids"][0] == reference(model, *same, 4)

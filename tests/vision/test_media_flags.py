@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from pippin.cli import build_parser, settings_from_args
-from pippin.vision.limits import MIB
-from pippin.vision.media import MediaLimits, add_media_flags, limits_from_args
+from pippin.cli.main import build_parser
+from pippin.cli.media_flags import add_media_flags, limits_from_args
+from pippin.cli.settings import settings_from_args
+from pippin.vision.limits import MIB, MediaLimits
 
 
 def parse(*argv: str) -> argparse.Namespace:

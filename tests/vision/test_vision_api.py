@@ -15,8 +15,8 @@ import pytest
 pytest.importorskip("mlx_vlm")
 
 from media_helpers import noise_png as png  # noqa: E402
-from server_utils import Server, run_server  # noqa: E402
-from tiny_vlms import get_tiny_vlm  # noqa: E402
+from support.server_utils import Server, run_server  # noqa: E402
+from support.tiny_vlms import get_tiny_vlm  # noqa: E402
 
 
 def data_url(seed: int, size: tuple[int, int] = (56, 56)) -> str:

@@ -8,9 +8,9 @@ import pytest
 
 pytest.importorskip("mlx_vlm")
 
-from engine_runs import _config, _run  # noqa: E402
 from PIL import Image  # noqa: E402
-from tiny_vlms import FAMILIES, get_tiny_vlm  # noqa: E402
+from support.engine_runs import engine_config, run_to_end  # noqa: E402
+from support.tiny_vlms import FAMILIES, get_tiny_vlm  # noqa: E402
 
 from pippin.engine.core import EngineCore  # noqa: E402
 from pippin.engine.types import SamplingParams  # noqa: E402
@@ -80,12 +80,12 @@ def test_greedy_matches_mlx_vlm_alone_and_batched(vlm) -> None:
     refs = {k: reference(vlm, ids, mm, GEN) for k, (ids, mm) in reqs.items()}
     # Alone, then all at once with chunks smaller than the prompts (the image's span cut).
     for budget in (2048, 7):
-        core = EngineCore(vlm, _config(max_num_batched_tokens=budget))
+        core = EngineCore(vlm, engine_config(max_num_batched_tokens=budget))
         for k, (ids, mm) in reqs.items():
             core.add_request(
                 k, ids, SamplingParams(max_tokens=GEN, temperature=0.0, ignore_eos=True, mm=mm)
             )
-        got = _run(core)
+        got = run_to_end(core)
         for k in reqs:
             assert got[k]["ids"][0] == refs[k], (budget, k)
 
@@ -98,22 +98,22 @@ def test_image_content_changes_the_answer(vlm) -> None:
 
 
 def test_same_image_is_a_prefix_hit_and_different_images_never_share(vlm) -> None:
-    core = EngineCore(vlm, _config(block_size=4))
+    core = EngineCore(vlm, engine_config(block_size=4))
     first = prompt(vlm, 1, "What is in this picture?", [1])
     same = prompt(vlm, 1, "What is in this picture? Say more.", [1])
     other = prompt(vlm, 1, "What is in this picture? Say more.", [4])
     im = first[1].images[0]
     params = dict(max_tokens=4, temperature=0.0, ignore_eos=True)
     core.add_request("first", first[0], SamplingParams(**params, mm=first[1]))
-    _run(core)
+    run_to_end(core)
     encoded = core.vision.images_encoded
     core.add_request("other", other[0], SamplingParams(**params, mm=other[1]))
-    got = _run(core)
+    got = run_to_end(core)
     # The blocks before the image are shared; none from the image on.
     assert got["other"]["cached"] == im.start // 4 * 4
     assert core.vision.images_encoded == encoded + 1
     core.add_request("same", same[0], SamplingParams(**params, mm=same[1]))
-    got = _run(core)
+    got = run_to_end(core)
     # Every full block through the image (and the text after it that both share).
     assert got["same"]["cached"] >= im.end // 4 * 4
     assert core.vision.images_encoded == encoded + 1  # nothing encoded again
@@ -130,19 +130,19 @@ def test_preempted_image_requests_recompute_to_the_same_tokens(vlm) -> None:
     # Room for two prompts (and one whole sequence), not for two whole sequences.
     blocks = max(2 * (prompt_len // 4 + 1) + 2, (prompt_len + n) // 4 + 2)
     assert blocks < 2 * ((prompt_len + n) // 4)
-    core = EngineCore(vlm, _config(block_size=4, num_blocks=blocks))
+    core = EngineCore(vlm, engine_config(block_size=4, num_blocks=blocks))
     for k, (ids, mm) in reqs.items():
         core.add_request(
             k, ids, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, mm=mm)
         )
-    got = _run(core)
+    got = run_to_end(core)
     assert core.scheduler.num_preemptions > 0
     for k in reqs:
         assert got[k]["ids"][0] == refs[k], k
 
 
 def test_encoder_cache_serves_the_same_image_at_another_position(vlm) -> None:
-    core = EngineCore(vlm, _config(block_size=4))
+    core = EngineCore(vlm, engine_config(block_size=4))
     a = prompt(vlm, 1, "What is in this picture?", [30])
     # Another message first: the image sits elsewhere, so no block is shared with `a`.
     tok = vlm.vision.processor.tokenizer
@@ -152,10 +152,10 @@ def test_encoder_cache_serves_the_same_image_at_another_position(vlm) -> None:
     assert b[1].images[0].start != a[1].images[0].start
     params = dict(max_tokens=4, temperature=0.0, ignore_eos=True)
     core.add_request("a", a[0], SamplingParams(**params, mm=a[1]))
-    _run(core)
+    run_to_end(core)
     assert core.vision.images_encoded == 1
     core.add_request("b", b[0], SamplingParams(**params, mm=b[1]))
-    got = _run(core)
+    got = run_to_end(core)
     assert core.vision.images_encoded == 1 and core.vision.cache.hits == 1
     assert got["b"]["ids"][0] == reference(vlm, *b, 4)
 

@@ -13,8 +13,8 @@ torch = pytest.importorskip(
 )
 
 import mlx.core as mx  # noqa: E402
+from support.tiny_vlms import get_tiny_vlm  # noqa: E402
 from test_vision_engine import prompt  # noqa: E402
-from tiny_vlms import get_tiny_vlm  # noqa: E402
 
 from pippin.store.loader import load_model  # noqa: E402
 

@@ -16,10 +16,10 @@ import pytest
 pytest.importorskip("mlx_vlm")
 ollama = pytest.importorskip("ollama")
 
-from mcp_test_server import SCRIPT  # noqa: E402
 from media_helpers import noise_png as png  # noqa: E402
-from server_utils import Server, run_server  # noqa: E402
-from tiny_vlms import get_tiny_vlm  # noqa: E402
+from support.mcp_test_server import SCRIPT  # noqa: E402
+from support.server_utils import Server, run_server  # noqa: E402
+from support.tiny_vlms import get_tiny_vlm  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,12 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from pippin.api.common import get_state
 from pippin.api.openapi import openai_route
 from pippin.engine.cache_tiers import TIERS
 from pippin.serving.errors import bad_request
 from pippin.serving.registry import DEFAULT_NAME
-from pippin.serving.state import get_state, require_engine, use_model
+from pippin.serving.state import require_engine, use_model
 
 router = APIRouter()
 

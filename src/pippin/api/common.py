@@ -11,10 +11,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, TypeVar
 
+from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, ValidationError
 
 from pippin.api.errors import from_validation_error
 from pippin.serving.errors import ApiError
+from pippin.serving.state import ServerState
 
 # Parsing a big body (up to the body cap) takes long enough to stall other
 # requests, so above this size it runs in a worker thread.
@@ -164,3 +166,8 @@ async def cancel_on_disconnect(receive: Any, work: Any) -> Any:
         await asyncio.gather(task, return_exceptions=True)
         raise ClientGone()
     return task.result()
+
+
+def get_state(request: Request) -> ServerState:
+    """The server's state, which every route reaches through the app."""
+    return request.app.state.pippin

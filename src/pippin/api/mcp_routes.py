@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from pippin.serving.state import get_state
+from pippin.api.common import get_state
 
 router = APIRouter()
 

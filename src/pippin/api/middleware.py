@@ -1,4 +1,4 @@
-"""Every middleware of the app, outermost last in `server.create_app`'s stack.
+"""Every middleware of the app, outermost last in `server.middleware_stack`.
 
 - `HeadLimitsMiddleware`: a head over the limits (`HeadLimits`) is refused with 431 or 414
   before any route, key check or body read.
@@ -20,10 +20,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pippin.api.errors import error_response, is_anthropic_path
 from pippin.obs.http import current_record
-from pippin.serving.admission import GENERATION_PATHS, Admission, current_key
+from pippin.serving.admission import Admission, current_key
 from pippin.serving.errors import ApiError
 from pippin.serving.registry import ModelRegistry, request_leases
 from pippin.serving.settings import KIB, MIB, HeadLimits
+
+# The routes that generate: the queue limit applies to them.
+GENERATION_PATHS = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses"}
+)
 
 
 class AdmissionMiddleware:

@@ -6,9 +6,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from pippin import __version__
+from pippin.api.common import get_state
 from pippin.api.openapi import openai_route
 from pippin.serving.registry import DEFAULT_NAME
-from pippin.serving.state import get_state
 
 router = APIRouter()
 

@@ -215,7 +215,6 @@ async def run_window(
 
         await asyncio.gather(*(worker(i) for i in range(max(1, int(level)))))
     else:
-        rng = random.Random(f"arrivals|{seed}")
         limit = asyncio.Semaphore(cfg.max_concurrency or 1 << 30)
 
         async def limited(s: Session) -> None:
@@ -223,11 +222,18 @@ async def run_window(
                 await run_session(client, t, w, s, done, cfg.connect_retries)
 
         tasks = []
-        for s in sessions:
+        for s, gap in zip(sessions, arrival_gaps(seed, level, len(sessions)), strict=True):
             tasks.append(asyncio.create_task(limited(s)))
-            await asyncio.sleep(rng.expovariate(level))
+            await asyncio.sleep(gap)
         await asyncio.gather(*tasks)
     return Window(t.name, level, 0, max(end - start, 1e-9), results)
+
+
+def arrival_gaps(seed: str, rate: float, n: int) -> list[float]:
+    """Seconds after each of `n` sessions before the next starts: Poisson arrivals at
+    `rate` a second, the same for every server of a window (seeded)."""
+    rng = random.Random(f"arrivals|{seed}")
+    return [rng.expovariate(rate) for _ in range(n)]
 
 
 def _client_part(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import traceback
 from dataclasses import dataclass, field
 
@@ -33,7 +32,6 @@ from pippin.engine.types import (
 )
 from pippin.runner.batch import length_groups
 from pippin.runner.model_runner import ModelRunner
-from pippin.runner.paged_cache import bytes_per_block
 from pippin.store.loaded import LoadedModel
 from pippin.vision.encoder import VisionEncoder
 from pippin.vision.inputs import SeqMedia
@@ -75,17 +73,6 @@ class Request:
     done: set[int] = field(default_factory=set)
 
 
-def _machine_memory() -> int:
-    try:
-        info = mx.device_info()
-        size = info.get("memory_size") or info.get("total_memory")
-        if size:
-            return int(size)
-    except Exception:  # older mlx or a backend without the query
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def check_prompt(prompt_ids: list[int], max_model_len: int) -> None:
     """Raise EngineError if the engine cannot take this prompt."""
     if not prompt_ids:
@@ -100,11 +87,12 @@ def check_prompt(prompt_ids: list[int], max_model_len: int) -> None:
 def _budget_near(s: Sequence) -> bool:
     tb = s.params.thinking
     assert tb is not None
-    if s.forced:
+    think = s.think
+    if think.forced:
         return True
-    if s.think_state is Think.INSIDE:
-        return s.think_count + len(s.pending) + 1 >= tb.budget
-    return s.think_state is Think.BEFORE and tb.budget <= 2
+    if think.phase is Think.INSIDE:
+        return think.count + len(s.pending) + 1 >= tb.budget
+    return think.phase is Think.BEFORE and tb.budget <= 2
 
 
 Sampled = tuple[list[ScheduledSeq], SampleResult]
@@ -197,25 +185,17 @@ class EngineCore:
 
     def _num_blocks(self, draft: DraftModel | None = None) -> int:
         cfg = self.config
-        per_block = bytes_per_block(self.runner.kv_specs, cfg.block_size)
-        # Enough for every sequence at full context; more only feeds the prefix cache.
-        ceiling = cfg.max_num_seqs * (self.max_model_len // cfg.block_size + 1) + 1
         if cfg.num_blocks is not None:
             return max(cfg.num_blocks, 2)
-        if per_block == 0:  # no attention layers: blocks only count tokens
-            return ceiling
-        budget = cfg.cache_memory_bytes or int(_machine_memory() * cfg.cache_memory_percent)
-        if draft is None:
-            n = budget // per_block
-        else:
-            # The draft gets a block beside each of the target's, up to what it needs;
-            # past that, the rest of the budget is the target's alone.
-            d, need = draft.bytes_per_block, self._draft_blocks()
-            n = budget // (per_block + d)
-            if n > need:
-                n = (budget - need * d) // per_block
-        min_blocks = self.max_model_len // cfg.block_size + 2
-        return max(min(n, ceiling), min_blocks)
+        # The runner owns the memory: it says how many blocks the budget holds.
+        return self.runner.num_kv_blocks(
+            max_num_seqs=cfg.max_num_seqs,
+            max_model_len=self.max_model_len,
+            budget_bytes=cfg.cache_memory_bytes,
+            memory_share=cfg.cache_memory_percent,
+            draft_block_bytes=draft.bytes_per_block if draft is not None else 0,
+            draft_blocks=self._draft_blocks() if draft is not None else 0,
+        )
 
     # -- requests ---------------------------------------------------------
     def check(self, prompt_ids: list[int], params: SamplingParams) -> None:
@@ -478,15 +458,15 @@ class EngineCore:
             if req is None or seq.index in req.done:
                 continue
             text = self.outputs.take_text(seq)
+            token_ids, logprobs = seq.unsent.take()
             out = CompletionOutput(
                 seq.index,
-                seq.pending_ids,
+                token_ids,
                 text,
-                seq.pending_logprobs if seq.params.logprobs else None,
+                logprobs if seq.params.logprobs else None,
                 seq.finish_reason,
                 seq.stop_reason,
             )
-            seq.pending_ids, seq.pending_logprobs = [], []
             by_req.setdefault(seq.request_id, []).append(out)
             if seq.finish_reason is not None:
                 self.scheduler.finish(seq)

@@ -83,7 +83,7 @@ class _DraftSeq:
     k: int = 0
     pending: list[tuple[Any, int]] = field(default_factory=list)
     known: int = 0  # what the runner takes for the tokens known on the host
-    state: list[Any] | None = None
+    recurrent: list[Any] | None = None
     media: Any = None
 
     @property

@@ -52,39 +52,41 @@ class OutputProcessor:
     def _enter_thinking(seq: Sequence) -> None:
         tb = seq.params.thinking
         assert tb is not None
-        seq.think_state, seq.think_count, seq.think_tail = Think.INSIDE, 0, []
+        think = seq.think
+        think.phase, think.count, think.tail = Think.INSIDE, 0, []
         if tb.budget <= 0:
-            seq.forced = list(tb.end_ids)
+            think.forced = list(tb.end_ids)
 
     def _track_thinking(self, seq: Sequence, token: int) -> None:
         tb = seq.params.thinking
         assert tb is not None
-        if seq.forced and token == seq.forced[0]:
-            seq.forced.pop(0)
-        if seq.think_state is Think.BEFORE:
+        think = seq.think
+        if think.forced and token == think.forced[0]:
+            think.forced.pop(0)
+        if think.phase is Think.BEFORE:
             if token == tb.start_id:
                 self._enter_thinking(seq)
             else:
-                seq.think_state = Think.AFTER  # the section only opens at the start
-        elif seq.think_state is Think.INSIDE:
-            seq.think_tail = (seq.think_tail + [token])[-len(tb.end_ids) :]
-            if tuple(seq.think_tail) == tb.end_ids:
-                seq.think_state, seq.forced = Think.AFTER, []
+                think.phase = Think.AFTER  # the section only opens at the start
+        elif think.phase is Think.INSIDE:
+            think.tail = (think.tail + [token])[-len(tb.end_ids) :]
+            if tuple(think.tail) == tb.end_ids:
+                think.phase, think.forced = Think.AFTER, []
                 return
-            seq.think_count += 1
-            if seq.think_count >= tb.budget and not seq.forced:
-                seq.forced = list(tb.end_ids)
+            think.count += 1
+            if think.count >= tb.budget and not think.forced:
+                think.forced = list(tb.end_ids)
 
     def append(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> None:
         """Record one sampled token and decide whether the sequence is done."""
         st: OutState = seq.out_state
         p = seq.params
         seq.output_ids.append(token)
-        seq.pending_ids.append(token)
-        if p.thinking is not None and seq.think_state is not Think.AFTER:
+        seq.unsent.token_ids.append(token)
+        if p.thinking is not None and seq.think.phase is not Think.AFTER:
             self._track_thinking(seq, token)
         if logprob is not None:
-            seq.pending_logprobs.append(logprob)
+            seq.unsent.logprobs.append(logprob)
         n_out = len(seq.output_ids)
 
         if token in p.stop_token_ids and n_out >= p.min_tokens:

@@ -95,10 +95,12 @@ def sample(
         sampled = mx.argmax(x + noise, axis=-1)
         tokens = mx.where(mx.array(greedy), greedy_tokens, sampled)
 
-    forced = [bool(s.forced) for s in seqs]
+    forced = [bool(s.think.forced) for s in seqs]
     if any(forced):  # a spent reasoning budget writes the section's end marker
         tokens = mx.where(
-            mx.array(forced), mx.array([s.forced[0] if s.forced else 0 for s in seqs]), tokens
+            mx.array(forced),
+            mx.array([s.think.forced[0] if s.think.forced else 0 for s in seqs]),
+            tokens,
         )
 
     want_lp = any(s.params.logprobs for s in seqs)

@@ -88,7 +88,7 @@ class Scheduler:
                 pass
         self.bm.free_table(seq.table)
         seq.status = Status.FINISHED
-        seq.state = None
+        seq.recurrent = None
         if self.tiers is not None:
             self.tiers.forget(seq)
 
@@ -97,7 +97,7 @@ class Scheduler:
         self.bm.free_table(seq.table)
         seq.status = Status.WAITING
         seq.num_computed = 0
-        seq.state = None
+        seq.recurrent = None
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)

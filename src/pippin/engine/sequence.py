@@ -26,6 +26,32 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
+@dataclass
+class ThinkState:
+    """A reasoning budget's progress (for requests with `params.thinking`)."""
+
+    phase: Think = Think.BEFORE
+    count: int = 0  # tokens spent inside the section
+    # The section's last tokens: it ends when they are its whole end marker (a marker of
+    # several tokens ends only when all of them came, in order).
+    tail: list[int] = field(default_factory=list)
+    # Tokens the next steps must produce: the end marker, once the budget is spent.
+    forced: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Unsent:
+    """Output recorded since the sequence's last `CompletionOutput`, not yet handed out."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+    def take(self) -> tuple[list[int], list[TokenLogprob]]:
+        out = self.token_ids, self.logprobs
+        self.token_ids, self.logprobs = [], []
+        return out
+
+
 @dataclass(eq=False)
 class Sequence:
     seq_id: int
@@ -44,13 +70,6 @@ class Sequence:
     wait_for: Sequence | None = None
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
-    # Per-step output not yet handed to the client.
-    pending_ids: list[int] = field(default_factory=list)
-    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
-    # Output-side state (detokenizer, stop-string matcher) owned by the output processor.
-    out_state: Any = None
-    # Per-layer recurrent state for models whose layers keep more than KV.
-    state: list[Any] | None = None
     num_preemptions: int = 0
     # Steps that raised while it ran (`EngineCore.recover`); at `STEP_ATTEMPTS` it fails.
     num_failed_steps: int = 0
@@ -58,16 +77,16 @@ class Sequence:
     # first. The next step reads the newest lazily, so it can be built before the
     # previous one has finished.
     pending: list[tuple[Any, int]] = field(default_factory=list)
-    # Reasoning budget: where the sequence is relative to the reasoning section, tokens
-    # spent in it, and tokens that the next steps must produce (its end marker, once spent).
-    think_state: Think = field(default_factory=lambda: Think.BEFORE)
-    think_count: int = 0
-    # The section's last tokens: it ends when they are its whole end marker (a marker of
-    # several tokens ends only when all of them came, in order).
-    think_tail: list[int] = field(default_factory=list)
-    forced: list[int] = field(default_factory=list)
+    # Per-feature state, one object each: output, reasoning budget, grammar, recurrent
+    # layers, images.
+    unsent: Unsent = field(default_factory=Unsent)
+    # The output processor's own (detokenizer, stop-string matcher; `OutState`).
+    out_state: Any = None
+    think: ThinkState = field(default_factory=ThinkState)
     # Structured output: this sequence's grammar matcher (pippin.engine.grammar_masks).
     grammar: Any = None
+    # Per-layer recurrent state for models whose layers keep more than KV (the runner's).
+    recurrent: list[Any] | None = None
     # Images in the prompt (vision models): their keys and encoder outputs.
     media: SeqMedia | None = None
 

@@ -19,7 +19,7 @@ class RunSequence(Protocol):
     def num_known(self) -> int:
         """Tokens known on the host (prompt and sampled)."""
 
-    state: list[Any] | None  # recurrent layers' state, per layer (None: none yet)
+    recurrent: list[Any] | None  # recurrent layers' state, per layer (None: none yet)
     # A vision model's images (pippin.vision.inputs.SeqMedia), read by the model's
     # `step_inputs`; None for text.
     media: Any

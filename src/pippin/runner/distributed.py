@@ -90,7 +90,7 @@ class Row:
     block_ids: list[int]
     samples: bool
     pending: list[tuple[Any, int]] = field(default_factory=list)
-    state: list[Any] | None = None
+    recurrent: list[Any] | None = None
     # RunItem's other fields: speculation and vision models do not run with tensor
     # parallelism yet (the CLI refuses the first), so a worker's rows have neither.
     draft: list[int] = field(default_factory=list)

@@ -8,6 +8,7 @@ keep it per sequence and have it stacked into a batch for each call.
 from __future__ import annotations
 
 import gc
+import os
 from typing import Any
 
 import mlx.core as mx
@@ -30,7 +31,20 @@ from pippin.runner.paged_cache import (
     LayerSpec,
     PagedLayerCache,
     QuantizedPagedLayerCache,
+    bytes_per_block,
 )
+
+
+def machine_memory() -> int:
+    """The device's memory in bytes (the host's where MLX does not say)."""
+    try:
+        info = mx.device_info()
+        size = info.get("memory_size") or info.get("total_memory")
+        if size:
+            return int(size)
+    except Exception:  # older mlx or a backend without the query
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def _same_rows(lazy: list[tuple[int, mx.array, int]], rows: int) -> bool:
@@ -166,6 +180,39 @@ class ModelRunner:
         """The KV pools' size (0 before `allocate`)."""
         return sum(p.nbytes for p in self.pools.values())
 
+    def num_kv_blocks(
+        self,
+        *,
+        max_num_seqs: int,
+        max_model_len: int,
+        budget_bytes: int | None,
+        memory_share: float,
+        draft_block_bytes: int = 0,
+        draft_blocks: int = 0,
+    ) -> int:
+        """How many KV blocks to `allocate`: as many as `budget_bytes` hold (None: that
+        share of the device's memory), no more than `max_num_seqs` sequences at full
+        context need, and never fewer than one such sequence needs.
+
+        A draft model's pool shares the budget: it gets a block of `draft_block_bytes`
+        beside each of these, up to the `draft_blocks` it needs; past that, the rest of
+        the budget is this pool's alone."""
+        bs = self.block_size
+        per_block = bytes_per_block(self.kv_specs, bs)
+        # Enough for every sequence at full context; more only feeds the prefix cache.
+        ceiling = max_num_seqs * (max_model_len // bs + 1) + 1
+        if per_block == 0:  # no attention layers: blocks only count tokens
+            return ceiling
+        budget = budget_bytes or int(machine_memory() * memory_share)
+        if not draft_block_bytes:
+            n = budget // per_block
+        else:
+            n = budget // (per_block + draft_block_bytes)
+            if n > draft_blocks:
+                n = (budget - draft_blocks * draft_block_bytes) // per_block
+        min_blocks = max_model_len // bs + 2
+        return max(min(n, ceiling), min_blocks)
+
     def allocate(self, num_blocks: int) -> None:
         self.pools = {i: LayerPool(s, num_blocks, self.block_size) for i, s in self.specs.items()}
         mx.eval([p.parts for p in self.pools.values()])
@@ -275,9 +322,9 @@ class ModelRunner:
             for i in self.state_sizes:
                 stacked: ArraysCache = caches[i]
                 for b, it in enumerate(items):
-                    if it.seq.state is None:
-                        it.seq.state = [None] * self.num_caches
-                    it.seq.state[i] = [c[b : b + 1] for c in stacked.cache]
+                    if it.seq.recurrent is None:
+                        it.seq.recurrent = [None] * self.num_caches
+                    it.seq.recurrent[i] = [c[b : b + 1] for c in stacked.cache]
 
         if not rows:
             return None
@@ -292,8 +339,8 @@ class ModelRunner:
         per_seq = []
         for it in items:
             c = ArraysCache(size)
-            if it.seq.state is not None and it.seq.state[layer] is not None:
-                c.cache = list(it.seq.state[layer])
+            if it.seq.recurrent is not None and it.seq.recurrent[layer] is not None:
+                c.cache = list(it.seq.recurrent[layer])
             per_seq.append(c)
         if len(per_seq) == 1:
             return per_seq[0]
@@ -303,5 +350,5 @@ class ModelRunner:
         """Everything a step wrote, so one eval materialises it."""
         out: list[Any] = [p.parts for p in self.pools.values()]
         if self.state_sizes:
-            out.extend(it.seq.state for it in items if it.seq.state is not None)
+            out.extend(it.seq.recurrent for it in items if it.seq.recurrent is not None)
         return out

@@ -29,10 +29,6 @@ from pippin.obs.http import RequestRecord
 from pippin.serving.errors import ApiError
 
 WINDOW_S = 60.0
-# The routes that generate: the queue limit applies to them.
-GENERATION_PATHS = frozenset(
-    {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses"}
-)
 
 
 class KeyFileError(ValueError):

@@ -86,9 +86,9 @@ class MediaParts:
         return self.refs[0].param
 
 
-def check_model_takes_media(state: LiveModel, media: MediaParts) -> None:
+def check_model_takes_media(live: LiveModel, media: MediaParts) -> None:
     """400 (naming the first part it cannot take) for media the model does not take."""
-    vision = state.loaded.vision if state.loaded is not None else None
+    vision = live.loaded.vision if live.loaded is not None else None
     for ref in media.refs:
         if ref.kind == "audio":
             if vision is None or vision.audio_token_id is None:
@@ -176,15 +176,15 @@ async def _load_one(ref: MediaRef, limits: MediaLimits, parts: Any) -> list[tupl
     return [(img.image, img.sha256)]
 
 
-async def load(state: LiveModel, media: MediaParts, limits: MediaLimits) -> list[tuple[Any, str]]:
+async def load(live: LiveModel, media: MediaParts, limits: MediaLimits) -> list[tuple[Any, str]]:
     """The request's pictures (PIL image, content sha256) in prompt order, video frames
     expanded in place (their placeholders too). 400s name the part at fault."""
     if not media:
         return []
     if media.pictures is not None:
         return media.pictures
-    check_model_takes_media(state, media)
-    assert state.loaded is not None
+    check_model_takes_media(live, media)
+    assert live.loaded is not None
     videos = [r for r in media.refs if r.kind == "video"]
     images = sum(1 for r in media.refs if r.kind in ("image", "base64"))
     if images > limits.max_images:
@@ -201,7 +201,7 @@ async def load(state: LiveModel, media: MediaParts, limits: MediaLimits) -> list
             param=videos[limits.max_videos].param,
         )
     results = await asyncio.gather(
-        *(_load_one(r, limits, state.loaded.vision) for r in media.refs), return_exceptions=True
+        *(_load_one(r, limits, live.loaded.vision) for r in media.refs), return_exceptions=True
     )
     out: list[tuple[Any, str]] = []
     for ref, res in zip(media.refs, results):
@@ -247,7 +247,7 @@ def _build(
 
 
 async def build_prompt(
-    state: LiveModel,
+    live: LiveModel,
     text: str,
     pictures: list[tuple[Any, str]],
     param: str,
@@ -258,9 +258,9 @@ async def build_prompt(
     and normalises, the feature extractor computes the clips' features)."""
     from pippin.vision import omni, prompt
 
-    assert state.loaded is not None
-    parts = state.loaded.vision
-    tok = state.loaded.tokenizer
+    assert live.loaded is not None
+    parts = live.loaded.vision
+    tok = live.loaded.tokenizer
     try:
         return await asyncio.to_thread(_build, parts, tok, text, pictures, clips or [])
     except (prompt.PromptImageError, omni.AudioPromptError) as e:

@@ -38,35 +38,8 @@ if TYPE_CHECKING:
     from pippin.vision.inputs import MultiModal
 
 
-async def render_prompt(
-    state: LiveModel,
-    tokenizer: Any,
-    messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]] | None,
-    template_kwargs: dict[str, Any],
-    *,
-    add_generation_prompt: bool = True,
-    continue_final_message: bool = False,
-    messages_param: str = "messages",
-) -> list[int]:
-    """Prompt token ids through the model's own chat template; 400s name the field.
-    Tools the template cannot show go into the system prompt (`chat.generic_tools`)."""
-    ids, _ = await render_media_prompt(
-        state,
-        tokenizer,
-        messages,
-        tools,
-        template_kwargs,
-        None,
-        add_generation_prompt=add_generation_prompt,
-        continue_final_message=continue_final_message,
-        messages_param=messages_param,
-    )
-    return ids
-
-
 async def render_media_prompt(
-    state: LiveModel,
+    live: LiveModel,
     tokenizer: Any,
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
@@ -77,10 +50,12 @@ async def render_media_prompt(
     continue_final_message: bool = False,
     messages_param: str = "messages",
 ) -> tuple[list[int], MultiModal | None]:
-    """`render_prompt` for messages that may hold images and videos (`media` collected
-    their parts): loaded, checked against the limits and expanded by the model's
-    processor into the prompt's tokens and the engine's `MultiModal`."""
-    if generic_tools_for(state, tools):
+    """Prompt token ids through the model's own chat template; 400s name the field.
+    Tools the template cannot show go into the system prompt (`chat.generic_tools`).
+    Images and videos (`media` collected their parts) are loaded, checked against the
+    limits and expanded by the model's processor into the prompt's tokens and the
+    engine's `MultiModal`."""
+    if generic_tools_for(live, tools):
         assert tools is not None
         messages, tools = generic_tools.with_tools(messages, tools), None
     kw: dict[str, Any] = dict(
@@ -92,29 +67,29 @@ async def render_media_prompt(
     try:
         if not media:
             return await render_chat_async(tokenizer, messages, **kw), None
-        pictures = await media_parts.load(state, media, state.settings.media)
+        pictures = await media_parts.load(live, media, live.settings.media)
         text = await render_chat_text_async(tokenizer, media_parts.expand_frames(messages), **kw)
     except ChatTemplateError as exc:
         param = "chat_template_kwargs" if "chat_template_kwargs" in str(exc) else messages_param
         raise bad_request(str(exc), param=param) from None
-    return await media_parts.build_prompt(state, text, pictures, messages_param, media.clips())
+    return await media_parts.build_prompt(live, text, pictures, messages_param, media.clips())
 
 
-def generic_tools_for(state: LiveModel, tools: list[dict[str, Any]] | None) -> bool:
+def generic_tools_for(live: LiveModel, tools: list[dict[str, Any]] | None) -> bool:
     """Whether a request's tools take the generic format: its template has no tools."""
-    return bool(tools) and "tools" not in state.template_source
+    return bool(tools) and "tools" not in live.template_source
 
 
-def parsers_for(state: LiveModel, tools: list[dict[str, Any]] | None) -> ParserChoice:
+def parsers_for(live: LiveModel, tools: list[dict[str, Any]] | None) -> ParserChoice:
     """The output parsers of a request with these tools."""
-    choice = state.generic_parsers if generic_tools_for(state, tools) else state.parsers
+    choice = live.generic_parsers if generic_tools_for(live, tools) else live.parsers
     assert choice is not None
     return choice
 
 
-def tool_parser(state: LiveModel, tools: list[dict[str, Any]] | None) -> type[ToolParser] | None:
+def tool_parser(live: LiveModel, tools: list[dict[str, Any]] | None) -> type[ToolParser] | None:
     """The tool-call format of a request with these tools (for a forced call's grammar)."""
-    return parsers_for(state, tools).tool
+    return parsers_for(live, tools).tool
 
 
 def arguments_for_template(raw: str) -> Any:
@@ -154,7 +129,7 @@ class NewParser(Protocol):
 
 
 async def output_parsing(
-    state: LiveModel,
+    live: LiveModel,
     tokenizer: Any,
     prompt_ids: list[int],
     params: SamplingParams,
@@ -169,7 +144,7 @@ async def output_parsing(
     """Output parsers for a chat request, and the sampling settings they need: the
     special tokens they read, a thinking budget, and the grammar of `spec` (compiled
     to start after the model's reasoning)."""
-    choice = parsers_for(state, tools)
+    choice = parsers_for(live, tools)
     # Enough of the prompt's end to see whether the template opened a reasoning section.
     tail = tokenizer.decode(prompt_ids[-32:])
     thinking = None
@@ -179,7 +154,7 @@ async def output_parsing(
             raise unsupported_param(budget_param, "This model has no reasoning section to limit.")
     params = replace(params, keep_special_ids=choice.keep_token_ids, thinking=thinking)
     if spec is not None:
-        params = replace(params, constraint=await compile_spec(state, spec, tail))
+        params = replace(params, constraint=await compile_spec(live, spec, tail))
     return (lambda whole=False: choice.make(tools, tail, new_id, whole, one_call)), params
 
 
@@ -255,13 +230,13 @@ def grammar_error(exc: StructuredOutputError) -> ApiError:
 
 
 async def compile_spec(
-    state: LiveModel, spec: GrammarSpec, prompt_text: str | None = None
+    live: LiveModel, spec: GrammarSpec, prompt_text: str | None = None
 ) -> Constraint:
     """`spec` compiled for the served model; with `prompt_text`, it starts after the
     model's reasoning section (chat)."""
-    compiler = state.grammars
+    compiler = live.grammars
     assert compiler is not None
-    choice = state.parsers
+    choice = live.parsers
     if choice is not None and choice.tool is not None and choice.tool.handles_reasoning:
         raise unsupported_value(
             spec.param, "Structured output is not supported for this model's output format."

@@ -11,8 +11,6 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from fastapi import Request
-
 from pippin.engine.client import EngineClient
 from pippin.obs.metrics import Metrics
 from pippin.serving.admission import Admission
@@ -77,10 +75,6 @@ class ServerState:
 # --- lookups the routes make ---------------------------------------------------
 
 
-def get_state(request: Request) -> ServerState:
-    return request.app.state.pippin
-
-
 def check_model(state: ServerState, name: str, names: list[str] | None = None) -> None:
     """404 unless ``name`` is one of ``names`` (default: a chat model's, see
     `ModelRegistry.resolve`)."""
@@ -104,8 +98,8 @@ async def use_model(state: ServerState, name: str, *, keep_alive: float | None =
     return await state.registry.acquire(name, keep_alive=keep_alive)
 
 
-def require_engine(state: LiveModel) -> tuple[EngineClient, LoadedModel]:
-    engine, loaded = state.engine, state.loaded
+def require_engine(live: LiveModel) -> tuple[EngineClient, LoadedModel]:
+    engine, loaded = live.engine, live.loaded
     if engine is None or loaded is None or not engine.ready:
         raise server_error("The model is not ready; try again shortly.", "model_not_ready", 503)
     return engine, loaded

@@ -14,7 +14,6 @@ The loop yields the engine's parsed steps as they come and `CallStarted` / `Call
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -35,6 +34,7 @@ from pippin.serving.streams import closing
 
 if TYPE_CHECKING:
     from pippin.mcp.manager import CallResult, ServerConn, ToolInfo
+    from pippin.serving.live_model import LiveModel
     from pippin.serving.media import MediaParts
     from pippin.serving.state import ServerState
 
@@ -199,7 +199,7 @@ class TurnMaker:
     """Renders the conversation so far into the next turn's prompt, with the same
     template arguments and tools as the first (the MCP tools only while calls are left)."""
 
-    state: ServerState
+    live: LiveModel
     tokenizer: Any
     client_tools: list[dict[str, Any]] | None
     mcp_tools: McpTools
@@ -225,7 +225,7 @@ class TurnMaker:
         """The next turn; None when no room is left for it (the answer is cut off)."""
         tools = self.tools(offer_mcp)
         ids, mm = await render_media_prompt(
-            self.state,
+            self.live,
             self.tokenizer,
             messages,
             tools,
@@ -233,14 +233,14 @@ class TurnMaker:
             self.media,
             messages_param=self.messages_param,
         )
-        limits = self.state.limits
+        limits = self.live.limits
         assert limits is not None
         room = min(self.base.max_tokens - used, limits.max_model_len - len(ids))
         if room < 1:
             return None
         params = replace(self.base, max_tokens=room, constraint=None, mm=mm)
         new_parser, params = await output_parsing(
-            self.state,
+            self.live,
             self.tokenizer,
             ids,
             params,
@@ -391,103 +391,8 @@ class ToolLoop:
         return await tool.conn.call(call.name, call.arguments)
 
 
-def error_body(result: CallResult) -> dict[str, Any] | None:
-    """A failed call's error as Responses' `mcp_call.error` (a tool's own failure is an
-    execution error; anything else a protocol error)."""
-    if result.error is None:
-        return None
-    if result.error == "tool_error":
-        return {
-            "type": "mcp_tool_execution_error",
-            "content": [{"type": "text", "text": result.output}],
-        }
-    codes = {"timeout": -32001, "invalid_arguments": -32602, "not_allowed": -32601}
-    return {
-        "type": "mcp_protocol_error",
-        "code": codes.get(result.error, -32603),
-        "message": result.output,
-    }
-
-
-def arguments_json(raw: str) -> dict[str, Any]:
-    """A call's arguments as an object (Anthropic's `input`); {} when they are not one."""
-    try:
-        value = json.loads(raw) if raw.strip() else {}
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
 def mcp_error(message: str, param: str) -> ApiError:
     return bad_request(message, param=param, code="invalid_value")
-
-
-# --- OpenAI's `mcp` tool (Responses; chat completions as an extension) -------------------
-
-
-def _matches(f: Any, info: ToolInfo) -> bool:
-    if f.tool_names is not None and info.name not in f.tool_names:
-        return False
-    return f.read_only is None or info.read_only == f.read_only
-
-
-def openai_mcp_tools(
-    state: ServerState, specs: list[tuple[Any, str]], *, approvals: bool
-) -> McpTools:
-    """The tools of a request's `mcp` tools (`McpTool`s with their param paths).
-    `approvals`: whether the API has the approval flow (Responses); without it, only
-    `require_approval: "never"` is accepted."""
-    out = McpTools()
-    for t, p in specs:
-        for name in ("connector_id", "tunnel_id"):
-            if getattr(t, name) is not None:
-                raise mcp_error(
-                    f"{p}.{name}: OpenAI's connectors and tunnels are not available; name a "
-                    "server of this server's --mcp-config by server_label or server_url.",
-                    f"{p}.{name}",
-                )
-        if t.defer_loading:
-            raise mcp_error(
-                "There is no tool search: MCP tools are always loaded.", f"{p}.defer_loading"
-            )
-        if t.allowed_callers and "programmatic" in t.allowed_callers:
-            raise mcp_error("Only 'direct' calls exist here.", f"{p}.allowed_callers")
-        for name in ("headers", "authorization"):
-            if getattr(t, name):
-                raise mcp_error(
-                    f"{p}.{name}: per-request credentials are not sent; the server's own "
-                    "(--mcp-config 'headers') are used.",
-                    f"{p}.{name}",
-                )
-        conn = find_server(state, t.server_label, t.server_url, p)
-        allowed = t.allowed_tools
-
-        def keep(info: ToolInfo, allowed: Any = allowed) -> bool:
-            if allowed is None:
-                return True
-            if isinstance(allowed, list):
-                return info.name in allowed
-            return _matches(allowed, info)
-
-        rule = t.require_approval
-        if not approvals and rule not in (None, "never"):
-            raise mcp_error(
-                "Chat completions have no approval flow: require_approval must be 'never' "
-                "(use the Responses API for approvals).",
-                f"{p}.require_approval",
-            )
-
-        def approval(info: ToolInfo, rule: Any = rule) -> bool:
-            if not approvals or rule == "never":
-                return False
-            if rule is None or rule == "always":
-                return True  # OpenAI's default: every call is approved first
-            if rule.never is not None and _matches(rule.never, info):
-                return False
-            return rule.always is None or _matches(rule.always, info)
-
-        out.add_server(t.server_label, conn, keep, approval, p)
-    return out
 
 
 def every_server_tools(state: ServerState) -> McpTools:
@@ -497,102 +402,3 @@ def every_server_tools(state: ServerState) -> McpTools:
     for name, conn in manager.servers.items():
         out.add_server(name, conn, lambda _: True, lambda _: False, "tools")
     return out
-
-
-def call_summary(call: McpCall) -> dict[str, Any]:
-    """A finished call as chat completions report it (`message.mcp_calls`, pippin's)."""
-    assert call.result is not None
-    return {
-        "id": call.id,
-        "type": "mcp_call",
-        "server_label": call.label,
-        "name": call.name,
-        "arguments": call.arguments,
-        "output": None if call.result.is_error else call.result.output,
-        "error": call.result.output if call.result.is_error else None,
-    }
-
-
-# --- Anthropic's mcp_servers (the mcp-client beta) ----------------------------------------
-
-
-def anthropic_mcp_tools(
-    state: ServerState, servers: list[Any], toolsets: list[tuple[Any, str]]
-) -> McpTools:
-    """The tools of `mcp_servers` (with `tool_configuration`, the 2025-04-04 beta), chosen
-    by `mcp_toolset` tools when the request has any (the 2025-11-20 beta)."""
-    out = McpTools()
-    sets: dict[str, tuple[Any, str]] = {}
-    for ts, p in toolsets:
-        sets[str(getattr(ts, "mcp_server_name", ""))] = (ts, p)
-    for j, srv in enumerate(servers):
-        p = f"mcp_servers[{j}]"
-        if srv.authorization_token:
-            raise mcp_error(
-                "authorization_token: per-request credentials are not sent; the server's "
-                "own (--mcp-config 'headers') are used.",
-                f"{p}.authorization_token",
-            )
-        conn = find_server(state, srv.name, srv.url, p, ("name", "url"), "mcp_servers")
-        cfg = srv.tool_configuration
-        toolset = sets.pop(srv.name, None)
-        if (cfg is not None and cfg.enabled is False) or (toolsets and toolset is None):
-            continue
-        allowed = cfg.allowed_tools if cfg is not None else None
-        default_on, configs = True, {}
-        if toolset is not None:
-            default = getattr(toolset[0], "default_config", None) or {}
-            configs = getattr(toolset[0], "configs", None) or {}
-            if not isinstance(default, dict) or not isinstance(configs, dict):
-                raise mcp_error(
-                    "default_config and configs must be objects.", f"{toolset[1]}.configs"
-                )
-            default_on = default.get("enabled", True) is not False
-
-        def keep(
-            info: ToolInfo,
-            allowed: Any = allowed,
-            on: bool = default_on,
-            configs: dict[str, Any] = configs,
-        ) -> bool:
-            if allowed is not None and info.name not in allowed:
-                return False
-            one = configs.get(info.name)
-            return (one if isinstance(one, dict) else {}).get("enabled", on) is not False
-
-        out.add_server(srv.name, conn, keep, lambda _: False, p)
-    for name, (_, p) in sets.items():
-        raise mcp_error(f"No server named '{name}' in mcp_servers.", f"{p}.mcp_server_name")
-    return out
-
-
-def request_loop(
-    state: ServerState,
-    engine: EngineClient,
-    tokenizer: Any,
-    request_id: str,
-    messages: list[dict[str, Any]],
-    first: Turn,
-    client_tools: list[dict[str, Any]] | None,
-    tools: McpTools,
-    template_kwargs: dict[str, Any],
-    *,
-    max_calls: int | None = None,
-    pending: list[McpCall] | None = None,
-    **turns: Any,
-) -> ToolLoop:
-    """The loop of one request with MCP tools, after its first turn (`turns`: the rest of
-    `TurnMaker`'s settings: thinking budget, call ids, one call, the messages' param, the
-    request's media)."""
-    limit = state.settings.mcp.max_calls
-    maker = TurnMaker(state, tokenizer, client_tools, tools, template_kwargs, first.params, **turns)
-    return ToolLoop(
-        engine,
-        request_id,
-        messages,
-        first,
-        maker,
-        tools,
-        limit if max_calls is None else min(limit, max_calls),
-        pending or [],
-    )

@@ -13,13 +13,7 @@ import asyncio
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from pippin.vision.limits import (
-    MediaError,
-    MediaLimits,
-    add_media_flags,
-    limits_from_args,
-    parse_mm_limits,
-)
+from pippin.vision.limits import MediaError, MediaLimits
 from pippin.vision.source import b64decode, parse_data_url, read_local, scheme_of
 
 if TYPE_CHECKING:
@@ -30,13 +24,10 @@ __all__ = [
     "LoadedImage",
     "MediaError",
     "MediaLimits",
-    "add_media_flags",
     "image_from_base64",
-    "limits_from_args",
     "load_image",
     "load_video",
     "load_video_clip",
-    "parse_mm_limits",
 ]
 
 

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from pippin.api.common import cancel_on_disconnect, parse_request
+from pippin.api.common import cancel_on_disconnect, get_state, parse_request
 from pippin.api.ollama.protocol import (
     ChatRequest,
     GenerateFields,
@@ -29,28 +29,20 @@ from pippin.api.ollama.served import (
     load_or_unload,
     registry_keep_alive,
 )
-from pippin.api.openai.chat import format_logprobs
-from pippin.api.openai.protocol import SamplingFields
 from pippin.api.openapi import ollama_route
-from pippin.chat.output import OutputParser
 from pippin.chat.tool_parsers.base import ParsedDelta, collect_calls
-from pippin.engine.client import EngineClient, EngineError
-from pippin.engine.types import SamplingParams
-from pippin.serving.errors import ApiError, bad_request
+from pippin.serving.errors import bad_request
+from pippin.serving.job import ChatJob, PreparedJob, Rendered, prepare, render
 from pippin.serving.live_model import LiveModel
-from pippin.serving.logprobs import TokenRenderer
+from pippin.serving.logprobs import TokenRenderer, token_logprobs
 from pippin.serving.media import MediaParts
 from pippin.serving.pipeline import (
     ParsedStep,
     grammar_error,
-    output_parsing,
-    render_media_prompt,
-    run_parsed,
 )
-from pippin.serving.sampling import build_sampling_params, resolve_max_tokens
-from pippin.serving.state import ServerState, get_state
-from pippin.serving.streams import closing
-from pippin.store.loaded import LoadedModel
+from pippin.serving.sampling import Sampling
+from pippin.serving.state import ServerState
+from pippin.serving.streams import closing, guarded
 from pippin.structured.formats import json_object_grammar, json_schema_grammar
 from pippin.structured.spec import GrammarSpec, StructuredOutputError
 
@@ -82,9 +74,9 @@ def with_images(
     return [*parts, {"type": "text", "text": content}]
 
 
-def check_vision(state: LiveModel, media: MediaParts, name: str) -> None:
+def check_vision(live: LiveModel, media: MediaParts, name: str) -> None:
     """Ollama's 400 for images sent to a model without vision."""
-    if media and (state.loaded is None or state.loaded.vision is None):
+    if media and (live.loaded is None or live.loaded.vision is None):
         raise bad_request(
             f'"{name}" does not support vision (image input)', param=media.first_param
         )
@@ -120,10 +112,10 @@ def template_messages(messages: list[Message], media: MediaParts) -> list[dict[s
     return out
 
 
-def think_kwargs(state: LiveModel, think: bool | str | None, name: str) -> dict[str, Any]:
+def think_kwargs(live: LiveModel, think: bool | str | None, name: str) -> dict[str, Any]:
     """`think` as the model's template takes it; Ollama's 400 for a model that cannot."""
-    kwargs = dict(state.settings.default_chat_template_kwargs)
-    info, parsers = state.template, state.parsers
+    kwargs: dict[str, Any] = {}  # above --default-chat-template-kwargs (`serving.job`)
+    info, parsers = live.template, live.parsers
     assert info is not None and parsers is not None
     if think is None:
         return kwargs
@@ -157,22 +149,21 @@ def format_spec(fmt: str | dict[str, Any] | None) -> GrammarSpec | None:
 
 @dataclass
 class OllamaRun:
-    """One chat or generate request, ready for the engine; answers in either shape."""
+    """One prepared chat or generate request; answers in either shape."""
 
-    engine: EngineClient
-    prompt_ids: list[int]
-    params: SamplingParams
-    parser: OutputParser
+    prepared: PreparedJob
     model: str
     render: TokenRenderer
     chat: bool  # /api/chat's message objects, else /api/generate's `response`
     started: int  # perf_counter_ns at the request's arrival
-    request_id: str = field(default_factory=lambda: f"ollama-{uuid.uuid4().hex}")
     first_ns: int | None = None
     output_ids: list[int] = field(default_factory=list)
 
-    def _steps(self) -> AsyncIterator[ParsedStep]:
-        return run_parsed(self.engine, self.prompt_ids, self.params, self.request_id, self.parser)
+    async def _steps(self, whole: bool) -> AsyncIterator[ParsedStep]:
+        async with closing(self.prepared.loop.events(whole)) as events:
+            async for ev in events:
+                if isinstance(ev, ParsedStep):
+                    yield ev
 
     def _body(self, parsed: ParsedDelta, calls: list[dict[str, Any]]) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.model, "created_at": now()}
@@ -190,9 +181,9 @@ class OllamaRun:
         return body
 
     def _logprobs(self, step: ParsedStep) -> list[dict[str, Any]] | None:
-        if not self.params.logprobs or not step.output.logprobs:
+        if not self.prepared.params.logprobs or not step.output.logprobs:
             return None
-        return format_logprobs(step.output.logprobs, self.render)
+        return token_logprobs(step.output.logprobs, self.render)
 
     def _seen(self, step: ParsedStep) -> None:
         if self.first_ns is None:
@@ -203,60 +194,58 @@ class OllamaRun:
         end = time.perf_counter_ns()
         first = self.first_ns or end
         reason = last.finish_reason if last else "stop"
+        prompt_ids = self.prepared.prompt_ids
         body |= {
             "done": True,
             "done_reason": "length" if reason == "length" else "stop",
             "total_duration": end - self.started,
             "load_duration": 0,  # the model was loaded already
-            "prompt_eval_count": len(self.prompt_ids),
+            "prompt_eval_count": len(prompt_ids),
             "prompt_eval_duration": first - self.started,
             "eval_count": len(self.output_ids),
             "eval_duration": end - first,
         }
         if not self.chat:
-            body["context"] = self.prompt_ids + self.output_ids
+            body["context"] = prompt_ids + self.output_ids
         return body
 
     async def collect(self) -> dict[str, Any]:
         whole = ParsedDelta()
         logprobs: list[dict[str, Any]] = []
         last: ParsedStep | None = None
-        async with closing(self._steps()) as steps:
+        async with closing(self._steps(whole=True)) as steps:
             async for step in steps:
                 self._seen(step)
                 whole.merge(step.parsed)
                 logprobs.extend(self._logprobs(step) or [])
                 last = step
         body = self._body(whole, tool_calls(whole))
-        if self.params.logprobs:
+        if self.prepared.params.logprobs:
             body["logprobs"] = logprobs
         return self._final(body, last)
 
-    async def stream(self) -> AsyncIterator[bytes]:
+    def stream(self) -> AsyncIterator[bytes]:
+        # Ollama's error line: the message alone.
+        return guarded(self._lines(), lambda err: line({"error": err.message}))
+
+    async def _lines(self) -> AsyncIterator[bytes]:
         calls = ParsedDelta()  # tool calls go out whole, when the model is done
         last: ParsedStep | None = None
-        try:
-            async with closing(self._steps()) as steps:
-                async for step in steps:
-                    self._seen(step)
-                    last = step
-                    parsed = step.parsed
-                    calls.calls.extend(parsed.calls)
-                    lps = self._logprobs(step)
-                    if parsed.content or parsed.reasoning or lps:
-                        body = self._body(parsed, []) | {"done": False}
-                        if lps:
-                            body["logprobs"] = lps
-                        yield line(body)
-            if calls.calls:
-                yield line(self._body(ParsedDelta(), tool_calls(calls)) | {"done": False})
-            yield line(self._final(self._body(ParsedDelta(), []), last))
-        except ApiError as exc:
-            yield line({"error": exc.message})
-        except EngineError as exc:
-            yield line({"error": f"the engine could not take this request: {exc}"})
-        except Exception as exc:  # never end a stream without saying why
-            yield line({"error": f"internal server error ({type(exc).__name__})"})
+        async with closing(self._steps(whole=False)) as steps:
+            async for step in steps:
+                self._seen(step)
+                last = step
+                parsed = step.parsed
+                calls.calls.extend(parsed.calls)
+                lps = self._logprobs(step)
+                if parsed.content or parsed.reasoning or lps:
+                    body = self._body(parsed, []) | {"done": False}
+                    if lps:
+                        body["logprobs"] = lps
+                    yield line(body)
+        if calls.calls:
+            yield line(self._body(ParsedDelta(), tool_calls(calls)) | {"done": False})
+        yield line(self._final(self._body(ParsedDelta(), []), last))
 
 
 def tool_calls(parsed: ParsedDelta) -> list[dict[str, Any]]:
@@ -272,58 +261,33 @@ def tool_calls(parsed: ParsedDelta) -> list[dict[str, Any]]:
     return out
 
 
-async def prepare(
-    state: LiveModel,
-    engine: EngineClient,
-    tokenizer: Any,
-    prompt_ids: list[int],
+def ollama_job(
     req: GenerateFields,
-    name: str,
+    messages: list[dict[str, Any]],
+    media: MediaParts | None,
     tools: list[dict[str, Any]] | None,
+    kwargs: dict[str, Any],
     *,
     chat: bool,
-    started: int,
-    mm: Any = None,
-) -> OllamaRun:
-    """Sampling settings from `options`, the output parser and the `format` grammar."""
-    assert state.limits is not None
+) -> ChatJob:
+    """A chat or generate request as the one chat job: sampling from `options`, the
+    `format` grammar."""
     fields, num_predict = sampling_options(req.options)
-    max_tokens = resolve_max_tokens(
-        num_predict,
-        len(prompt_ids),
-        state.limits,
-        state.defaults.get("max_tokens"),
-        None,
-        "messages" if chat else "prompt",
-        "options.num_predict",
-    )
-    sampling = SamplingFields.model_construct(model=name, **fields)
-    logprobs = bool(req.logprobs)
-    params = build_sampling_params(
-        sampling,
-        max_tokens=max_tokens,
-        limits=state.limits,
-        defaults=state.defaults,
-        logprobs=logprobs,
-        top_logprobs=req.top_logprobs or 0,
-    )
-    params.mm = mm  # the images' data (pippin.vision.inputs.MultiModal), if any
-    new_parser, params = await output_parsing(
-        state, tokenizer, prompt_ids, params, tools, spec=format_spec(req.format)
-    )
-    try:
-        engine.check(prompt_ids, params)
-    except EngineError as exc:
-        raise bad_request(str(exc), param="messages" if chat else "prompt") from None
-    return OllamaRun(
-        engine,
-        prompt_ids,
-        params,
-        new_parser(whole=not req.stream),
-        name,
-        state.token_renderer,
-        chat,
-        started,
+    spec = format_spec(req.format)
+    return ChatJob(
+        model=req.model,
+        request_id=f"ollama-{uuid.uuid4().hex}",
+        messages=messages,
+        media=media,
+        tools=tools,
+        sampling=Sampling(
+            **fields, logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs or 0
+        ),
+        max_tokens=num_predict,
+        max_tokens_param="options.num_predict",
+        messages_param="messages" if chat else "prompt",
+        template_kwargs=lambda live: kwargs,
+        output_spec=(lambda live, offered: spec) if spec is not None else None,
     )
 
 
@@ -363,15 +327,15 @@ async def _opened(request: Request, cls: type[RequestT]) -> tuple[int, RequestT,
     return started, req, state
 
 
-async def _model(
-    state: ServerState, req: ChatRequest | GenerateRequest
-) -> tuple[LiveModel, str, EngineClient, LoadedModel]:
+async def _model(state: ServerState, req: ChatRequest | GenerateRequest) -> tuple[LiveModel, str]:
     """The chat model a request names, loaded (its `keep_alive` from now on), with its
-    name in answers, engine and weights."""
+    name in answers."""
     live = await chat_model(state, req.model, req.keep_alive)
-    engine, loaded = live.engine, live.loaded
-    assert engine is not None and loaded is not None
-    return live, chat_name(state, req.model), engine, loaded
+    return live, chat_name(state, req.model)
+
+
+def _run(live: LiveModel, prepared: PreparedJob, name: str, chat: bool, started: int) -> OllamaRun:
+    return OllamaRun(prepared, name, live.token_renderer, chat, started)
 
 
 @router.post("/api/chat", response_model=None, **ollama_route(ChatRequest, stream=True))
@@ -379,27 +343,13 @@ async def chat(request: Request) -> Any:
     started, req, server = await _opened(request, ChatRequest)
     if not req.messages:
         return await loaded_answer(server, req.model, True, req.keep_alive)
-    state, name, engine, loaded = await _model(server, req)
+    live, name = await _model(server, req)
     media = MediaParts()
     messages = template_messages(req.messages, media)
-    check_vision(state, media, name)
+    check_vision(live, media, name)
     tools = [t.model_dump(exclude_none=True) for t in req.tools or []] or None
-    kwargs = think_kwargs(state, req.think, name)
-    prompt_ids, mm = await render_media_prompt(
-        state, loaded.tokenizer, messages, tools, kwargs, media
-    )
-    run = await prepare(
-        state,
-        engine,
-        loaded.tokenizer,
-        prompt_ids,
-        req,
-        name,
-        tools,
-        chat=True,
-        started=started,
-        mm=mm,
-    )
+    job = ollama_job(req, messages, media, tools, think_kwargs(live, req.think, name), chat=True)
+    run = _run(live, await prepare(live, job), name, True, started)
     return await answer(request, run, req.stream)
 
 
@@ -419,41 +369,30 @@ async def generate(request: Request) -> Any:
         )
     if not req.prompt and not req.context:
         return await loaded_answer(server, req.model, False, req.keep_alive)
-    state, name, engine, loaded = await _model(server, req)
-    assert state.limits is not None
+    live, name = await _model(server, req)
+    assert live.limits is not None and live.loaded is not None
     context = list(req.context or [])
-    bad = next((t for t in context if not 0 <= t < state.limits.vocab_size), None)
+    bad = next((t for t in context if not 0 <= t < live.limits.vocab_size), None)
     if bad is not None:
         raise bad_request(f"invalid token {bad} in context", param="context")
-    kwargs = think_kwargs(state, req.think, name)
+    kwargs = think_kwargs(live, req.think, name)
     prompt = req.prompt or ""
     media = MediaParts()
-    mm = None
-    if req.raw:
-        # As written; special tokens (BOS) only at the start of a fresh context.
-        encode = loaded.tokenizer.encode
-        ids = await asyncio.to_thread(encode, prompt, add_special_tokens=not context)
-    else:
-        messages: list[dict[str, Any]] = (
-            [{"role": "system", "content": req.system}] if req.system else []
-        )
+    messages: list[dict[str, Any]] = (
+        [{"role": "system", "content": req.system}] if req.system else []
+    )
+    if not req.raw:
         messages.append(
             {"role": "user", "content": with_images(prompt, req.images, "images", media)}
         )
-        check_vision(state, media, name)
-        ids, mm = await render_media_prompt(
-            state, loaded.tokenizer, messages, None, kwargs, media, messages_param="prompt"
-        )
-    run = await prepare(
-        state,
-        engine,
-        loaded.tokenizer,
-        context + ids,
-        req,
-        name,
-        None,
-        chat=False,
-        started=started,
-        mm=mm,
-    )
+        check_vision(live, media, name)
+    job = ollama_job(req, messages, media, None, kwargs, chat=False)
+    if req.raw:
+        # As written; special tokens (BOS) only at the start of a fresh context.
+        encode = live.loaded.tokenizer.encode
+        rendered = Rendered(await asyncio.to_thread(encode, prompt, add_special_tokens=not context))
+    else:
+        rendered = await render(live, job)
+    rendered.ids = context + rendered.ids
+    run = _run(live, await prepare(live, job, rendered), name, False, started)
     return await answer(request, run, req.stream)

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter, Request
 
-from pippin.api.common import cancel_on_disconnect, parse_request
+from pippin.api.common import cancel_on_disconnect, get_state, parse_request
 from pippin.api.ollama.protocol import EmbeddingsRequest, EmbedRequest, sampling_options
 from pippin.api.ollama.served import chat_entry, not_found, resolve, touch
 from pippin.api.openapi import ollama_route
@@ -17,7 +17,7 @@ from pippin.embed.inputs import InputTooLong
 from pippin.embed.models import Embedder
 from pippin.serving.errors import bad_request
 from pippin.serving.limits import context_exceeded
-from pippin.serving.state import ServerState, get_state, require_extra_model
+from pippin.serving.state import ServerState, require_extra_model
 
 router = APIRouter()
 

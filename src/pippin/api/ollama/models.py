@@ -8,13 +8,13 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from pippin.api.common import parse_request
+from pippin.api.common import get_state, parse_request
 from pippin.api.ollama.protocol import ShowRequest
 from pippin.api.ollama.served import Listed, expires_at, find, listed, running
 from pippin.api.openapi import ollama_route
 from pippin.serving.live_model import LiveModel
 from pippin.serving.media import takes_images
-from pippin.serving.state import ServerState, get_state
+from pippin.serving.state import ServerState
 
 router = APIRouter()
 

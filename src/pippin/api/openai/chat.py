@@ -12,7 +12,15 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from pippin.api.common import SSE_HEADERS, cancel_on_disconnect, obfuscation, parse_request, sse
+from pippin.api.common import (
+    SSE_HEADERS,
+    cancel_on_disconnect,
+    get_state,
+    obfuscation,
+    parse_request,
+    sse,
+)
+from pippin.api.openai.mcp import call_summary, openai_mcp_tools
 from pippin.api.openai.protocol import (
     AssistantMessage,
     AudioPart,
@@ -46,16 +54,9 @@ from pippin.serving.pipeline import (
     effort_kwargs,
     verbosity_kwargs,
 )
-from pippin.serving.state import ServerState, check_model, get_state, use_model
+from pippin.serving.state import ServerState, check_model, use_model
 from pippin.serving.streams import closing
-from pippin.serving.tool_loop import (
-    CallFinished,
-    McpTools,
-    ToolLoop,
-    call_summary,
-    every_server_tools,
-    openai_mcp_tools,
-)
+from pippin.serving.tool_loop import CallFinished, McpTools, ToolLoop, every_server_tools
 
 router = APIRouter()
 log = logging.getLogger(__name__)

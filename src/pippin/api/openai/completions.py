@@ -17,7 +17,14 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from pippin.api.common import SSE_HEADERS, cancel_on_disconnect, obfuscation, parse_request, sse
+from pippin.api.common import (
+    SSE_HEADERS,
+    cancel_on_disconnect,
+    get_state,
+    obfuscation,
+    parse_request,
+    sse,
+)
 from pippin.api.openai.chat import usage_dict
 from pippin.api.openai.protocol import CompletionRequest, framed_stream, sampling_of
 from pippin.api.openai.structured_output import completion_constraint
@@ -29,7 +36,7 @@ from pippin.serving.limits import Limits, context_exceeded
 from pippin.serving.logprobs import TokenRenderer, clamp_logprob
 from pippin.serving.pipeline import engine_failure
 from pippin.serving.sampling import build_sampling_params, resolve_max_tokens
-from pippin.serving.state import check_model, get_state, require_engine, use_model
+from pippin.serving.state import check_model, require_engine, use_model
 from pippin.serving.streams import closing
 
 router = APIRouter()

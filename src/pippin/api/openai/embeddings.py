@@ -18,14 +18,14 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from pippin.api.common import cancel_on_disconnect, parse_request
+from pippin.api.common import cancel_on_disconnect, get_state, parse_request
 from pippin.api.openai.protocol import EmbeddingRequest
 from pippin.api.openapi import openai_route
 from pippin.embed.inputs import InputTooLong, Item
 from pippin.embed.models import Embedder
 from pippin.serving.errors import bad_request, unsupported_value
 from pippin.serving.limits import context_exceeded
-from pippin.serving.state import get_state, require_extra_model
+from pippin.serving.state import require_extra_model
 
 router = APIRouter()
 

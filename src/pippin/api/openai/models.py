@@ -11,10 +11,11 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from pippin.api.common import get_state
 from pippin.api.openapi import openai_route
 from pippin.serving.media import takes_images
 from pippin.serving.registry import LOADED, ModelEntry
-from pippin.serving.state import ServerState, check_model, get_state
+from pippin.serving.state import ServerState, check_model
 
 router = APIRouter()
 

@@ -22,13 +22,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import Field
 
-from pippin.api.common import Strict, parse_request, sse
+from pippin.api.common import Strict, get_state, parse_request, sse
 from pippin.api.errors import openai_body
 from pippin.api.openapi import openai_route
 from pippin.audio.encode import MEDIA_TYPES, AudioEncoder
 from pippin.audio.sentences import pieces
 from pippin.serving.errors import ApiError, bad_request, server_error, unsupported_value
-from pippin.serving.state import ServerState, check_model, get_state
+from pippin.serving.state import ServerState, check_model
 
 if TYPE_CHECKING:
     from pippin.audio.tts import Speech, TTSModel, TTSWorker

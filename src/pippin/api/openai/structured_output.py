@@ -104,6 +104,6 @@ def chat_spec(
     return fmt or guided
 
 
-async def completion_constraint(state: LiveModel, req: SamplingFields) -> Constraint | None:
+async def completion_constraint(live: LiveModel, req: SamplingFields) -> Constraint | None:
     spec = guided_spec(req)
-    return None if spec is None else await compile_spec(state, spec)
+    return None if spec is None else await compile_spec(live, spec)

@@ -20,13 +20,13 @@ from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.datastructures import FormData, UploadFile
 from starlette.formparsers import MultiPartException
 
-from pippin.api.common import cancel_on_disconnect, sse
+from pippin.api.common import cancel_on_disconnect, get_state, sse
 from pippin.api.openapi import openai_route
 from pippin.audio.decode import AudioError, AudioTooLong, decode_audio
 from pippin.audio.stt import SttWorker, TranscribeOptions, Transcript
 from pippin.audio.transcript_formats import to_json, to_srt, to_verbose_json, to_vtt
 from pippin.serving.errors import ApiError, bad_request, server_error, unsupported_param
-from pippin.serving.state import check_model, get_state
+from pippin.serving.state import check_model
 
 router = APIRouter()
 

@@ -4,9 +4,11 @@ Every streamed request answers with `tokens` deltas: the first after `ttft` seco
 next ones `itl` seconds apart (on a fixed schedule from the request's arrival, so sleeps do
 not add up). The first `reasoning` deltas carry `reasoning_content` instead of `content`.
 `/metrics` counts prompt tokens and cached prompt tokens like pippin (a quarter cached).
-`/_realised` lists, per streamed request in arrival order, the times its deltas actually left
-(seconds from arrival): on a loaded machine a sleep can overrun, and a tail percentile the
-client measures is then checked against what the server really did.
+`/_realised` lists, per streamed request in arrival order, when it arrived, when each delta
+left and when its last byte did, on the machine's monotonic clock (`time.perf_counter`, the
+same in every process): on a loaded machine a sleep overruns, so a test checks what a client
+measured against these events, never against the schedule. Every content delta of request
+`k` (in arrival order) starts with ``r{k}w{i}``, so a client's text names its request.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ class Timing:
 
 def make_app(timing: Timing) -> Starlette:
     counters = {"prompt": 0, "cached": 0, "requests": 0}
-    realised: list[list[float]] = []
+    realised: list[dict[str, object]] = []
 
     async def models(_: Request) -> JSONResponse:
         return JSONResponse({"object": "list", "data": [{"id": "fake", "object": "model"}]})
@@ -72,19 +74,22 @@ def make_app(timing: Timing) -> Starlette:
         chat = "messages" in body
         n = body["max_tokens"]
         times: list[float] = []
-        realised.append(times)
+        k = len(realised)
+        event: dict[str, object] = {"arrival": t0, "sent": times, "done": None}
+        realised.append(event)
 
         async def events() -> AsyncIterator[str]:
             for i in range(n):
                 await asyncio.sleep(
                     max(0.0, t0 + timing.ttft + i * timing.itl - time.perf_counter())
                 )
-                times.append(time.perf_counter() - t0)
+                times.append(time.perf_counter())
                 if chat:
                     key = "reasoning_content" if i < timing.reasoning else "content"
-                    choice = {"index": 0, "delta": {key: f"w{i} "}, "finish_reason": None}
+                    delta = {key: f"r{k}w{i} "}
+                    choice = {"index": 0, "delta": delta, "finish_reason": None}
                 else:
-                    choice = {"index": 0, "text": f"w{i} ", "finish_reason": None}
+                    choice = {"index": 0, "text": f"r{k}w{i} ", "finish_reason": None}
                 yield f"data: {json.dumps({'choices': [choice]})}\n\n"
             last = {"index": 0, "finish_reason": "length"}
             last["delta" if chat else "text"] = {} if chat else ""
@@ -96,6 +101,7 @@ def make_app(timing: Timing) -> Starlette:
             }
             yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n"
             yield "data: [DONE]\n\n"
+            event["done"] = time.perf_counter()  # the whole response handed to the socket
             counters["prompt"] += PROMPT_TOKENS
             counters["cached"] += CACHED_TOKENS
             counters["requests"] += 1

@@ -78,7 +78,7 @@ _EXTRA_TEXT = (
 )
 
 
-def _corpus() -> list[str]:
+def corpus() -> list[str]:
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     texts = [_EXTRA_TEXT * 20]
     for name in _CORPUS_MODULES:
@@ -111,7 +111,7 @@ def build_tokenizer(dest: Path) -> None:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
+    tok.train_from_iterator(corpus(), trainer=trainer)
     tok.save(str(dest / "tokenizer.json"))
 
     added = {
@@ -468,7 +468,7 @@ def build_tiny_model(arch: str, dest: Path, *, seed: int = 0, **overrides: Any) 
 
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    _ensure_tokenizer(dest)
+    ensure_tokenizer(dest)
     vocab_size, ids = _token_ids(dest)
     config = tiny_config(
         arch,
@@ -509,7 +509,7 @@ _tokenizer_dir: Path | None = None
 _cache: TinyModelCache | None = None
 
 
-def _ensure_tokenizer(dest: Path) -> None:
+def ensure_tokenizer(dest: Path) -> None:
     """Copy the process-wide trained tokenizer into ``dest``, training it on first use."""
     global _tokenizer_dir
     with _lock:

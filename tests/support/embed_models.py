@@ -15,7 +15,8 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-from tiny_models import _corpus
+
+from .tiny_models import corpus
 
 _ENCODER = {
     "hidden_size": 32,
@@ -35,7 +36,7 @@ def _bert_tokenizer(dest: Path) -> int:
     from tokenizers import BertWordPieceTokenizer
 
     tok = BertWordPieceTokenizer(lowercase=True)
-    tok.train_from_iterator(_corpus(), vocab_size=600, show_progress=False)
+    tok.train_from_iterator(corpus(), vocab_size=600, show_progress=False)
     tok.save(str(dest / "tokenizer.json"))
     return tok.get_vocab_size()
 
@@ -53,7 +54,7 @@ def _roberta_tokenizer(dest: Path) -> int:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
+    tok.train_from_iterator(corpus(), trainer=trainer)
     tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
     tok.save(str(dest / "tokenizer.json"))
     return tok.get_vocab_size()

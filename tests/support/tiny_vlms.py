@@ -22,8 +22,9 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
-import tiny_models
 from mlx.utils import tree_flatten
+
+from . import tiny_models
 
 FAMILIES = (
     "qwen2_vl",
@@ -51,7 +52,7 @@ _MISTRAL_TOKENS = ("[IMG]", "[IMG_BREAK]", "[IMG_END]")
 _GEMMA_TOKENS = ("<start_of_image>", "<end_of_image>", "<image_soft_token>")
 
 # Qwen2-VL's template for image parts (and plain text), ChatML around it.
-_QWEN_TEMPLATE = (
+QWEN_TEMPLATE = (
     "{%- for message in messages -%}"
     "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
     "{%- if message['content'] is string -%}{{- message['content'] -}}"
@@ -66,26 +67,26 @@ _QWEN_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
-_LLAVA_TEMPLATE = _QWEN_TEMPLATE.replace(
+_LLAVA_TEMPLATE = QWEN_TEMPLATE.replace(
     "'<|vision_start|><|image_pad|><|vision_end|>'", "'<image>\\n'"
 ).replace("'<|vision_start|><|video_pad|><|vision_end|>'", "'<image>\\n'")
 
-_IDEFICS_TEMPLATE = _QWEN_TEMPLATE.replace(
+_IDEFICS_TEMPLATE = QWEN_TEMPLATE.replace(
     "'<|vision_start|><|image_pad|><|vision_end|>'", "'<image>'"
 ).replace("'<|vision_start|><|video_pad|><|vision_end|>'", "'<image>'")
 
-_MISTRAL_TEMPLATE = _QWEN_TEMPLATE.replace(
+_MISTRAL_TEMPLATE = QWEN_TEMPLATE.replace(
     "'<|vision_start|><|image_pad|><|vision_end|>'", "'[IMG]'"
 ).replace("'<|vision_start|><|video_pad|><|vision_end|>'", "'[IMG]'")
 
-_GEMMA_TEMPLATE = _QWEN_TEMPLATE.replace(
+_GEMMA_TEMPLATE = QWEN_TEMPLATE.replace(
     "'<|vision_start|><|image_pad|><|vision_end|>'", "'<start_of_image>'"
 ).replace("'<|vision_start|><|video_pad|><|vision_end|>'", "'<start_of_image>'")
 
 TEXT_HIDDEN = 64
 
 
-def _add_tokens(dest: Path, tokens: tuple[str, ...], template: str) -> dict[str, int]:
+def add_tokens(dest: Path, tokens: tuple[str, ...], template: str) -> dict[str, int]:
     from tokenizers import AddedToken, Tokenizer
 
     tok = Tokenizer.from_file(str(dest / "tokenizer.json"))
@@ -490,30 +491,30 @@ def build_tiny_vlm(family: str, dest: Path, *, seed: int = 0) -> Path:
 
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    tiny_models._ensure_tokenizer(dest)
+    tiny_models.ensure_tokenizer(dest)
     if family == "qwen2_5_vl":
-        ids = _add_tokens(dest, _QWEN_TOKENS, _QWEN_TEMPLATE)
+        ids = add_tokens(dest, _QWEN_TOKENS, QWEN_TEMPLATE)
         config, pre = _qwen_files(ids)
     elif family == "qwen2_vl":
-        ids = _add_tokens(dest, _QWEN_TOKENS, _QWEN_TEMPLATE)
+        ids = add_tokens(dest, _QWEN_TOKENS, QWEN_TEMPLATE)
         config, pre = _qwen2_files(ids)
     elif family == "qwen3_vl":
-        ids = _add_tokens(dest, _QWEN_TOKENS, _QWEN_TEMPLATE)
+        ids = add_tokens(dest, _QWEN_TOKENS, QWEN_TEMPLATE)
         config, pre = _qwen3_files(ids)
     elif family in ("idefics3", "smolvlm"):
-        ids = _add_tokens(dest, _IDEFICS_TOKENS, _IDEFICS_TEMPLATE)
+        ids = add_tokens(dest, _IDEFICS_TOKENS, _IDEFICS_TEMPLATE)
         config, pre = _idefics_files(ids, family)
         (dest / "processor_config.json").write_text(
             json.dumps({"processor_class": pre["processor_class"], "image_seq_len": 4})
         )
     elif family == "idefics2":
-        ids = _add_tokens(dest, _IDEFICS_TOKENS, _IDEFICS_TEMPLATE)
+        ids = add_tokens(dest, _IDEFICS_TOKENS, _IDEFICS_TEMPLATE)
         config, pre = _idefics2_files(ids)
         (dest / "processor_config.json").write_text(
             json.dumps({"processor_class": "Idefics2Processor", "image_seq_len": 4})
         )
     elif family in ("mistral3", "pixtral"):
-        ids = _add_tokens(dest, _MISTRAL_TOKENS, _MISTRAL_TEMPLATE)
+        ids = add_tokens(dest, _MISTRAL_TOKENS, _MISTRAL_TEMPLATE)
         config, pre = _mistral3_files(ids, family)
         (dest / "processor_config.json").write_text(
             json.dumps(
@@ -528,7 +529,7 @@ def build_tiny_vlm(family: str, dest: Path, *, seed: int = 0) -> Path:
             )
         )
     elif family == "llava":
-        ids = _add_tokens(dest, _LLAVA_TOKENS, _LLAVA_TEMPLATE)
+        ids = add_tokens(dest, _LLAVA_TOKENS, _LLAVA_TEMPLATE)
         config, pre = _llava_files(ids)
         (dest / "processor_config.json").write_text(
             json.dumps(
@@ -542,7 +543,7 @@ def build_tiny_vlm(family: str, dest: Path, *, seed: int = 0) -> Path:
             )
         )
     elif family == "gemma3":
-        ids = _add_tokens(dest, _GEMMA_TOKENS, _GEMMA_TEMPLATE)
+        ids = add_tokens(dest, _GEMMA_TOKENS, _GEMMA_TEMPLATE)
         config, pre = _gemma_files(ids)
         cfg = json.loads((dest / "tokenizer_config.json").read_text())
         cfg["extra_special_tokens"] = {

@@ -27,7 +27,7 @@ GEN = 24
 TIE = 2e-3
 
 
-def _loaded(path: Path) -> LoadedModel:
+def loaded_model(path: Path) -> LoadedModel:
     model, tokenizer = load(str(path))
     return LoadedModel(
         model=model,
@@ -39,7 +39,7 @@ def _loaded(path: Path) -> LoadedModel:
     )
 
 
-def _reference(model, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+def mlx_lm_reference(model, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
     """Greedy tokens and, at each step, the gap between the top two logprobs."""
     tokens, gaps = [], []
     steps = generate_step(mx.array(prompt), model, max_tokens=n, sampler=lambda x: mx.argmax(x, -1))
@@ -50,14 +50,14 @@ def _reference(model, prompt: list[int], n: int) -> tuple[list[int], list[float]
     return tokens, gaps
 
 
-def _agrees(got: list[int], ref: list[int], gaps: list[float]) -> bool:
+def agrees(got: list[int], ref: list[int], gaps: list[float]) -> bool:
     for i, (g, r) in enumerate(zip(got, ref)):
         if g != r:
             return gaps[i] < TIE  # diverged where rounding decides: later tokens may differ
     return len(got) == len(ref)
 
 
-def _run(core: EngineCore, recover: bool = False) -> dict[str, dict]:
+def run_to_end(core: EngineCore, recover: bool = False) -> dict[str, dict]:
     """Every request's outputs; `recover`: a step that raises is recovered from, as the
     engine's thread does."""
     results: dict[str, dict] = {}
@@ -78,13 +78,13 @@ def _run(core: EngineCore, recover: bool = False) -> dict[str, dict]:
     return results
 
 
-def _prompts(vocab: int, count: int, seed: int = 0) -> list[list[int]]:
+def random_prompts(vocab: int, count: int, seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)
     # Avoid the special ids 0-2 so no prompt contains an end-of-turn token.
     return [[rng.randrange(3, vocab) for _ in range(rng.randrange(3, 60))] for _ in range(count)]
 
 
-def _config(**kw) -> EngineConfig:
+def engine_config(**kw) -> EngineConfig:
     base = dict(num_blocks=400, block_size=4, max_model_len=512, max_num_batched_tokens=48)
     base.update(kw)
     return EngineConfig(**base)
@@ -93,7 +93,7 @@ def _config(**kw) -> EngineConfig:
 OOM = "cudaMallocAsync(&data, size, stream) failed: out of memory"
 
 
-def _faulty_forward(
+def faulty_forward(
     monkeypatch: pytest.MonkeyPatch, fail: Callable[[int, list[str]], str | None]
 ) -> None:
     """Make `ModelRunner.forward` raise `fail(call, request ids)`'s message where it gives
@@ -115,7 +115,7 @@ def _faulty_forward(
     monkeypatch.setattr(ModelRunner, "forward", forward)
 
 
-def _serve(loaded: LoadedModel, prompts: list[list[int]], later: list[list[int]]) -> tuple:
+def serve_inproc(loaded: LoadedModel, prompts: list[list[int]], later: list[list[int]]) -> tuple:
     """`prompts` at once, then `later` one after another, through an InprocClient: per
     request (tokens, finish reason, error), and the engine's stats and core."""
     params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
@@ -131,7 +131,7 @@ def _serve(loaded: LoadedModel, prompts: list[list[int]], later: list[list[int]]
         return tokens, reason, error
 
     async def main() -> tuple:
-        engine = InprocClient(loaded, _config())
+        engine = InprocClient(loaded, engine_config())
         await engine.start()
         first = await asyncio.gather(*(collect(engine, p, f"r{i}") for i, p in enumerate(prompts)))
         after = [await collect(engine, p, f"l{i}") for i, p in enumerate(later)]
@@ -142,7 +142,7 @@ def _serve(loaded: LoadedModel, prompts: list[list[int]], later: list[list[int]]
     return asyncio.run(main())
 
 
-def _greedy_logprobs(
+def greedy_logprobs(
     loaded: LoadedModel,
     prompts: list[list[int]],
     gens: list[int] | None = None,
@@ -173,16 +173,16 @@ def _greedy_logprobs(
     return out
 
 
-def _greedy_or_skip(loaded: LoadedModel, *args: Any, **config: Any) -> dict:
-    """`_greedy_logprobs`, skipping the test where the engine refuses the configuration:
+def greedy_or_skip(loaded: LoadedModel, *args: Any, **config: Any) -> dict:
+    """`greedy_logprobs`, skipping the test where the engine refuses the configuration:
     MLX's CUDA quantised matmul lacks the tiny float32 models' shapes for quantised KV."""
     try:
-        return _greedy_logprobs(loaded, *args, **config)
+        return greedy_logprobs(loaded, *args, **config)
     except UnsupportedModelError as e:
         pytest.skip(str(e))
 
 
-def _core_or_skip(loaded: LoadedModel, config: EngineConfig) -> EngineCore:
+def core_or_skip(loaded: LoadedModel, config: EngineConfig) -> EngineCore:
     """An engine, skipping the test where it refuses the configuration: MLX's CUDA
     quantised matmul lacks the tiny float32 models' shapes for quantised KV."""
     try:

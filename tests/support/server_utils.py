@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import openai
 
-SRC_DIR = Path(__file__).resolve().parent.parent / "src"
+SRC_DIR = Path(__file__).resolve().parents[2] / "src"
 
 
 def at_once(*requests: Callable[[], Any]) -> list[Any]:

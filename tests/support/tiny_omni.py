@@ -12,16 +12,16 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
-import tiny_models
-import tiny_vlms
 from mlx.utils import tree_flatten
+
+from . import tiny_models, tiny_vlms
 
 FAMILY = "gemma4"
 AUDIO_TOKEN = "<audio_soft>"
 _TOKENS = ("<boi>", "<eoi>", "<image_soft>", "<boa>", "<eoa>", AUDIO_TOKEN)
 # ChatML with Gemma 4's placeholders: the audio token (the processor expands it) and the
 # image token.
-_TEMPLATE = tiny_vlms._QWEN_TEMPLATE.replace(
+_TEMPLATE = tiny_vlms.QWEN_TEMPLATE.replace(
     "'<|vision_start|><|image_pad|><|vision_end|>'", "'<image_soft>'"
 ).replace(
     "{%- elif part['type'] == 'video' -%}",
@@ -118,8 +118,8 @@ def build_tiny_omni(dest: Path, *, seed: int = 0) -> Path:
 
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    tiny_models._ensure_tokenizer(dest)
-    ids = tiny_vlms._add_tokens(dest, _TOKENS, _TEMPLATE)
+    tiny_models.ensure_tokenizer(dest)
+    ids = tiny_vlms.add_tokens(dest, _TOKENS, _TEMPLATE)
     cfg = json.loads((dest / "tokenizer_config.json").read_text())
     cfg["extra_special_tokens"] = {
         "image_token": "<image_soft>",
