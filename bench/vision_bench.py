@@ -8,7 +8,10 @@ turn's TTFT over the first's shows what a cached image saves.
 
 pippin gets ``ignore_eos``; mlx_vlm.server has no such field, so it gets a ``logit_bias`` of
 -100 on the model's end-of-sequence ids, which makes it run to ``max_tokens`` too. The table
-reports the tokens each server actually produced.
+reports the tokens each server actually produced. The model is a random-weight Qwen2.5-VL
+with Qwen's real vocabulary (`pippin.bench.vlm_models`: `--build-tiny` for the CPU,
+`--build-shape qwen2.5-vl-3b` for the GPU) or any Qwen2.5-VL-family folder (`--model`).
+Results: docs/benchmarks.md.
 
   CPU:  python bench/vision_bench.py --build-tiny --concurrency 4 --requests 16 --output-tokens 64
   GPU:  python bench/vision_bench.py --build-shape qwen2.5-vl-3b --concurrency 1 16 64 \\
@@ -22,7 +25,6 @@ import asyncio
 import base64
 import io
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -34,41 +36,9 @@ from typing import Any
 import httpx
 
 from pippin.bench.client import RequestResult, stream_request
-from pippin.bench.servers import Server, ServerSpec, free_port, package_version
+from pippin.bench.servers import Server, ServerSpec, make_server, package_version, resolve_blas
 from pippin.bench.stats import percentile
-
-ROOT = Path(__file__).resolve().parent.parent
-# Qwen2.5-VL's own processor bound: a 1024x768 picture stays near its size (~1,000 tokens).
-QWEN_MAX_PIXELS = 12845056
-
-# Qwen2.5-VL-3B-Instruct's configuration (hidden 2048, 36 layers, GQA 16/2, a 32-layer
-# ViT of width 1280), for random weights on the GPU machine.
-QWEN25_VL_3B = {
-    "hidden_size": 2048,
-    "intermediate_size": 11008,
-    "num_hidden_layers": 36,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 128000,
-    "rope_theta": 1000000.0,
-    "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
-    "tie_word_embeddings": True,
-    "vision_config": {
-        "model_type": "qwen2_5_vl",
-        "depth": 32,
-        "hidden_size": 1280,
-        "intermediate_size": 3420,
-        "out_hidden_size": 2048,
-        "num_heads": 16,
-        "patch_size": 14,
-        "spatial_patch_size": 14,
-        "spatial_merge_size": 2,
-        "temporal_patch_size": 2,
-        "window_size": 112,
-        "fullatt_block_indexes": [7, 15, 23, 31],
-        "in_channels": 3,
-    },
-}
+from pippin.bench.vlm_models import build_qwen25_vl
 
 
 def make_image(seed: int, size: tuple[int, int] = (1024, 768)) -> bytes:
@@ -119,26 +89,21 @@ def body(kind: str, messages: list[dict[str, Any]], tokens: int, eos: list[int])
 
 
 def make_vision_server(kind: str, model: Path, log_dir: Path) -> Server:
-    port = free_port()
-    env = dict(os.environ)
-    py = sys.executable
+    """pippin or mlx_vlm.server on `model`, as `pippin bench --serve` starts servers (the
+    same BLAS for both on Linux, pippin's MLX settings not passed to the peer)."""
     if kind == "pippin":
-        env["PYTHONPATH"] = str(ROOT / "src") + (
-            ":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
-        )
-        cmd = [py, "-m", "pippin.cli", "serve", str(model), "--host", "127.0.0.1"]
-        cmd += ["--port", str(port), "--served-model-name", "default"]
-        version = package_version("pippin", py)
+        spec = ServerSpec(kind, "pippin", str(model), ["--served-model-name", "default"])
     elif kind == "mlx_vlm":
         # A local folder is loaded as is (no Hub look-up); the model field must name it.
-        cmd = [py, "-m", "mlx_vlm.server", "--model", str(model), "--host", "127.0.0.1"]
-        cmd += ["--port", str(port)]
-        version = package_version("mlx-vlm", py)
+        args = ["-m", "mlx_vlm.server", "--model", str(model), "--host", "127.0.0.1"]
+        spec = ServerSpec(kind, "cmd", sys.executable, [*args, "--port", "{port}"])
     else:
         raise SystemExit(f"unknown server {kind!r} (pippin, mlx_vlm)")
-    spec = ServerSpec(name=kind, kind=kind, model=str(model), args=[], env={})
-    log = log_dir / f"{kind}.log"
-    return Server(spec, cmd, env, port, log, None, str(model), version)
+    server = make_server(spec, log_dir, blas=resolve_blas("auto"))
+    if kind == "mlx_vlm":
+        server.version = package_version("mlx-vlm", sys.executable)
+        server.model = str(model)
+    return server
 
 
 @dataclass
@@ -262,50 +227,7 @@ def run_server(
 def build_model(args: argparse.Namespace, root: Path) -> Path:
     if args.model:
         return Path(args.model)
-    sys.path.insert(0, str(ROOT / "tests"))
-    import tiny_vlms
-
-    dest = root / "qwen2_5_vl"
-    tiny_vlms.build_tiny_vlm("qwen2_5_vl", dest, seed=0)
-    if args.build_shape == "qwen2.5-vl-3b":
-        cfg = json.loads((dest / "config.json").read_text())
-        vision = {**cfg["vision_config"], **QWEN25_VL_3B["vision_config"]}
-        cfg.update(QWEN25_VL_3B)
-        cfg["vision_config"] = vision
-        (dest / "config.json").write_text(json.dumps(cfg, indent=2))
-        _random_weights(dest)
-    # The real processor's pixel bound, so a 1024x768 picture is ~1,000 image tokens.
-    pre_path = dest / "preprocessor_config.json"
-    pre = json.loads(pre_path.read_text())
-    pre["max_pixels"] = QWEN_MAX_PIXELS
-    pre_path.write_text(json.dumps(pre, indent=2))
-    return dest
-
-
-def _random_weights(dest: Path) -> None:
-    """Re-make the weights for the edited config (bf16; unit norms, fan-in scaled matrices)."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-    from mlx_vlm.utils import get_model_and_args, update_module_configs
-
-    cfg = json.loads((dest / "config.json").read_text())
-    cfg.setdefault("text_config", {})
-    arch, _ = get_model_and_args(cfg)
-    mc = arch.ModelConfig.from_dict(cfg)
-    mc = update_module_configs(mc, arch, cfg, ["text", "vision"])
-    model = arch.Model(mc)
-    params = {}
-    for k, v in tree_flatten(model.parameters()):
-        if v.ndim == 1:
-            w = mx.ones(v.shape) if "norm" in k else mx.zeros(v.shape)
-        else:
-            fan_in = 1
-            for d in v.shape[1:]:
-                fan_in *= d
-            w = mx.random.normal(v.shape) * (1.0 if "embed" in k else fan_in**-0.5)
-        params[k] = w.astype(mx.bfloat16)
-        mx.eval(params[k])
-    mx.save_safetensors(str(dest / "model.safetensors"), params, metadata={"format": "mlx"})
+    return build_qwen25_vl(root / "qwen2_5_vl", args.build_shape or "tiny")
 
 
 def markdown(rows: list[Row]) -> str:

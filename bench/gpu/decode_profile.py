@@ -36,10 +36,9 @@ def main() -> int:
 
     import mlx.core as mx
     from mlx_lm.utils import load
-    from paged_vs_contiguous import run_pippin
-    from single_stream import mlx_lm_decode
 
     import pippin.engine.core as core_mod
+    from pippin.bench.inproc import decode_rate, mlx_lm_decode
 
     model, _ = load(str(args.model))
     vocab = model.args.vocab_size
@@ -57,8 +56,8 @@ def main() -> int:
     for mode in args.modes.split(","):
         os.environ["PIPPIN_COMPILE"] = "0" if mode == "eager" else "1"
         for b in batches:
-            run_pippin(model, prompts[b], 8)  # warm-up: traces and kernels
-            tps = run_pippin(model, prompts[b], args.gen)
+            decode_rate(model, prompts[b], 8)  # warm-up: traces and kernels
+            tps = decode_rate(model, prompts[b], args.gen)
             res["runs"][f"{mode}/{b}"] = tps
             print(
                 f"{mode:9s} batch {b:4d}: {tps:8.0f} tok/s ({b / tps * 1e3:.2f} ms/step)",
@@ -73,7 +72,7 @@ def main() -> int:
 
                 core_mod.EngineCore.step = step  # type: ignore[method-assign]
                 try:
-                    run_pippin(model, prompts[b], 64)
+                    decode_rate(model, prompts[b], 64)
                 finally:
                     core_mod.EngineCore.step = real_step  # type: ignore[method-assign]
                 buf = io.StringIO()

@@ -66,8 +66,8 @@ def copy_bandwidth() -> float:
 def in_process(path: Path, batches: list[int], prompt: int, gen: int) -> dict[str, Any]:
     from mlx.utils import tree_flatten
     from mlx_lm.utils import load
-    from paged_vs_contiguous import run_mlx_lm, run_pippin
-    from single_stream import in_turns, mlx_lm_decode
+
+    from pippin.bench.inproc import decode_rate, in_turns, mlx_lm_batch_rate, mlx_lm_decode
 
     model, _ = load(str(path))
     vocab = model.args.vocab_size
@@ -80,7 +80,7 @@ def in_process(path: Path, batches: list[int], prompt: int, gen: int) -> dict[st
     mids = in_turns(
         {
             "mlx_lm": lambda g: mlx_lm_decode(model, p, g),
-            "pippin": lambda g: run_pippin(model, [p], g),
+            "pippin": lambda g: decode_rate(model, [p], g),
         },
         gen,
         3,
@@ -89,9 +89,9 @@ def in_process(path: Path, batches: list[int], prompt: int, gen: int) -> dict[st
     res["batches"] = {}
     for b in batches:
         prompts = [[rng.randrange(vocab) for _ in range(prompt)] for _ in range(b)]
-        run_pippin(model, prompts, 4)
-        ours = run_pippin(model, prompts, gen)
-        ref = run_mlx_lm(model, prompts, gen)
+        decode_rate(model, prompts, 4)
+        ours = decode_rate(model, prompts, gen)
+        ref = mlx_lm_batch_rate(model, prompts, gen)
         res["batches"][b] = {"mlx_lm": ref, "pippin": ours}
         print(f"  batch {b}: mlx-lm {ref:.0f} tok/s, pippin {ours:.0f} tok/s", flush=True)
     return res

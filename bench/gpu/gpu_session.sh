@@ -12,7 +12,7 @@ MODEL=$1
 shift
 mkdir -p "$OUT"
 if [ "${SMOKE:-1}" = 1 ]; then
-  python3 -m pytest -q -p no:cacheprovider tests/test_decode_graph.py -k "llama-config0" 2>&1 |
+  python3 -m pytest -q -p no:cacheprovider tests/runner/test_decode_graph.py -k "llama-config0" 2>&1 |
     tail -3 | tee "$OUT/smoke-$MODEL.log"
 fi
 python3 bench/gpu/gpu_bench.py --out-dir "$OUT/$MODEL" --models "$MODEL" --batches "${BATCHES:-}" "$@" \

@@ -1,6 +1,7 @@
 """Registers and spills of the fused layer's matrix-vector kernel, per build, without a
 GPU: each build launched as the engine launches it (Llama-3.2-1B's projections, bf16),
-recorded and compiled by NVRTC for sm_90 as `tests/test_cuda_kernels_compile.py` does,
+recorded and compiled by NVRTC for sm_90 (`pippin.bench.kernel_compile`, as
+`tests/kernels/test_cuda_kernels_compile.py` does),
 with ptxas's report.
 
 An SM holds 65,536 registers, so a build using R a thread keeps at most
@@ -16,17 +17,13 @@ import re
 import sys
 
 import checkout  # noqa: F401  (src/ on the path, pippin imported before MLX)
-from checkout import REPO_ROOT
+import mlx.core as mx
+import mlx.nn as nn
+from gpu_bench import CONFIGS
+from kernel_time import projection_shapes
 
-sys.path.insert(0, str(REPO_ROOT / "tests"))
-
-import mlx.core as mx  # noqa: E402
-import mlx.nn as nn  # noqa: E402
-from cuda_compile import Recorder, compile_launch, nvrtc  # noqa: E402
-from gpu_bench import CONFIGS  # noqa: E402
-from kernel_time import projection_shapes  # noqa: E402
-
-from pippin.kernels import device, fused_layer  # noqa: E402
+from pippin.bench.kernel_compile import Recorder, compile_launch, nvrtc
+from pippin.kernels import device, fused_layer
 
 
 def main() -> int:

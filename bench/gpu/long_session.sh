@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 29, goal 3: single-stream decode of the 8B shape at long contexts, in-process,
+# Single-stream decode of the 8B shape at long contexts, in-process,
 # mlx-lm's generate_step against pippin with the split paged kernel (flash-decoding) and
 # without it (PIPPIN_PAGED_SPLIT=0: the gather path, as before), in turns in one process.
 # Usage: bash bench/gpu/long_session.sh [CONTEXT ...]   (default: 16384 65536)
@@ -10,10 +10,8 @@ export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 OUT=${OUT:-.tmp/gpu}
 ROOT=/tmp/pippin-gpu-models
 mkdir -p "$OUT"
-python3 -c "
-from pathlib import Path
-from pippin.bench.models import build_model
-build_model('llama-3.1-8b', Path('$ROOT'))"
+source bench/gpu/bench_lib.sh
+build llama-3.1-8b
 ctxs=("$@"); [ ${#ctxs[@]} -eq 0 ] && ctxs=(16384 65536)
 for ctx in "${ctxs[@]}"; do
   python3 bench/gpu/single_stream.py "$ROOT/llama-3.1-8b" --prompt "$ctx" --gen "${GEN:-128}" \

@@ -1,10 +1,10 @@
 """CPU time per streamed token of the server's event loop and of its other threads (Linux).
 
-Starts `pippin serve MODEL` with the given extra flags, loads it with `pippin bench`
-(streaming chat, 64 clients by default), and over a window in the middle of the run reads
-each thread's CPU time from /proc and the tokens generated from /metrics. The event loop
-is the main thread; the engine thread and MLX's workers are the others (with --engine-process,
-those of the engine process).
+Starts `pippin serve MODEL` with the given extra flags (`pippin.bench.servers`), loads
+it with `pippin bench` (streaming chat, 64 clients by default), and over a window in the
+middle of the run reads each thread's CPU time from /proc and the tokens generated from
+/metrics. The event loop is the main thread; the engine thread and MLX's workers are the
+others (with --engine-process, those of the engine process).
 
     python bench/gpu/loop_cost.py /tmp/pm/micro -- --stream-interval-ms 0
 """
@@ -23,6 +23,7 @@ from pathlib import Path
 from checkout import REPO_ROOT  # noqa: F401  (first: src/ on the path)
 
 from pippin.bench.scrape import parse_metrics, total
+from pippin.bench.servers import pippin_server
 
 PY = sys.executable
 
@@ -72,7 +73,6 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model")
     ap.add_argument("serve_args", nargs="*", help="extra `pippin serve` flags, after --")
-    ap.add_argument("--port", type=int, default=18556)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--window", type=float, default=10.0)
     ap.add_argument("--prompt-tokens", type=int, default=64)
@@ -82,27 +82,15 @@ def main() -> int:
         "--native", action="store_true", help="py-spy --native: MLX's C++ frames too (slower)"
     )
     args = ap.parse_args()
-    url = f"http://127.0.0.1:{args.port}"
-    server = subprocess.Popen(
-        [PY, "-m", "pippin.cli", "serve", args.model, "--port", str(args.port), *args.serve_args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    with pippin_server(*args.serve_args, model=args.model) as server:
+        assert server.proc is not None
+        return measure(args, server.url, server.proc.pid)
+
+
+def measure(args: argparse.Namespace, url: str, pid: int) -> int:
+    """Load the server at `url` (process `pid`) and read the window."""
     load = None
     try:
-        for _ in range(120):
-            try:
-                urllib.request.urlopen(f"{url}/health")
-                break
-            except OSError:
-                time.sleep(1)
-        # `pippin serve` may re-exec itself (OpenBLAS preload): find the serving process.
-        pid = int(
-            subprocess.check_output(
-                ["pgrep", "-f", f"serve {args.model} --port {args.port}"]
-            ).split()[-1]
-        )
         load = subprocess.Popen(
             [
                 PY,
@@ -171,10 +159,9 @@ def main() -> int:
             spy.wait()
     finally:
         # The window is measured; the rest of the load is not needed.
-        for proc in (load, server):
-            if proc is not None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        if load is not None:
+            os.killpg(load.pid, signal.SIGKILL)
+            load.wait()
     tokens = t1 - t0
     per = {tid: (c1[tid] - c0.get(tid, 0.0)) / tokens * 1e6 for tid in c1}
     others = sorted((v for tid, v in per.items() if tid != pid), reverse=True)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 29, goal 6: a mixture-of-experts shape on the GPU, built and measured in one device
-# call (10 minutes). Usage: bash bench/gpu/moe_session.sh [MODEL]
+# A mixture-of-experts shape on the GPU, built and measured in one device call (10 minutes).
+# Usage: bash bench/gpu/moe_session.sh [MODEL]
 #   MODEL: qwen3-30b-a3b-4bit (the default; 17 GB) or gpt-oss-20b-4bit (12 GB); the bf16
 #   forms (61 GB, 42 GB) do not fit the machine's 64 GB disk beside anything else.
 # Steps, each under its own time limit:
@@ -24,10 +24,11 @@
 set -u
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 OUT=${OUT:-.tmp/gpu}
-ROOT=${ROOT:-/tmp/pippin-gpu-models}
+export ROOT=${ROOT:-/tmp/pippin-gpu-models}
 MODEL=${1:-qwen3-30b-a3b-4bit}
 DIR=$ROOT/$MODEL
 mkdir -p "$OUT" "$ROOT"
+source bench/gpu/bench_lib.sh
 END=$((SECONDS + ${TOTAL:-570}))
 limit() {  # the smaller of $1 seconds and what is left of TOTAL (at least 1)
   local left=$((END - SECONDS))
@@ -37,32 +38,17 @@ limit() {  # the smaller of $1 seconds and what is left of TOTAL (at least 1)
 
 echo "=== build $MODEL $(date -u +%T)"
 if [ ! -f "$DIR/config.json" ]; then
-  timeout "$(limit "${BUILD_SECS:-240}")" python3 -c "
-import time
-from pathlib import Path
-from pippin.bench.models import build_model
-t = time.perf_counter()
-build_model('$MODEL', Path('$ROOT'))
-print('$MODEL built in', round(time.perf_counter() - t), 's', flush=True)
-" 2>&1 | grep -v "^\[INFO\]" | tee "$OUT/build-$MODEL.log"
+  timeout "$(limit "${BUILD_SECS:-240}")" bash -c 'source bench/gpu/bench_lib.sh && build "$0"' \
+    "$MODEL" 2>&1 | grep -v "^\[INFO\]" | tee "$OUT/build-$MODEL.log"
 fi
 [ -f "$DIR/config.json" ] || { echo "no model at $DIR"; exit 3; }
 du -sh "$DIR"
 df -h "$ROOT" | tail -1
 
 echo "=== bench $(date -u +%T)"
-# SIGINT: pippin bench stops its servers on the way out.
-timeout -s INT "$(limit "${SECS:-330}")" python3 -m pippin.cli bench --model-root "$ROOT" \
-  --workload real-tokenizer --tokenizer "$DIR" --api completions \
-  --output-tokens "${OUT_TOKENS:-128}" --concurrency ${CONC:-1 64} --requests-per-client 1 \
-  --warmup 2 --blas none --no-progress \
-  --json "$OUT/moe-$MODEL.json" --md "$OUT/moe-$MODEL.md" --log-dir "/tmp/logs-moe-$MODEL" \
-  --serve "pippin=pippin:$DIR --max-model-len 4096 --cache-memory-mb ${KV_MB:-16000}" \
-  --serve "mlx_lm=mlx_lm:$DIR" \
-  2>&1 | grep -v "WARNING\|regex" | tee "$OUT/moe-$MODEL.log"
-for f in /tmp/logs-moe-"$MODEL"/*.log; do
-  [ -f "$f" ] && { echo "== $f"; tail -6 "$f"; } >>"$OUT/server-logs.txt"
-done
+SECS=$(limit "${SECS:-330}") OUTPUT_TOKENS=${OUT_TOKENS:-128} WARMUP=2 \
+  BENCH_ARGS="--api completions --tokenizer $DIR" \
+  bench "moe-$MODEL" "${CONC:-1 64}" "${KV_MB:-16000}" "pippin=pippin:$DIR" "mlx_lm=mlx_lm:$DIR"
 
 echo "=== single $(date -u +%T)"
 timeout "$(limit "${SINGLE_SECS:-100}")" python3 bench/gpu/single_stream.py "$DIR" --prompt 512 \

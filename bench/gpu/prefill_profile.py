@@ -46,8 +46,8 @@ def main() -> int:
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
     from mlx_lm.utils import load
-    from paged_vs_contiguous import make_core, run_mlx_lm, run_pippin
 
+    from pippin.bench.inproc import bare_core, decode_rate, drive, mlx_lm_batch_rate
     from pippin.engine.core import EngineCore
     from pippin.engine.types import SamplingParams
 
@@ -78,16 +78,10 @@ def main() -> int:
         return time.perf_counter() - t0
 
     def pippin_prefill(batch: list[list[int]]) -> float:
-        core = make_core(model, batch, 1)
-        for i, p in enumerate(batch):
-            core.add_request(str(i), p, SamplingParams(max_tokens=1, ignore_eos=True))
-        t0 = time.perf_counter()
-        steps = 0
-        while core.has_work():
-            core.step()
-            steps += 1
-        res.setdefault("prefill_steps", steps)
-        return time.perf_counter() - t0
+        params = SamplingParams(max_tokens=1, ignore_eos=True)
+        run = drive(bare_core(model, batch, 1), [(str(i), p, params) for i, p in enumerate(batch)])
+        res.setdefault("prefill_steps", run.steps)
+        return run.seconds
 
     parts = args.parts.split(",")
     tokens = args.prefill_batch * args.prompt
@@ -102,11 +96,11 @@ def main() -> int:
         )
 
     def pippin_job(batch: list[list[int]]) -> float:
-        return run_pippin(model, batch, args.gen, with_prefill=True)
+        return decode_rate(model, batch, args.gen, with_prefill=True)
 
     def mlx_job(batch: list[list[int]]) -> float:
         t0 = time.perf_counter()
-        run_mlx_lm(model, batch, args.gen)
+        mlx_lm_batch_rate(model, batch, args.gen)
         return len(batch) * args.gen / (time.perf_counter() - t0)
 
     for name, fn in (("mlx_lm", mlx_job), ("pippin", pippin_job)) * ("job" in parts):
@@ -123,7 +117,7 @@ def main() -> int:
         by a new one at once. Output tok/s over the second half, and steps per second."""
         total = conc * 3
         batch = prompts(total, args.shared_prefix)
-        core = served_core() if args.server_core else make_core(model, batch[: conc * 2], args.gen)
+        core = served_core() if args.server_core else bare_core(model, batch[: conc * 2], args.gen)
         params = SamplingParams(max_tokens=args.gen, temperature=1.0, ignore_eos=True)
         sent = 0
         for _ in range(conc):
@@ -150,7 +144,7 @@ def main() -> int:
     if "steady" not in parts:
         (args.out / "prefill_profile.json").write_text(json.dumps(res, indent=2, default=str))
         return 0
-    dec = run_pippin(model, prompts(args.job), args.gen)
+    dec = decode_rate(model, prompts(args.job), args.gen)
     res["decode_pippin_tok_s"] = dec
     print(f"decode only, batch {args.job}: pippin {dec:,.0f} tok/s", flush=True)
     with mx.stream(

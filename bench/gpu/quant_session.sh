@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 29, goal 4: quantised 8B-shape models on the GPU, in steps that fit a device call.
+# Quantised 8B-shape models on the GPU, in steps that fit a device call.
 # Usage: bash bench/gpu/quant_session.sh STEP [STEP ...]
 #   probe     the `cuda` test of kernels/dense_quant, the matmul probe (quant_matmul.py),
 #             and the random-weight 8B models built (bf16, 4-bit, 8-bit, real tokenizer)

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Issue 29, goals 1-3 over HTTP with the real Llama 3 tokenizer, in steps that fit a
-# device call. Usage: bash bench/gpu/serve_session.sh STEP [STEP ...]
+# pippin against mlx_lm.server over HTTP with the real Llama 3 tokenizer, in steps that fit
+# a device call. Usage: bash bench/gpu/serve_session.sh STEP [STEP ...]
 #   tests  the split kernels' CUDA tests (paged and fused attention)
-#   1b     goal 1: Llama-3.2-1B shape, pippin and mlx_lm.server at 1 and 256 streams (512
-#          prompt, 256 out); goal 2: its single stream in-process against mlx-lm
-#   8b     goal 1: Llama-3.1-8B shape, pippin and mlx_lm.server at 64 and 256 streams
-#   ttft   goal 3: 8 concurrent 16k-token prompts on the 8B shape, pippin and mlx_lm.server
+#   1b     Llama-3.2-1B shape, pippin and mlx_lm.server at 1 and 256 streams (512 prompt,
+#          256 out); then its single stream in-process against mlx-lm
+#   8b     Llama-3.1-8B shape, pippin and mlx_lm.server at 64 and 256 streams
+#   ttft   8 concurrent 16k-token prompts on the 8B shape, pippin and mlx_lm.server
 # Results (tables, JSON, logs) in $OUT; server logs' tails in $OUT/server-logs.txt.
 # Env: as bench/gpu/bench_lib.sh (SECS, ...).
 set -u
@@ -25,16 +25,16 @@ for step in "$@"; do
         tests/kernels/test_fused_attention.py -k split 2>&1 | tail -5 | tee "$OUT/split-tests.txt" ;;
     1b)
       build llama-3.2-1b
-      OUTPUT_TOKENS=256 bench goal1-1b "1 256" 16000 "pippin=pippin:$M1" "mlx_lm=mlx_lm:$M1"
+      OUTPUT_TOKENS=256 bench http-1b "1 256" 16000 "pippin=pippin:$M1" "mlx_lm=mlx_lm:$M1"
       python3 bench/gpu/single_stream.py "$ROOT/llama-3.2-1b" --prompt 512 --gen 256 \
         --repeat 3 --engines mlx_lm,pippin 2>&1 | grep -v WARNING | tee "$OUT/single-1b.txt" ;;
     8b)
       build llama-3.1-8b
-      OUTPUT_TOKENS=256 SECS=${SECS:-400} bench goal1-8b "64 256" 40000 "pippin=pippin:$M8" \
+      OUTPUT_TOKENS=256 SECS=${SECS:-400} bench http-8b "64 256" 40000 "pippin=pippin:$M8" \
         "mlx_lm=mlx_lm:$M8" ;;
     ttft)
       build llama-3.1-8b
-      WORKLOAD=long-context OUTPUT_TOKENS=32 MAX_LEN=20480 bench goal3-ttft 8 24000 \
+      WORKLOAD=long-context OUTPUT_TOKENS=32 MAX_LEN=20480 bench ttft-8b 8 24000 \
         "pippin=pippin:$M8" "mlx_lm=mlx_lm:$M8" ;;
     *) echo "unknown step $step" ;;
   esac

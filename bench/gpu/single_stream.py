@@ -17,45 +17,9 @@ import argparse
 import os
 import random
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import checkout  # noqa: F401  (src/ on the path, pippin imported before MLX)
-
-
-def mlx_lm_decode(model: Any, prompt: list[int], gen: int) -> float:
-    """Decode tokens/s of mlx-lm's `generate_step` on `prompt`, from its first decode step."""
-    import mlx.core as mx
-    from mlx_lm.generate import generate_step
-
-    steps = generate_step(mx.array(prompt), model, max_tokens=gen)
-    next(steps)
-    t0 = time.perf_counter()
-    n = sum(1 for _ in steps)
-    return n / (time.perf_counter() - t0)
-
-
-def in_turns(
-    runs: dict[str, Callable[[int], float]], gen: int, repeat: int, label: str = ""
-) -> dict[str, float]:
-    """Each run's median tokens/s over `repeat` runs of `gen` tokens, the runs taking turns
-    (after one short warm-up each: kernels, traces); every result printed as it comes."""
-    for fn in runs.values():
-        fn(16)
-    got: dict[str, list[float]] = {e: [] for e in runs}
-    for _ in range(repeat):
-        for e, fn in runs.items():
-            got[e].append(fn(gen))
-            print(
-                f"{label}{e:12s} {got[e][-1]:7.1f} tok/s ({1e3 / got[e][-1]:.2f} ms/token)",
-                flush=True,
-            )
-    mids = {e: sorted(ts)[len(ts) // 2] for e, ts in got.items()}
-    for e, mid in mids.items():
-        print(f"{label}{e:12s} median {mid:7.1f} tok/s over {repeat} runs", flush=True)
-    return mids
 
 
 def main() -> int:
@@ -71,7 +35,8 @@ def main() -> int:
     args = ap.parse_args()
 
     from mlx_lm.utils import load
-    from paged_vs_contiguous import run_mlx_lm, run_pippin
+
+    from pippin.bench.inproc import decode_rate, in_turns, mlx_lm_batch_rate, mlx_lm_decode
 
     model, _ = load(str(args.model))
     rng = random.Random(0)
@@ -82,11 +47,11 @@ def main() -> int:
 
     def mlx_lm(gen: int) -> float:
         if args.batch > 1:
-            return run_mlx_lm(model, prompts, gen)
+            return mlx_lm_batch_rate(model, prompts, gen)
         return mlx_lm_decode(model, prompts[0], gen)
 
     def pippin(gen: int) -> float:
-        return run_pippin(model, prompts, gen)
+        return decode_rate(model, prompts, gen)
 
     def run(engine: str, gen: int) -> float:
         if engine == "mlx_lm":

@@ -41,14 +41,13 @@ def _model(path: Path, layers: int) -> Any:
 
 def _engines(model: Any, prompt: int) -> dict[str, Callable[[int], float]]:
     """Single-stream decode of `model` on a seeded random prompt: mlx-lm's and pippin's."""
-    from paged_vs_contiguous import run_pippin
-    from single_stream import mlx_lm_decode
+    from pippin.bench.inproc import decode_rate, mlx_lm_decode
 
     rng = random.Random(0)
     p = [rng.randrange(model.args.vocab_size) for _ in range(prompt)]
     return {
         "mlx_lm": lambda g: mlx_lm_decode(model, p, g),
-        "pippin": lambda g: run_pippin(model, [p], g),
+        "pippin": lambda g: decode_rate(model, [p], g),
     }
 
 
@@ -62,7 +61,7 @@ def _line(xs: list[int], ys: list[float]) -> tuple[float, float]:
 
 
 def by_layers(path: Path, layers: list[int], prompt: int, gen: int, repeat: int) -> None:
-    from single_stream import in_turns
+    from pippin.bench.inproc import in_turns
 
     ms: dict[str, list[float]] = {"mlx_lm": [], "pippin": []}
     for n in layers:
@@ -153,7 +152,7 @@ def by_ops(counts: list[int], steps: int) -> None:
 def by_width(path: Path, widths: list[int], prompt: int, gen: int, repeat: int) -> None:
     """The model at its own width and narrower (same layers and graph, a fraction of the
     bytes): if a step costs the same, it is bound by the host, not the device."""
-    from single_stream import in_turns
+    from pippin.bench.inproc import in_turns
 
     config = json.loads((path / "config.json").read_text())
     bf16 = config.get("torch_dtype") == "bfloat16"

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-import time
 
 import checkout  # noqa: F401  (src on the path, pippin's MLX settings first)
 
@@ -26,24 +25,17 @@ def main() -> int:
     ap.add_argument("--gen", type=int, default=16)
     args = ap.parse_args()
     from mlx_lm.utils import load
-    from paged_vs_contiguous import make_core
 
-    from pippin.engine.types import SamplingParams
+    from pippin.bench.inproc import bare_core, drive, sampled
 
     model, _ = load(args.model)
     rng = random.Random(0)
     vocab = model.args.vocab_size
-    params = SamplingParams(max_tokens=args.gen, temperature=1.0, ignore_eos=True)
     for wave in ("warm-up", "measured"):
         prompts = [[rng.randrange(vocab) for _ in range(args.prompt)] for _ in range(args.rows)]
-        core = make_core(model, prompts, args.gen)
-        for i, p in enumerate(prompts):
-            core.add_request(str(i), p, params)
-        t0, steps = time.perf_counter(), 0
-        while core.has_work():
-            core.step()
-            steps += 1
-        print(f"{wave}: {steps} steps, {time.perf_counter() - t0:.2f} s", flush=True)
+        core = bare_core(model, prompts, args.gen)
+        run = drive(core, sampled(prompts, args.gen), keep=False)
+        print(f"{wave}: {run.steps} steps, {run.seconds:.2f} s", flush=True)
     return 0
 
 

@@ -509,3 +509,103 @@ def test_stop_sequence_wins_over_a_started_tool_call() -> None:
     assert stop_fields(step("tool_calls", None), True) == ("tool_use", None)
     assert stop_fields(step("stop", 2), False) == ("end_turn", None)  # an end-of-turn token
     assert stop_fields(step("length", None), True) == ("max_tokens", None)
+
+
+def test_tool_fields_honoured_or_refused(client: anthropic.Anthropic) -> None:
+    """`input_examples` are shown with the tool; a tool only code execution may call, a
+    document asking for citations and a per-message output format are refused by name."""
+    plain: dict[str, Any] = {"name": "read", "input_schema": {"type": "object"}}
+    base = client.messages.count_tokens(model="tiny", messages=HELLO, tools=[plain])
+    shown = client.messages.count_tokens(
+        model="tiny",
+        messages=HELLO,
+        tools=[{**plain, "input_examples": [{"path": "/etc/hosts"}]}],  # type: ignore[list-item]
+    )
+    assert shown.input_tokens > base.input_tokens
+    create(client, tools=[{**plain, "allowed_callers": ["direct"]}])
+    doc = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}}
+    cited = [{**doc, "citations": {"enabled": True}}, {"type": "text", "text": "Summarise it."}]
+    formatted = {"format": {"type": "json_schema", "schema": {}}}
+    refused: list[tuple[dict[str, Any], str]] = [
+        ({"tools": [{**plain, "allowed_callers": ["code_execution_20250825"]}]}, "tools[0]"),
+        (
+            {"messages": [{"role": "user", "content": cited}]},
+            "messages[0].content[0].citations.enabled",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "Hi", "output_config": formatted}]},
+            "messages[0].output_config.format",
+        ),
+    ]
+    for kw, param in refused:
+        with pytest.raises(anthropic.BadRequestError) as exc:
+            create(client, **kw)
+        assert param in str(exc.value), (param, exc.value)
+
+
+def test_a_messages_effort_holds_for_the_turns_after_it(client: anthropic.Anthropic) -> None:
+    """A message's `output_config.effort` acts as the top-level one: here it turns the
+    template's thinking switch on."""
+    top = client.messages.count_tokens(
+        model="tiny", messages=HELLO, extra_body={"output_config": {"effort": "high"}}
+    )
+    plain = client.messages.count_tokens(model="tiny", messages=HELLO)
+    per_message = client.messages.count_tokens(
+        model="tiny",
+        messages=[{**HELLO[0], "output_config": {"effort": "high"}}],  # type: ignore[list-item]
+    )
+    assert top.input_tokens != plain.input_tokens
+    assert per_message.input_tokens == top.input_tokens
+
+
+def test_clear_at_least(client: anthropic.Anthropic) -> None:
+    """An edit that would clear fewer input tokens than `clear_at_least` is not made."""
+    tools = [{"name": "read", "input_schema": {"type": "object"}}]
+    history = [
+        {"role": "user", "content": "Read the file."},
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "toolu_1", "name": "read", "input": {}}],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "data " * 50}],
+        },
+    ]
+    edit: dict[str, Any] = {
+        "type": "clear_tool_uses_20250919",
+        "trigger": {"type": "input_tokens", "value": 10},
+        "keep": {"type": "tool_uses", "value": 0},
+    }
+
+    def count(e: dict[str, Any]) -> int:
+        return client.messages.count_tokens(
+            model="tiny",
+            messages=history,  # type: ignore[arg-type]
+            tools=tools,  # type: ignore[arg-type]
+            extra_body={"context_management": {"edits": [e]}},
+        ).input_tokens
+
+    full = client.messages.count_tokens(model="tiny", messages=history, tools=tools).input_tokens  # type: ignore[arg-type]
+    cleared = count(edit)
+    assert cleared < full - 30
+    at_least = {"type": "input_tokens", "value": full - cleared}
+    assert count({**edit, "clear_at_least": at_least}) == cleared
+    too_much = {"type": "input_tokens", "value": full - cleared + 1}
+    assert count({**edit, "clear_at_least": too_much}) == full
+
+
+def test_disabled_thinking_shows_no_thinking_blocks() -> None:
+    """A model that reasons with thinking disabled (no switch in its template): its
+    reasoning is dropped from the answer, as the hosted API shows none."""
+    from pippin.api.anthropic.messages_output import BlockBuilder
+    from pippin.chat.tool_parsers.base import ParsedDelta
+
+    shown, dropped = BlockBuilder(), BlockBuilder(drop_thinking=True)
+    for b in (shown, dropped):
+        b.feed(ParsedDelta(reasoning="Let me see."))
+        b.feed(ParsedDelta(content="Hello."))
+        b.close()
+    assert [x["type"] for x in shown.blocks] == ["thinking", "text"]
+    assert [x["type"] for x in dropped.blocks] == ["text"]
+    assert dropped.blocks[0]["text"] == "Hello."

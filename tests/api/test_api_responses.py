@@ -179,6 +179,16 @@ def test_get_and_delete(client: openai.OpenAI) -> None:
     assert bad.value.body["param"] == "previous_response_id"
 
 
+def test_get_checks_include(client: openai.OpenAI, tiny: Server) -> None:
+    """GET's `include` query takes what POST's takes; anything else is refused by name."""
+    r = create(client, input="Hi")
+    got = client.responses.retrieve(r.id, include=["reasoning.encrypted_content"])
+    assert got.id == r.id
+    with tiny.http() as h:
+        bad = h.get(f"/v1/responses/{r.id}", params={"include": "message.output_text.logprobs"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "include[0]"
+
+
 def test_store_false(client: openai.OpenAI) -> None:
     r = create(client, input="Hello", store=False)
     assert r.store is False
@@ -316,6 +326,12 @@ def test_reasoning_streamed_and_sent_back(thinking: openai.OpenAI) -> None:
     with_reasoning = create(thinking, input=turn)
     without = create(thinking, input=[turn[0], *turn[2:]])
     assert with_reasoning.usage.input_tokens > without.usage.input_tokens
+    # `reasoning.context`: every turn's reasoning (as by default), or only the current
+    # turn's, since the last user message: the earlier turn's is left out.
+    all_turns = create(thinking, input=turn, reasoning={"context": "all_turns"})
+    current = create(thinking, input=turn, reasoning={"context": "current_turn"})
+    assert all_turns.usage.input_tokens == with_reasoning.usage.input_tokens
+    assert current.usage.input_tokens == without.usage.input_tokens
 
 
 # --- refusals --------------------------------------------------------------------------
@@ -343,6 +359,10 @@ def test_reasoning_streamed_and_sent_back(thinking: openai.OpenAI) -> None:
         ({"reasoning": {"effort": "high"}}, "reasoning.effort"),
         ({"include": ["message.output_text.logprobs"]}, "include[0]"),
         ({"include": ["bogus"]}, "include[0]"),
+        (
+            {"extra_body": {"prompt_cache_options": {"prewarm": True}}},
+            "prompt_cache_options.prewarm",
+        ),
         ({"top_logprobs": 3}, "top_logprobs"),
         ({"background": True}, "background"),
         ({"conversation": "conv_1"}, "conversation"),

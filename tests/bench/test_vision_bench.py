@@ -10,6 +10,8 @@ from pathlib import Path
 
 from PIL import Image
 
+from pippin.bench.vlm_models import QWEN_MAX_PIXELS
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "vision_bench.py"
 
 
@@ -60,5 +62,5 @@ def test_tiny_build_keeps_a_1024x768_picture_near_its_size(tmp_path: Path) -> No
     args = vb.argparse.Namespace(model=None, build_shape=None)
     model = vb.build_model(args, tmp_path)
     pre = json.loads((model / "preprocessor_config.json").read_text())
-    assert pre["max_pixels"] == vb.QWEN_MAX_PIXELS >= 1024 * 768
+    assert pre["max_pixels"] == QWEN_MAX_PIXELS >= 1024 * 768
     assert vb.eos_ids(model)  # what mlx_vlm.server's logit_bias holds back

@@ -1,10 +1,10 @@
 """pippin's custom CUDA kernels compile as the engine launches them, on any machine.
 
 The launch code runs for real (the Python that picks each kernel's source, inputs and
-template arguments), with `cuda_compile.Recorder` in place of MLX's kernel builder; each
-recorded launch is then compiled with NVRTC for sm_90. A kernel that fails to build would
-otherwise show only on a GPU. Whether the kernels compute the right thing is for the
-CUDA-only tests (test_paged_attention, test_fused_attention, test_fused_layer).
+template arguments), with `pippin.bench.kernel_compile.Recorder` in place of MLX's kernel
+builder; each recorded launch is then compiled with NVRTC for sm_90. A kernel that fails
+to build would otherwise show only on a GPU. Whether the kernels compute the right thing is
+for the CUDA-only tests (test_paged_attention, test_fused_attention, test_fused_layer).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from support.cuda_compile import Recorder, compile_launch, nvrtc
 from test_fused_attention import _attention, _kernel_path, _Layout, _runner
 from test_paged_attention import _case
 
+from pippin.bench.kernel_compile import Recorder, compile_launch, nvrtc
 from pippin.kernels import device, fused_attention, fused_layer, paged_attention
 
 NVRTC = nvrtc()

@@ -7,8 +7,6 @@ import asyncio
 import json
 import re
 import secrets
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Request
@@ -117,18 +115,6 @@ def typed_sse(event: dict[str, Any]) -> str:
 
 
 T = TypeVar("T")
-
-
-@asynccontextmanager
-async def closing(it: AsyncIterator[T]) -> AsyncIterator[AsyncIterator[T]]:
-    """Close an async generator when the block is left, even early, so the engine
-    request behind it is aborted at once rather than when it is garbage collected."""
-    try:
-        yield it
-    finally:
-        aclose = getattr(it, "aclose", None)
-        if aclose is not None:
-            await aclose()
 
 
 class ClientGone(ApiError):

@@ -145,7 +145,8 @@ def from_validation_error(exc: ValidationError | RequestValidationError) -> ApiE
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Every error leaves the app as an OpenAI error body (no FastAPI 422s)."""
+    """Every error leaves the app in the error body of the API its path belongs to (no
+    FastAPI 422s)."""
 
     async def on_openai_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ApiError)

@@ -37,6 +37,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -272,8 +274,9 @@ def make_server(
         )
         if blas is None:
             env["PIPPIN_NO_OPENBLAS"] = "1"
-        cmd = [python, "-m", "pippin.cli", "serve", model, "--host", "127.0.0.1"]
-        cmd += ["--port", str(port)]
+        # No model: pippin's default one (SmolLM2-135M-Instruct).
+        cmd = [python, "-m", "pippin.cli", "serve", *([model] if model else [])]
+        cmd += ["--host", "127.0.0.1", "--port", str(port)]
         version = package_version("pippin", python)
     else:
         for key in mlx_env.SET:  # pippin's MLX settings are pippin's, not the peer's
@@ -296,6 +299,29 @@ def make_server(
     env.update(spec.env)
     log = log_dir / f"{spec.name}.log"
     return Server(spec, cmd, env, port, log, model_field, model, version)
+
+
+@contextmanager
+def pippin_server(
+    *args: str,
+    model: str = "",
+    env: dict[str, str] | None = None,
+    log_dir: Path | None = None,
+    blas: str = "auto",
+    startup_timeout: float = 600.0,
+) -> Iterator[Server]:
+    """`pippin serve [MODEL] *args` on a free port of 127.0.0.1 until it answers, stopped
+    (its whole process group) on the way out: how every bench script starts a pippin, as
+    `pippin bench --serve` does. MODEL may be `random:NAME`; none is pippin's default."""
+    log_dir = log_dir or Path(tempfile.mkdtemp(prefix="pippin-bench-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    spec = ServerSpec("pippin", "pippin", model, list(args), env or {})
+    server = make_server(spec, log_dir, blas=resolve_blas(blas))
+    try:
+        server.start(startup_timeout)
+        yield server
+    finally:
+        server.stop()
 
 
 class ServerSet:

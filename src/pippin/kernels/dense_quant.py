@@ -12,7 +12,7 @@ runs a dense matmul; fewer rows keep the quantised product. Plain MLX ops, so th
 path runs (and is tested) on the CPU; the results differ from the quantised product only
 by the rounding of the unpacked weight to the model's dtype.
 
-Installed by `patches.dense_prompt_chunks` (on CUDA by default; `PIPPIN_DENSE_QUANT`,
+Installed by `patches.dense_prompt_chunks` when `PIPPIN_DENSE_QUANT` asks for it (off by default;
 `PIPPIN_DENSE_QUANT_ROWS`) and taken back by `patches.undo`.
 """
 

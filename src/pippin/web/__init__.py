@@ -19,7 +19,7 @@ from pippin.serving.errors import ApiError
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 _MEDIA = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
 _FILES = {p.name: p for p in STATIC_DIR.iterdir() if p.suffix in _MEDIA}
-# Behind the API key when one is set, as HTTP Basic (see server.ApiKeyMiddleware).
+# Behind the API key when one is set, as HTTP Basic (see api.middleware.ApiKeyMiddleware).
 STATIC_PATHS = frozenset({"/"} | {f"/ui/{name}" for name in _FILES})
 
 router = APIRouter()

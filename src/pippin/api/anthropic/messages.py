@@ -68,9 +68,11 @@ def template_kwargs(req: MessagesRequest | CountTokensRequest, live: LiveModel) 
         if m.output_config is None:
             continue
         if m.output_config.format is not None:
+            param = f"messages[{i}].output_config.format"
             raise bad_request(
-                "output_config.format applies to the whole request; set it at the top level.",
-                f"messages[{i}].output_config.format",
+                f"{param}: an output format applies to the whole request; set it at the top "
+                "level.",
+                param,
             )
         # A turn's effort holds for the turns that follow it: the latest one is the answer's.
         effort = m.output_config.effort or effort

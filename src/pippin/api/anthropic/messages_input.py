@@ -64,7 +64,7 @@ def _document_text(block: DocumentBlock, param: str) -> str:
         )
     if block.citations and block.citations.get("enabled"):
         raise bad_request(
-            f"{param}.citations: citations are not produced by this server.",
+            f"{param}.citations.enabled: citations are not produced by this server.",
             f"{param}.citations.enabled",
         )
     head = "\n".join(x for x in (block.title, block.context) if x)

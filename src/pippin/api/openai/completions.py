@@ -337,12 +337,12 @@ class CompletionRun:
 @router.post("/v1/completions", response_model=None, **openai_route(CompletionRequest, stream=True))
 async def create_completion(request: Request) -> Any:
     req = await parse_request(CompletionRequest, await request.body())
-    state = get_state(request)
-    check_model(state, req.model)
+    server = get_state(request)
+    check_model(server, req.model)
     _reject_unsupported(req)
-    state = await use_model(state, req.model)
-    engine, loaded = require_engine(state)
-    limits = state.limits
+    live = await use_model(server, req.model)
+    engine, loaded = require_engine(live)
+    limits = live.limits
     assert limits is not None
 
     add_special = True if req.add_special_tokens is None else req.add_special_tokens
@@ -350,7 +350,7 @@ async def create_completion(request: Request) -> Any:
         _tokenize, loaded.tokenizer, req.prompt, add_special, bool(req.echo)
     )
     _check_prompts(prompts, limits)
-    constraint = await completion_constraint(state, req)
+    constraint = await completion_constraint(live, req)
     params: list[SamplingParams] = []
     for pr in prompts:
         if req.max_tokens == 0:
@@ -363,7 +363,7 @@ async def create_completion(request: Request) -> Any:
                 req.max_tokens,
                 len(pr.ids),
                 limits,
-                state.defaults.get("max_tokens"),
+                live.defaults.get("max_tokens"),
                 DEFAULT_MAX_TOKENS,
                 "prompt",
             )
@@ -371,7 +371,7 @@ async def create_completion(request: Request) -> Any:
             sampling_of(req, req.logprobs is not None, req.logprobs or 0),
             max_tokens=max(max_tokens, 1),
             limits=limits,
-            defaults=state.defaults,
+            defaults=live.defaults,
         )
         sp.max_tokens = max_tokens
         sp.constraint = constraint
@@ -388,8 +388,8 @@ async def create_completion(request: Request) -> Any:
         params=params,
         request_id=f"cmpl-{uuid.uuid4().hex}",
         model=req.model,
-        fingerprint=state.fingerprint,
-        render=state.token_renderer,
+        fingerprint=live.fingerprint,
+        render=live.token_renderer,
         echo=bool(req.echo),
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
         obfuscate=bool(req.stream_options and req.stream_options.include_obfuscation),

@@ -7,7 +7,9 @@ for a dtype) at the top of the body (`mlx/backend/cuda/custom_kernel.cpp`). `Rec
 stands in for `kernels.device.cuda_kernel` and records every launch the real launch code
 makes; `compile_launch` wraps a launch's source the same way and compiles it for the
 H100/H200 (sm_90, so ptxas also checks registers and shared memory). What it cannot check
-is the result: the CUDA-only tests do that on a GPU.
+is the result: the CUDA-only tests do that on a GPU. Used by
+`tests/kernels/test_cuda_kernels_compile.py` (every kernel compiles) and
+`bench/gpu/kernel_regs.py` (registers and spills of each build).
 """
 
 from __future__ import annotations
