@@ -70,8 +70,7 @@ def template_kwargs(req: MessagesRequest | CountTokensRequest, live: LiveModel) 
         if m.output_config.format is not None:
             param = f"messages[{i}].output_config.format"
             raise bad_request(
-                f"{param}: an output format applies to the whole request; set it at the top "
-                "level.",
+                f"{param}: an output format applies to the whole request; set it at the top level.",
                 param,
             )
         # A turn's effort holds for the turns that follow it: the latest one is the answer's.
