@@ -317,9 +317,12 @@ def test_forced_tool_use_and_output_format(client: anthropic.Anthropic) -> None:
         create(client, max_tokens=20, output_config={"format": {**fmt, "strict": True}})
 
 
-def test_context_management_clears_old_tool_results(client: anthropic.Anthropic) -> None:
-    tools = [{"name": "read", "input_schema": {"type": "object"}}]
-    history = [
+READ_TOOL = [{"name": "read", "input_schema": {"type": "object"}}]
+
+
+def read_history(result: str) -> list[dict[str, Any]]:
+    """A conversation in which the model read a file (`READ_TOOL`) and got `result`."""
+    return [
         {"role": "user", "content": "Read the file."},
         {
             "role": "assistant",
@@ -328,11 +331,16 @@ def test_context_management_clears_old_tool_results(client: anthropic.Anthropic)
         {
             "role": "user",
             "content": [
-                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "data " * 200},
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": result},
                 {"type": "text", "text": "Summarise it."},
             ],
         },
     ]
+
+
+def test_context_management_clears_old_tool_results(client: anthropic.Anthropic) -> None:
+    tools = READ_TOOL
+    history = read_history("data " * 200)
     full = client.messages.count_tokens(model="tiny", messages=history, tools=tools)
     edit = {
         "type": "clear_tool_uses_20250919",
@@ -560,18 +568,8 @@ def test_a_messages_effort_holds_for_the_turns_after_it(client: anthropic.Anthro
 
 def test_clear_at_least(client: anthropic.Anthropic) -> None:
     """An edit that would clear fewer input tokens than `clear_at_least` is not made."""
-    tools = [{"name": "read", "input_schema": {"type": "object"}}]
-    history = [
-        {"role": "user", "content": "Read the file."},
-        {
-            "role": "assistant",
-            "content": [{"type": "tool_use", "id": "toolu_1", "name": "read", "input": {}}],
-        },
-        {
-            "role": "user",
-            "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "data " * 50}],
-        },
-    ]
+    tools = READ_TOOL
+    history = read_history("data " * 50)
     edit: dict[str, Any] = {
         "type": "clear_tool_uses_20250919",
         "trigger": {"type": "input_tokens", "value": 10},

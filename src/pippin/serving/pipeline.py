@@ -173,6 +173,14 @@ def engine_failure(out: RequestOutput, c: CompletionOutput | None = None) -> Api
     return None
 
 
+def raise_failure(out: RequestOutput) -> None:
+    """Raises the error that a failed or server-aborted output (or one of its sequences')
+    stands for, if any."""
+    for err in (engine_failure(out), *(engine_failure(out, c) for c in out.outputs)):
+        if err is not None:
+            raise err
+
+
 @dataclass
 class ParsedStep:
     """One engine output of one of a request's sequences (`output.index`), parsed."""
@@ -199,13 +207,8 @@ async def run_parsed(
     gen = engine.generate(prompt_ids, params, request_id)
     async with closing(gen) as outputs:
         async for out in outputs:
-            err = engine_failure(out)
-            if err:
-                raise err
+            raise_failure(out)
             for c in out.outputs:
-                err = engine_failure(out, c)
-                if err:
-                    raise err
                 parser = parsers[c.index]
                 completion += len(c.token_ids)
                 parsed = parser.feed(c.text, c.token_ids)

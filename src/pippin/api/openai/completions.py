@@ -34,7 +34,7 @@ from pippin.engine.types import RequestOutput, SamplingParams, TokenLogprob
 from pippin.serving.errors import bad_request, unsupported_param
 from pippin.serving.limits import Limits, context_exceeded
 from pippin.serving.logprobs import TokenRenderer, clamp_logprob
-from pippin.serving.pipeline import engine_failure
+from pippin.serving.pipeline import raise_failure
 from pippin.serving.sampling import build_sampling_params, resolve_max_tokens
 from pippin.serving.state import check_model, require_engine, use_model
 from pippin.serving.streams import closing
@@ -233,13 +233,8 @@ class CompletionRun:
         usage = {p: (len(pr.ids), 0) for p, pr in enumerate(self.prompts)}
         async for p, out in self._outputs():
             usage[p] = (out.prompt_tokens, out.cached_tokens)
-            err = engine_failure(out)
-            if err:
-                raise err
+            raise_failure(out)
             for c in out.outputs:
-                err = engine_failure(out, c)
-                if err:
-                    raise err
                 ch = choices[p * self.n + c.index]
                 ch.text.append(c.text)
                 ch.tokens += len(c.token_ids)
@@ -305,12 +300,10 @@ class CompletionRun:
         async with closing(self._outputs()) as outputs:
             async for p, out in outputs:
                 usage[p] = (out.prompt_tokens, out.cached_tokens)
+                raise_failure(out)
                 batch = []
                 for c in out.outputs:
                     tally["completion"] += len(c.token_ids)
-                    failed = engine_failure(out, c)
-                    if failed:
-                        raise failed
                     i = p * self.n + c.index
                     lp = None
                     if c.logprobs and choices[i].logprobs is not None:
@@ -327,9 +320,6 @@ class CompletionRun:
                             "finish_reason": c.finish_reason,
                         }
                     )
-                failed = engine_failure(out)
-                if failed:
-                    raise failed
                 if batch:
                     yield self._chunk(batch)
 
