@@ -30,6 +30,7 @@ from pippin.api.common import (
     typed_sse,
 )
 from pippin.api.openai.responses_input import (
+    Conversation,
     check_includes,
     current_turn_only,
     echo_tools,
@@ -59,7 +60,7 @@ from pippin.serving.errors import (
 from pippin.serving.job import ChatJob, PreparedJob, prepare
 from pippin.serving.live_model import LiveModel
 from pippin.serving.sampling import Sampling
-from pippin.serving.state import check_model, use_model
+from pippin.serving.state import ServerState, check_model, use_model
 from pippin.serving.streams import guarded
 from pippin.serving.tool_loop import (
     ApprovalNeeded,
@@ -201,11 +202,9 @@ class ResponseRun:
 # --- routes ------------------------------------------------------------------------
 
 
-def _conversation(
-    req: ResponsesRequest, store: ResponseStore
-) -> tuple[list[tuple[Any, str]], list[Any]]:
-    """(each item of the conversation with its param path for errors, this request's
-    items); the earlier conversation comes from `previous_response_id`."""
+def _conversation(req: ResponsesRequest, store: ResponseStore) -> list[tuple[Any, str]]:
+    """Each item of the conversation with its param path for errors; the earlier
+    conversation comes from `previous_response_id`."""
     earlier: list[tuple[Any, str]] = []
     if req.previous_response_id is not None:
         prev = store.get(req.previous_response_id)
@@ -220,7 +219,7 @@ def _conversation(
         new = [(MessageItem(role="user", content=req.input), "input")]
     else:
         new = resolve_items(req.input or [], store)
-    return [*earlier, *new], [item for item, _ in new]
+    return [*earlier, *new]
 
 
 def _echo(req: ResponsesRequest, live: LiveModel) -> dict[str, Any]:
@@ -269,19 +268,18 @@ def _overflow(req: ResponsesRequest) -> Callable[[ApiError], ApiError] | None:
     )
 
 
-@router.post("/v1/responses", response_model=None, **openai_route(ResponsesRequest, stream=True))
-async def create_response(request: Request) -> Any:
-    req = await parse_request(ResponsesRequest, await request.body())
-    server = get_state(request)
-    check_model(server, req.model)
-    # Everything that can be refused without the model is refused first.
+def response_job(
+    req: ResponsesRequest, server: ServerState, store: ResponseStore
+) -> tuple[ChatJob, list[Any], Conversation]:
+    """The request as the one chat job, with its conversation's items (stored with the
+    response) and the conversation in the template's shape; everything that can be
+    refused without the model is refused first."""
     reject_unsupported(req)
     tools = template_tools(req)
     mcp = mcp_tools(req, server)
     if mcp is not None:
         mcp.check_clash(tools, "tools")
-    store = get_store(request)
-    conversation, items = _conversation(req, store)
+    conversation = _conversation(req, store)
     conv = template_messages(req.instructions, conversation)
     pending = conv.pending()
     if pending and mcp is None:
@@ -312,19 +310,29 @@ async def create_response(request: Request) -> Any:
         output_spec=lambda live, offered: structured_spec(req, live, offered),
         overflow=_overflow(req),
     )
+    return job, [item for item, _ in conversation], conv
+
+
+@router.post("/v1/responses", response_model=None, **openai_route(ResponsesRequest, stream=True))
+async def create_response(request: Request) -> Any:
+    req = await parse_request(ResponsesRequest, await request.body())
+    server = get_state(request)
+    check_model(server, req.model)
+    store = get_store(request)
+    job, conversation, conv = response_job(req, server, store)
     live = await use_model(server, req.model)
     run = ResponseRun(
         await prepare(live, job),
         echo=_echo(req, live),
-        conversation=[item for item, _ in conversation],
+        conversation=conversation,
         store=store if req.store is not False else None,
         obfuscate=bool(req.stream_options and req.stream_options.include_obfuscation),
     )
-    if mcp is not None:
+    if job.mcp is not None:
         # As OpenAI: a server's tools are listed once in a conversation.
         run.list_tools = [
-            (label, [listed_tool(t) for t in mcp.listed(label)])
-            for label in mcp.servers
+            (label, [listed_tool(t) for t in job.mcp.listed(label)])
+            for label in job.mcp.servers
             if label not in conv.listed
         ]
     if req.stream:
