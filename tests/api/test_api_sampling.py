@@ -258,7 +258,7 @@ def test_cli_refuses_a_repeated_single_value_flag(
 
 
 def test_cli_serves_several_models() -> None:
-    """`--model` repeated (issue 27): every model served, the first pinned and named by
+    """`--model` repeated: every model served, the first pinned and named by
     --served-model-name, the others on demand with --idle-ttl; --models is the other way."""
     argv = ["serve", "A", "--model", "B", "--model", "C", "--served-model-name", "a"]
     args = build_parser().parse_args([*argv, "--idle-ttl", "60", "--memory-budget", "2GB"])

@@ -308,7 +308,7 @@ def test_responses_stream_adds_up(client: openai.OpenAI, tools: bool) -> None:
         assert "Paris" in text_of(final)
 
 
-# --- forced calls (issue 31): every forced form, on each API, streamed and not ---------
+# --- forced calls: every forced form, on each API, streamed and not ---------
 
 PROMPTS = ["What's the weather in Paris?", "hello"]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
@@ -493,7 +493,7 @@ def test_forced_calls_in_one_batch(server: Server) -> None:
         _check_city(call.function.name, json.loads(call.function.arguments), "", False)
 
 
-# --- a call cut off by max_tokens (issue 31): no invented arguments -------------------
+# --- a call cut off by max_tokens: no invented arguments -------------------
 
 # 16 tokens of a forced call end inside its arguments: `... "arguments": {"city": "`.
 CUT_TOKENS = 16

@@ -43,7 +43,7 @@ def parse(cls: type, text: str, tools: list | None = TOOLS):  # type: ignore[no-
 
 
 def test_hermes_truncated_call_is_not_a_call() -> None:
-    # Qwen2.5-Coder cut off by max_tokens (issue 31): once returned with arguments
+    # Qwen2.5-Coder cut off by max_tokens: once returned with arguments
     # {"a": 42, "": null}. Streamed, what was sent of it stays and nothing closes it;
     # answered whole, it is text.
     text = 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"a": 42, "'

@@ -271,7 +271,7 @@ def test_added_markers_that_are_not_special_are_tokens(compiler: GrammarCompiler
     """Qwen2.5's `<tool_call>` is an added token its tokenizer does not mark special;
     llguidance reads it as a special token all the same, so a text literal for it
     rejected the very token the mask allowed, and a forced call ended right after it
-    (`<tool_call><|im_end|>`, issue 31)."""
+    (`<tool_call><|im_end|>`)."""
     hf = copy.deepcopy(compiler.hf)
     hf.add_tokens(["<tool_call>", "</tool_call>"])  # special=False, as Qwen2.5's
     start, end = hf.convert_tokens_to_ids(["<tool_call>", "</tool_call>"])

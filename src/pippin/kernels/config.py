@@ -22,8 +22,8 @@ class KernelConfig:
     head_rows: bool = True
     compile: str = "auto"  # the decode step as one compiled graph: auto | 0 | 1
     # Quantised layers: inputs of at least `dense_quant_rows` rows as a dense product.
-    dense_quant: str = "0"  # 0 | auto (CUDA) | 1; off until measured on a GPU (issue 29)
-    # Not yet measured: issue 29's two points (1.1x bf16 at 1 row, 3.7x at 256) put the
+    dense_quant: str = "0"  # 0 | auto (CUDA) | 1; off until measured on a GPU
+    # Not yet measured: two points on an H100 (1.1x bf16 at 1 row, 3.7x at 256) put the
     # crossing near 100 rows; 128 keeps decode batches of up to 127 rows quantised.
     dense_quant_rows: int = 128
 

@@ -2,7 +2,7 @@
 
 MLX's CUDA `quantized_matmul` suits a few rows (decode): it reads each packed weight once.
 For many rows (prompt chunks) it is far slower than cuBLAS on the same weights unpacked
-(issue 29: one 4096x14336 product at 256 rows took 3.7x the bf16 time, growing with the
+(on an H100 one 4096x14336 product at 256 rows took 3.7x the bf16 time, growing with the
 rows), so a quantised 8B model's prompts ran at a twentieth of the bf16 model's speed.
 
 Here each affine `nn.QuantizedLinear` becomes a subclass that, for an input of at least
