@@ -256,7 +256,10 @@ async def soak(
     seed: int = 0,
     headers: dict[str, str] | None = None,
     progress: bool = False,
+    min_requests: int = 0,
 ) -> Report:
+    """`clients` loops of mixed requests for `seconds`, and on until `min_requests` have
+    ended (so a slow machine still gives enough requests to judge by)."""
     report = Report(seconds=seconds, warmup_s=seconds * 0.25 if warmup is None else warmup)
     t0 = time.monotonic()
     end = t0 + seconds
@@ -288,14 +291,17 @@ async def soak(
                     flush=True,
                 )
 
+        def going() -> bool:
+            return time.monotonic() < end or report.total < min_requests
+
         async def sampler() -> None:
-            while time.monotonic() < end:
+            while going():
                 await sample()
                 await asyncio.sleep(interval)
 
         async def worker(i: int) -> None:
             rng = random.Random(seed * 1000 + i)
-            while time.monotonic() < end:
+            while going():
                 await _one(client, rng, report, model, embed)
 
         await asyncio.gather(sampler(), *(worker(i) for i in range(clients)))

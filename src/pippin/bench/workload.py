@@ -16,7 +16,7 @@ tokenizer; the server's usage reports the real count).
 the whole run (a system prompt); ``turns`` > 1 makes multi-turn sessions: each turn sends
 the conversation so far (earlier prompts and the server's answers) plus a new user message.
 
-``"prompt_source": "editing"`` makes each prompt an edit of real code instead (issue 29; the
+``"prompt_source": "editing"`` makes each prompt an edit of real code instead (the
 load on which speculative decoding pays): a chunk of a Python standard-library module, cut
 to about the prompt length, to be rewritten with one name it defines renamed, so most of
 the answer repeats the prompt. ``output_tokens`` is then a cap: each request asks for the
@@ -172,12 +172,12 @@ BUILTIN: dict[str, dict[str, Any]] = {
     "mixed": {"prompt_tokens": {"lognormal": [256, 0.8]}, "output_tokens": {"uniform": [16, 256]}},
     "shared-prefix": {"prompt_tokens": 512, "output_tokens": 64, "shared_prefix_ratio": 0.75},
     "chat-sessions": {"prompt_tokens": 128, "output_tokens": 64, "turns": 4},
-    # The GPU benchmarks' load (issue 29), its lengths in Llama 3's real tokens.
+    # The GPU benchmarks' load, its lengths in Llama 3's real tokens.
     "real-tokenizer": {"prompt_tokens": 512, "output_tokens": 256, "tokenizer": "llama3"},
-    # Decode at a long context (issue 29, goal 3); --prompt-tokens 65536 for the longer one.
+    # Decode at a long context; --prompt-tokens 65536 for the longer one.
     "long-context": {"prompt_tokens": 16384, "output_tokens": 256, "tokenizer": "llama3"},
     # Rewrite about 2k tokens of code with one name changed: answers mostly repeat the
-    # prompt, where prompt lookup (n-gram speculation) pays (issue 29). A real model stops
+    # prompt, where prompt lookup (n-gram speculation) pays. A real model stops
     # when it is done, so no ignore_eos.
     "editing": {
         "prompt_source": "editing",
