@@ -16,6 +16,8 @@ from pippin.api.openai.completions import CompletionRun, Prompt
 from pippin.chat.output import OutputParser
 from pippin.engine.client import EngineError
 from pippin.engine.types import CompletionOutput, RequestOutput, SamplingParams
+from pippin.serving.job import ChatJob, PreparedJob
+from pippin.serving.tool_loop import ToolLoop, Turn
 
 
 class ScriptedEngine:
@@ -49,17 +51,16 @@ def events(gen: AsyncIterator[str]) -> list[Any]:
 
 
 def chat_run(engine: Any, **kw: Any) -> ChatRun:
-    return ChatRun(
-        engine,
-        [1, 2, 3],
-        SamplingParams(),
-        "chatcmpl-x",
-        "m",
-        "fp",
-        lambda t: ("t", [116]),
-        lambda: OutputParser(None, None),
-        **kw,
-    )
+    """A chat request prepared for `engine` (no model: the run only formats its outputs)."""
+    params, prompt = SamplingParams(), [1, 2, 3]
+
+    def new_parser(whole: bool = False) -> OutputParser:
+        return OutputParser(None, None)
+
+    job = ChatJob(model="m", request_id="chatcmpl-x", messages=[])
+    loop = ToolLoop(engine, job.request_id, [], Turn(prompt, params, new_parser), None)
+    prepared = PreparedJob(job, None, engine, prompt, params, new_parser, loop)  # type: ignore[arg-type]
+    return ChatRun(prepared, "m", "fp", lambda t: ("t", [116]), **kw)  # type: ignore[arg-type]
 
 
 def test_engine_error_mid_stream_is_an_error_event() -> None:

@@ -11,9 +11,13 @@ from mlx_lm.utils import load_tokenizer
 
 from pippin.api.openai.chat import template_kwargs, template_messages, template_tools
 from pippin.api.openai.protocol import ChatCompletionRequest
-from pippin.chat.template import ChatTemplateError, inspect_template, render_chat
+from pippin.chat.template import ChatTemplateError, TemplateInfo, inspect_template, render_chat
 from pippin.serving.errors import ApiError
+from pippin.serving.job import ChatJob
+from pippin.serving.job import template_kwargs as job_template_kwargs
+from pippin.serving.live_model import LiveModel
 from pippin.serving.logprobs import TokenRenderer
+from pippin.serving.settings import ServerSettings
 
 
 class FakeTokenizer:
@@ -36,24 +40,31 @@ def test_inspect_template() -> None:
     assert info.has_template and info.reasoning_kwarg == "reasoning_effort"
 
 
+def live_model(reasoning_kwarg: str | None, defaults: dict[str, Any] | None = None) -> LiveModel:
+    """A chat model as far as templating needs: its template's reasoning switch and the
+    server's --default-chat-template-kwargs."""
+    settings = ServerSettings(default_chat_template_kwargs=defaults or {})
+    info = TemplateInfo(has_template=True, reasoning_kwarg=reasoning_kwarg)
+    return LiveModel(settings, template=info)
+
+
 def test_reasoning_effort_maps_to_the_template() -> None:
-    assert template_kwargs(req(reasoning_effort="high"), {}, "reasoning_effort") == {
-        "reasoning_effort": "high"
-    }
-    assert template_kwargs(req(reasoning_effort="none"), {}, "enable_thinking") == {
-        "enable_thinking": False
-    }
-    assert template_kwargs(req(reasoning_effort="low"), {}, "enable_thinking") == {
-        "enable_thinking": True
-    }
+    effort = live_model("reasoning_effort")
+    switch = live_model("enable_thinking")
+    assert template_kwargs(req(reasoning_effort="high"), effort) == {"reasoning_effort": "high"}
+    assert template_kwargs(req(reasoning_effort="none"), switch) == {"enable_thinking": False}
+    assert template_kwargs(req(reasoning_effort="low"), switch) == {"enable_thinking": True}
     with pytest.raises(ApiError) as info:
-        template_kwargs(req(reasoning_effort="low"), {}, None)
+        template_kwargs(req(reasoning_effort="low"), live_model(None))
     assert info.value.param == "reasoning_effort"
 
 
 def test_template_kwargs_merge() -> None:
+    """The request's own arguments over the server's defaults, as the job renders them."""
     r = req(chat_template_kwargs={"a": 2, "b": 3})
-    assert template_kwargs(r, {"a": 1, "c": 4}, None) == {"a": 2, "b": 3, "c": 4}
+    live = live_model(None, {"a": 1, "c": 4})
+    job = ChatJob("m", "x", [], template_kwargs=lambda live: template_kwargs(r, live))
+    assert job_template_kwargs(live, job) == {"a": 2, "b": 3, "c": 4}
 
 
 def test_messages_normalised_for_templates() -> None:
