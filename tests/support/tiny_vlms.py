@@ -24,6 +24,8 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
+from pippin.bench.vlm_models import TEMPLATE as VLM_TEMPLATE
+
 from . import tiny_models
 
 FAMILIES = (
@@ -51,22 +53,8 @@ _IDEFICS_TOKENS = (
 _MISTRAL_TOKENS = ("[IMG]", "[IMG_BREAK]", "[IMG_END]")
 _GEMMA_TOKENS = ("<start_of_image>", "<end_of_image>", "<image_soft_token>")
 
-# Qwen2-VL's template for image parts (and plain text), ChatML around it.
-QWEN_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
-    "{%- if message['content'] is string -%}{{- message['content'] -}}"
-    "{%- else -%}{%- for part in message['content'] -%}"
-    "{%- if part['type'] == 'text' -%}{{- part['text'] -}}"
-    "{%- elif part['type'] == 'image' or part['type'] == 'image_url' -%}"
-    "{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
-    "{%- elif part['type'] == 'video' -%}"
-    "{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}"
-    "{%- endif -%}{%- endfor -%}{%- endif -%}"
-    "{{- '<|im_end|>\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
-)
+# Qwen2-VL's template for image parts (and plain text), ChatML around it: the bench's.
+QWEN_TEMPLATE = VLM_TEMPLATE
 _LLAVA_TEMPLATE = QWEN_TEMPLATE.replace(
     "'<|vision_start|><|image_pad|><|vision_end|>'", "'<image>\\n'"
 ).replace("'<|vision_start|><|video_pad|><|vision_end|>'", "'<image>\\n'")
