@@ -109,13 +109,19 @@ def template_kwargs(live: LiveModel, job: ChatJob) -> dict[str, Any]:
 
 async def render(live: LiveModel, job: ChatJob) -> Rendered:
     """The job's prompt through the model's chat template (400s name the job's fields)."""
+    return await _render(live, job, job.offered_tools(), template_kwargs(live, job))
+
+
+async def _render(
+    live: LiveModel, job: ChatJob, tools: list[dict[str, Any]] | None, kwargs: dict[str, Any]
+) -> Rendered:
     _, loaded = require_engine(live)
     ids, mm = await render_media_prompt(
         live,
         loaded.tokenizer,
         job.messages,
-        job.offered_tools(),
-        template_kwargs(live, job),
+        tools,
+        kwargs,
         job.media,
         add_generation_prompt=job.add_generation_prompt,
         continue_final_message=job.continue_final_message,
@@ -159,8 +165,9 @@ async def prepare(live: LiveModel, job: ChatJob, rendered: Rendered | None = Non
     loop that runs it."""
     engine, loaded = require_engine(live)
     tools = job.offered_tools()
+    kwargs = template_kwargs(live, job)
     if rendered is None:
-        rendered = await render(live, job)
+        rendered = await _render(live, job, tools, kwargs)
     ids = rendered.ids
     assert live.limits is not None
     params = build_sampling_params(
@@ -200,7 +207,7 @@ async def prepare(live: LiveModel, job: ChatJob, rendered: Rendered | None = Non
             loaded.tokenizer,
             job.tools,
             job.mcp,
-            template_kwargs(live, job),
+            kwargs,
             params,
             thinking_budget=budget,
             new_id=job.new_id,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 from pippin.api.openai.mcp import openai_mcp_tools
 from pippin.api.openai.responses_protocol import (
@@ -15,6 +15,7 @@ from pippin.api.openai.responses_protocol import (
     FunctionCallItem,
     FunctionCallOutputItem,
     FunctionTool,
+    Includable,
     ItemReference,
     McpApprovalRequestItem,
     McpApprovalResponseItem,
@@ -54,18 +55,9 @@ from pippin.structured.tool_calls import forced_tool_grammar
 # --- request -> prompt -----------------------------------------------------------
 
 
-# `include` values that name outputs pippin never produces (so they are always empty).
-_EMPTY_INCLUDES = frozenset(
-    {
-        "file_search_call.results",
-        "web_search_call.results",
-        "web_search_call.action.sources",
-        "message.input_image.image_url",
-        "computer_call_output.output.image_url",
-        "code_interpreter_call.outputs",
-        "reasoning.encrypted_content",
-    }
-)
+# `include` values that name outputs pippin never produces (so they are always empty):
+# all that the API defines but the output's logprobs.
+_EMPTY_INCLUDES = frozenset(get_args(Includable)) - {"message.output_text.logprobs"}
 
 
 def check_includes(include: list[str]) -> None:
