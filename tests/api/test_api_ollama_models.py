@@ -5,7 +5,6 @@ request with `keep_alive: 0` that unloads a model. A real server with two tiny m
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from support.server_utils import Server, run_server
+from support.waiting import wait_for
 
 ollama = pytest.importorskip("ollama")
 
@@ -43,11 +43,8 @@ def running(client: ollama.Client) -> dict[str, ollama.ProcessResponse.Model]:
     return {m.model or "": m for m in client.ps().models}
 
 
-def wait_gone(client: ollama.Client, name: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while name in running(client):
-        assert time.monotonic() < deadline, f"{name} still loaded: {running(client)[name]}"
-        time.sleep(0.1)
+def wait_gone(client: ollama.Client, name: str) -> None:
+    wait_for(lambda: name not in running(client), f"{name} unloaded")
 
 
 def seconds_left(m: ollama.ProcessResponse.Model) -> float:
@@ -101,12 +98,59 @@ def test_keep_alive_zero_unloads(client: ollama.Client) -> None:
     r = client.chat(model="beta", messages=MESSAGES, options=SHORT, keep_alive=0)
     assert r.done_reason == "length" and r.eval_count == 4
     wait_gone(client, "beta")
-    # A pinned model stays loaded whatever keep_alive says.
-    r = client.generate(model="alpha", keep_alive=0)
-    assert r.done_reason == "unload"
-    time.sleep(1)
+
+
+def test_keep_alive_zero_for_a_pinned_model_is_refused(client: ollama.Client) -> None:
+    """A model pinned in --models is never unloaded: keep_alive 0 is answered with a 400
+    that says so (not an "unload" answer while it stays loaded)."""
+    for ask in (
+        lambda: client.generate(model="alpha", keep_alive=0),
+        lambda: client.chat(model="alpha", messages=[], keep_alive=0),
+        lambda: client.chat(model="alpha:latest", messages=MESSAGES, options=SHORT, keep_alive=0),
+    ):
+        with pytest.raises(ollama.ResponseError) as info:
+            ask()
+        assert info.value.status_code == 400 and "pinned" in info.value.error
     assert "alpha" in running(client)
-    assert client.chat(model="alpha", messages=MESSAGES, options=SHORT).eval_count == 4
+    # Any other keep_alive is taken: the model stays loaded at least that long.
+    r = client.chat(model="alpha", messages=MESSAGES, options=SHORT, keep_alive="1m")
+    assert r.eval_count == 4 and running(client)["alpha"].expires_at.year > 2100
+
+
+def test_keep_alive_zero_unloads_the_one_model(tiny_models: Callable[..., Path]) -> None:
+    """The model given on the command line (`pippin serve MODEL`, loaded at start-up)
+    unloads like any other, Ollama's way to free its memory, and the next request loads it
+    again; /health stays ok meanwhile."""
+    model = str(tiny_models("llama", seed=3))
+    with run_server(model, "--served-model-name", "solo", "--max-model-len", "1024") as server:
+        _unloads_and_loads_again(server, ollama.Client(host=server.url, timeout=300))
+
+
+def _unloads_and_loads_again(server: Server, solo: ollama.Client) -> None:
+    assert "solo" in running(solo)
+    r = solo.generate(model="solo", keep_alive=0)
+    assert r.done and r.done_reason == "unload" and r.response == ""
+    wait_gone(solo, "solo")
+    with server.http() as h:
+        assert h.get("/health").status_code == 200
+        assert h.get("/v1/models").json()["data"][0]["state"] == "unloaded"
+    # Loaded again on demand, and kept (keep_alive 0 held only until it unloaded).
+    assert solo.chat(model="solo", messages=MESSAGES, options=SHORT).eval_count == 4
+    assert running(solo)["solo"].expires_at.year > 2100
+    # A request with keep_alive 0 is answered, then the model unloads once idle ...
+    r = solo.chat(model="solo", messages=MESSAGES, options=SHORT, keep_alive=0)
+    assert r.done_reason == "length" and r.eval_count == 4
+    wait_gone(solo, "solo")
+    # ... and an empty prompt loads it; an empty prompt with keep_alive 0 unloads it.
+    assert solo.generate(model="solo", prompt="").done_reason == "load"
+    assert "solo" in running(solo)
+    r = solo.generate(model="solo:latest", prompt="", keep_alive=0)
+    assert r.done_reason == "unload"
+    wait_gone(solo, "solo")
+    # Unloading what is not loaded leaves nothing behind: the next load stays.
+    assert solo.chat(model="solo", messages=[], keep_alive=0).done_reason == "unload"
+    assert solo.chat(model="solo", messages=[]).done_reason == "load"
+    assert running(solo)["solo"].expires_at.year > 2100
 
 
 def test_show_loads_a_model_on_demand(client: ollama.Client) -> None:

@@ -258,14 +258,15 @@ def test_cli_refuses_a_repeated_single_value_flag(
 
 
 def test_cli_serves_several_models() -> None:
-    """`--model` repeated: every model served, the first pinned and named by
-    --served-model-name, the others on demand with --idle-ttl; --models is the other way."""
+    """`--model` repeated: every model served, the first loaded at start-up (not pinned: a
+    request's keep_alive 0 may unload it) and named by --served-model-name, the others on
+    demand with --idle-ttl; --models is the other way."""
     argv = ["serve", "A", "--model", "B", "--model", "C", "--served-model-name", "a"]
     args = build_parser().parse_args([*argv, "--idle-ttl", "60", "--memory-budget", "2GB"])
     s = settings_from_args(args)
     assert s.model is None and [m.model for m in s.models] == ["A", "B", "C"]
-    assert [(m.pinned, m.names, m.idle_ttl) for m in s.models] == [
-        (True, ["a"], None), (False, [], 60.0), (False, [], 60.0)
+    assert [(m.preload, m.pinned, m.names, m.idle_ttl) for m in s.models] == [
+        (True, False, ["a"], None), (False, False, [], 60.0), (False, False, [], 60.0)
     ]  # fmt: skip
     assert s.memory_budget == 2 * 10**9 and s.model_specs() == s.models
     with pytest.raises(SystemExit, match="either as MODEL/--model or --models"):

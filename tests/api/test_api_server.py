@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from support.errors import assert_api_error
 from support.server_utils import Server, run_server
 
 KEY = "sk-tiny-test"
@@ -344,6 +345,23 @@ def test_bad_requests_name_the_field(client: openai.OpenAI, kw: dict[str, Any], 
     assert info.value.body["type"] == "invalid_request_error"
 
 
+def test_a_length_past_the_context_names_the_field_sent(server: Server) -> None:
+    """Each API's own length field, as the request spelled it; the prompt fits."""
+    words = " ".join(["word"] * 200)
+    long = [{"role": "user", "content": words}]
+    client = server.client()
+    for field in ("max_tokens", "max_completion_tokens"):
+        with pytest.raises(openai.BadRequestError) as info:
+            chat(client, messages=long, **{field: CAP})
+        assert_api_error(info, 400, param=field, code="context_length_exceeded")
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.create(model="tiny", input=words, max_output_tokens=CAP)
+    assert_api_error(info, 400, param="max_output_tokens", code="context_length_exceeded")
+    body = {"model": "tiny", "messages": long, "stream": False, "options": {"num_predict": CAP}}
+    r = httpx.post(f"{server.url}/api/chat", json=body, headers=server.headers())
+    assert_api_error(r, 400, message="'options.num_predict'")
+
+
 def test_prompt_past_the_context(client: openai.OpenAI) -> None:
     long = " ".join(["word"] * (CONTEXT + 100))
     with pytest.raises(openai.BadRequestError) as info:
@@ -361,6 +379,8 @@ def test_prompt_plus_max_tokens_past_the_context(client: openai.OpenAI) -> None:
         completion(client, prompt=[1] * 100, max_tokens=CAP)
     msg = info.value.body["message"]
     assert info.value.body["code"] == "context_length_exceeded"
+    # The prompt fits: the field that asked for too much is named, not the prompt.
+    assert info.value.body["param"] == "max_tokens"
     assert str(CONTEXT) in msg and "100" in msg and str(100 + CAP) in msg
     # Without max_tokens the rest of the context is the default: no error.
     r = completion(

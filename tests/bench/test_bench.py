@@ -28,7 +28,7 @@ from support.waiting import wait_for
 
 from pippin.bench.client import RequestResult
 from pippin.bench.models import resolve_model
-from pippin.bench.report import aggregate, describe
+from pippin.bench.report import aggregate, describe, table
 from pippin.bench.runner import BenchConfig, BenchRun, Target, arrival_gaps, run_benchmark
 from pippin.bench.scrape import parse_metrics, spec_acceptance
 from pippin.bench.servers import ServerSet, parse_spec
@@ -209,7 +209,12 @@ def test_compare_mode_reports_ratios(tmp_path: Path, capsys: pytest.CaptureFixtu
         )  # fmt: skip
     assert code == 0
     out = capsys.readouterr().out
-    assert "| conc | server |" in out and "fast tok/s ×" in out
+    assert "| conc | server | ok | req/s | tok/s |" in out and "fast tok/s ×" in out
+    # No tokenizer here (servers given by URL): the report says prompts count words.
+    assert "prompt 16 words" in out and "no tokenizer" in out
+    # 8 requests a server: every percentile is marked as drawn from few samples.
+    assert "*: a percentile of fewer than 20 samples" in out
+    assert f"{data_row_cell(out, 'fast', 'TTFT p50')}".endswith("*")
     data = json.loads((tmp_path / "b.json").read_text())
     assert len(data["windows"]) == 4  # 2 servers x 2 repetitions, interleaved
     assert [w["server"] for w in data["windows"]] == ["fast", "slow", "slow", "fast"]
@@ -221,10 +226,35 @@ def test_compare_mode_reports_ratios(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert slow_row["tok_s_x"] == pytest.approx(fast_row["tok_s"] / slow_row["tok_s"])
     assert slow_row["ttft_p99_x"] == pytest.approx(fast_row["ttft_p99"] / slow_row["ttft_p99"])
     assert slow_row["ttft_p50"] >= 2 * TTFT - EPS and fast_row["ttft_p50"] >= TTFT - EPS
+    for row in (fast_row, slow_row):
+        done = row["requests"] - row["failed"]
+        assert row["req_s"] == pytest.approx(done / row["wall_s"], rel=1e-12)
+        assert row["ttft_n"] == done == 8
     rows = list(csv.DictReader((tmp_path / "b.csv").open()))
     assert [r["server"] for r in rows] == ["fast", "slow"]
     for name in ("b-throughput.png", "b-latency.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def data_row_cell(out: str, server: str, column: str) -> str:
+    """One cell of the printed table: the row of `server`, the column named `column`."""
+    lines = [ln for ln in out.splitlines() if ln.startswith("| ")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    row = next(ln for ln in lines[1:] if f"| {server} |" in ln)
+    return [c.strip() for c in row.strip("|").split("|")][header.index(column)]
+
+
+def test_percentiles_of_enough_samples_are_not_marked() -> None:
+    row: dict[str, Any] = {"server": "s", "concurrency": 1, "requests": 20, "failed": 0}
+    row.update(req_s=2.0, tok_s=10.0, server_cache_hit_rate=None)
+    for name in ("ttft", "itl", "tpot", "e2e"):
+        row.update({f"{name}_p{p}": 0.1 for p in (50, 90, 99)}, **{f"{name}_n": 20})
+    shown = table([row], "concurrency")
+    assert "*" not in shown and "| 1 | s | 20/20 | 2.00 | 10.0 | 100.0 ms |" in shown
+    row["ttft_n"] = 19
+    shown = table([row], "concurrency")
+    assert "| 100.0 ms* |" in shown and "fewer than 20 samples" in shown
+    assert "| rate | server |" in table([{**row, "request_rate": 2.0}], "request_rate")
 
 
 def test_workloads(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ under load, lists the model, and streams a chat answer.
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 from collections.abc import Callable, Iterator
@@ -101,6 +102,25 @@ def test_metrics_change_under_load(page: object, server: Server) -> None:
     )
     expect(page.locator("#ttft")).to_contain_text("s")
     expect(page.locator("#itl")).to_contain_text("s")
+
+
+def test_chat_leaves_the_temperature_to_the_model_by_default(page: object, server: Server) -> None:
+    """The field starts empty, showing the model's default (/v1/models' sampling_defaults),
+    and then the request carries no temperature: the model's own sampling applies (a fixed
+    0.7 made the default model's first answer nonsense)."""
+    expect = sync_api.expect
+    expect(page.locator("#chat-temp")).to_have_value("")
+    expect(page.locator("#chat-temp")).to_have_attribute("placeholder", "model's: 1")
+    page.fill("#chat-max", "4")
+    page.fill("#chat-input", "Hello")
+    done = page.locator("#chat-log .msg.assistant.done")
+    before = done.count()
+    with page.expect_request(lambda r: r.url.endswith("/v1/chat/completions")) as sent:
+        page.click("#chat-send")
+    body = json.loads(sent.value.post_data or "{}")
+    assert "temperature" not in body and body["max_tokens"] == 4, body
+    expect(done).to_have_count(before + 1, timeout=60_000)
+    page.click("#chat-clear")
 
 
 def test_chat_streams_an_answer(page: object, server: Server) -> None:

@@ -104,7 +104,7 @@ def test_engine_outputs_match_with_composed_prefill(
     prompts.append([rng.randrange(3, 200) for _ in range(90)])  # chunked at 64 tokens a step
     prompts += [[rng.randrange(3, 200) for _ in range(rng.randrange(5, 8))] for _ in range(6)]
     config = {"max_num_batched_tokens": 64}
-
+    monkeypatch.setenv("PIPPIN_CPU_PREFILL", "0")  # on the CPU it would take the chunks first
     monkeypatch.setenv("PIPPIN_PREFILL_ATTENTION", "fused")
     fused = greedy_logprobs(loaded, prompts, **config)
 

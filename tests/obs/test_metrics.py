@@ -10,11 +10,13 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from fastapi.testclient import TestClient
 from support.server_utils import Server, run_server
+from support.waiting import wait_for
 
 from pippin.bench.scrape import Samples, parse_metrics, total
 from pippin.server.app import create_app
@@ -200,6 +202,51 @@ def test_one_json_log_line_per_request(server: Server) -> None:
     log = server.log()
     assert all(x.startswith("{") for x in log.splitlines() if x.strip()), log[-2000:]
     assert PROMPT not in log and KEY not in log
+
+
+def _request_lines(server: Server, endpoint: str) -> list[dict[str, Any]]:
+    lines = [json.loads(x) for x in server.log().splitlines() if x.startswith("{")]
+    return [x for x in lines if x.get("logger") == "pippin.request" and x["endpoint"] == endpoint]
+
+
+def test_every_api_logs_its_requests_at_the_default_level(server: Server) -> None:
+    """One line per request at INFO for OpenAI's, Anthropic's and Ollama's routes alike
+    (Ollama's /api/... went to DEBUG, out of the default log)."""
+    hello = [{"role": "user", "content": "hi"}]
+    calls: list[tuple[str, str, dict[str, Any] | None]] = [
+        ("POST", "/api/chat", {"model": "tiny", "messages": hello, "stream": False}),
+        ("POST", "/api/generate", {"model": "tiny", "prompt": "hi", "stream": False}),
+        ("GET", "/api/tags", None),
+        ("POST", "/v1/messages", {"model": "tiny", "max_tokens": 2, "messages": hello}),
+        ("POST", "/v1/chat/completions", {"model": "tiny", "max_tokens": 2, "messages": hello}),
+    ]
+    before = {path: len(_request_lines(server, path)) for _, path, _ in calls}
+    with server.http() as h:
+        for method, path, body in calls:
+            if body is not None and path.startswith("/api/"):
+                body = {**body, "options": {"num_predict": 2}}
+            assert h.request(method, path, json=body).status_code == 200, path
+    for _, path, _ in calls:
+        lines = wait_for(
+            lambda path=path: _request_lines(server, path)[before[path] :], f"{path}'s line"
+        )
+        assert len(lines) == 1, lines
+        assert lines[0]["level"] == "info" and lines[0]["status"] == 200, lines
+
+
+def test_the_page_and_its_icon_count_no_error(server: Server) -> None:
+    """A browser loads the page, its files and the site's icon (/favicon.ico, unless the
+    page names one): none of it is an error (the icon was a not_found per page load)."""
+    before = scrape(server)
+    login = ("me", KEY)  # a browser's login: HTTP Basic, the key as the password
+    for path in ("/", "/ui/app.js", "/ui/style.css", "/ui/favicon.svg", "/favicon.ico"):
+        r = httpx.get(server.url + path, auth=login)
+        assert r.status_code == 200, path
+    assert r.headers["content-type"].startswith("image/svg+xml") and b"<svg" in r.content
+    assert 'rel="icon" href="/ui/favicon.svg"' in httpx.get(server.url + "/", auth=login).text
+    after = scrape(server)
+    assert delta(before, after, "pippin_request_errors_total") == 0
+    assert delta(before, after, "pippin_http_requests_total", endpoint="/favicon.ico") == 1
 
 
 def test_apps_have_their_own_registries() -> None:

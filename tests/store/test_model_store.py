@@ -37,6 +37,7 @@ from transformers import PreTrainedTokenizerFast
 from pippin.kernels import patches
 from pippin.store import gguf_loader
 from pippin.store import loader as loader_module
+from pippin.store.default_model import DEFAULT_MODEL_SAMPLING
 from pippin.store.loaded import LoadedModel
 from pippin.store.loader import ModelLoadError, default_model_path, load_model
 
@@ -98,6 +99,14 @@ def test_default_model_answers_paris(smollm2: LoadedModel) -> None:
     else:
         assert (q_proj.bits, q_proj.group_size) == (4, 32)  # Q4_1 kept quantised
     assert "Paris" in _greedy_text(smollm2, FRANCE, max_tokens=12, until="Paris")
+
+
+@needs_smollm2
+def test_default_model_gets_its_shipped_sampling(smollm2: LoadedModel) -> None:
+    # Its GGUF carries no sampling defaults: pippin's own for it, not temperature 1.0 (which
+    # made the README's first question answer nonsense). Other models get none of them.
+    assert smollm2.generation_defaults == DEFAULT_MODEL_SAMPLING
+    assert DEFAULT_MODEL_SAMPLING["temperature"] < 1.0
 
 
 @needs_smollm2

@@ -205,3 +205,41 @@ def self_signed(tmp: Path, name: str) -> tuple[Path, Path]:
         capture_output=True,
     )  # fmt: skip
     return cert, key
+
+
+def ca_signed(tmp: Path, name: str) -> tuple[Path, Path, Path]:
+    """(CA certificate, certificate for ``name`` signed by that CA, its key), made by
+    openssl: a company CA's shape, which only trusting the CA makes valid."""
+    ca, ca_key = tmp / "ca.pem", tmp / "ca-key.pem"
+    cert, key, csr, ext = tmp / "cert.pem", tmp / "key.pem", tmp / "cert.csr", tmp / "cert.ext"
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    ext.write_text(
+        f"subjectAltName=DNS:{name}\nbasicConstraints=critical,CA:FALSE\n"
+        "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
+        "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid\n"
+    )
+    for command in (
+        ["openssl", "req", "-x509", *ec, "-days", "2", "-subj", "/CN=pippin test CA",
+         "-addext", "basicConstraints=critical,CA:TRUE",
+         "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+         "-keyout", str(ca_key), "-out", str(ca)],
+        ["openssl", "req", *ec, "-subj", f"/CN={name}", "-keyout", str(key), "-out", str(csr)],
+        ["openssl", "x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
+         "-CAcreateserial", "-days", "2", "-extfile", str(ext), "-out", str(cert)],
+    ):  # fmt: skip
+        subprocess.run(command, check=True, capture_output=True)
+    return ca, cert, key
+
+
+def cert_dir(tmp: Path, ca: Path) -> Path:
+    """A folder holding ``ca`` under its subject hash, as SSL_CERT_DIR folders are laid out."""
+    folder = tmp / "certs"
+    folder.mkdir()
+    digest = subprocess.run(
+        ["openssl", "x509", "-subject_hash", "-noout", "-in", str(ca)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    (folder / f"{digest}.0").write_bytes(ca.read_bytes())
+    return folder

@@ -11,6 +11,8 @@ import ipaddress
 import shutil
 import socket
 import ssl
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +21,7 @@ import pytest
 
 pytest.importorskip("PIL")
 
-import httpx  # noqa: E402
-from media_helpers import encode, picture, self_signed, serving  # noqa: E402
+from media_helpers import ca_signed, cert_dir, encode, picture, self_signed, serving  # noqa: E402
 
 from pippin.vision import fetch  # noqa: E402
 from pippin.vision.fetch import BlockedAddress, refused_reason, resolve_public  # noqa: E402
@@ -241,19 +242,75 @@ def test_https_sends_the_name_and_verifies_the_certificate_for_it(
         with pytest.raises(MediaError, match="CERTIFICATE_VERIFY_FAILED|certificate verify"):
             asyncio.run(load_image(url, limits))
         assert names == ["pinned.example"] and server.hits["/img.png"] == 0
-
-        real = httpx.create_ssl_context
-
-        def trusting(*args: Any, **kwargs: Any) -> ssl.SSLContext:
-            ctx = real(*args, **kwargs)
-            ctx.load_verify_locations(cert)
-            return ctx
-
-        monkeypatch.setattr(httpx, "create_ssl_context", trusting)
-        monkeypatch.setattr(fetch, "_ssl_context", None)  # made again, trusting the cert
-        got = asyncio.run(load_image(url, limits))
+        trusting = replace(limits, ca_bundle=cert)
+        got = asyncio.run(load_image(url, trusting))
         assert got.image.size == (64, 48) and server.hits["/img.png"] == 1
     assert set(only_loopback_connections) == {"127.0.0.1"}
+
+
+@pytest.fixture
+def company_ca_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Path, str, MediaLimits]]:
+    """An https server on 127.0.0.1 for corp.example, its certificate signed by a CA of
+    its own (a company's), with the environment's CA variables unset: (the CA's
+    certificate, the image's URL, the limits that let the fetcher reach it)."""
+    for name in ("SSL_CERT_FILE", "SSL_CERT_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    ca, cert, key = ca_signed(tmp_path, "corp.example")
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(cert, key)
+    fake_dns(monkeypatch, {"corp.example": ["127.0.0.1"]})
+    limits = MediaLimits(public_hosts_for_tests=frozenset({"corp.example"}))
+    with serving(PNG, server_ctx) as server:
+        url = server.url("/img.png", "corp.example")
+        with pytest.raises(MediaError, match="CERTIFICATE_VERIFY_FAILED"):
+            asyncio.run(load_image(url, limits))  # the public CAs do not vouch for it
+        yield ca, url, limits
+        assert server.hits["/img.png"] == 1
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_the_machines_ca_file_is_trusted(
+    company_ca_server: tuple[Path, str, MediaLimits],
+    monkeypatch: pytest.MonkeyPatch,
+    only_loopback_connections: list[str],
+) -> None:
+    """SSL_CERT_FILE names the CAs to trust, as for Python, curl and httpx; the
+    environment's proxy still does not apply (the connection goes to the checked address)."""
+    ca, url, limits = company_ca_server
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca))
+    monkeypatch.setenv("HTTPS_PROXY", "http://10.9.9.9:3128")
+    assert asyncio.run(load_image(url, limits)).image.size == (64, 48)
+    assert set(only_loopback_connections) == {"127.0.0.1"}
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_the_machines_ca_folder_is_trusted(
+    company_ca_server: tuple[Path, str, MediaLimits],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ca, url, limits = company_ca_server
+    monkeypatch.setenv("SSL_CERT_DIR", str(cert_dir(tmp_path, ca)))
+    assert asyncio.run(load_image(url, limits)).image.size == (64, 48)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_the_servers_ca_bundle_is_trusted(company_ca_server: tuple[Path, str, MediaLimits]) -> None:
+    """--media-ca-bundle's CAs are trusted beside the public ones."""
+    ca, url, limits = company_ca_server
+    got = asyncio.run(load_image(url, replace(limits, ca_bundle=ca)))
+    assert got.image.size == (64, 48)
+
+
+def test_an_unreadable_ca_file_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "missing.pem"))
+    with pytest.raises(MediaError, match="CA certificates .* cannot be read") as info:
+        asyncio.run(fetch.shared_ssl_context())
+    assert str(tmp_path) not in str(info.value)  # no server path in a client's answer
 
 
 def test_a_redirect_to_loopback_is_refused(

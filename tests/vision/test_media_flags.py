@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,16 @@ def parse(*argv: str) -> argparse.Namespace:
     return build_parser().parse_args(["serve", *argv])
 
 
+def certifi_ca() -> str:
+    """One real CA certificate (PEM), the first of the public bundle httpx uses."""
+    import certifi
+
+    text = Path(certifi.where()).read_text()
+    match = re.search(r"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", text, re.S)
+    assert match is not None
+    return match.group(0)
+
+
 def test_defaults_are_the_safe_defaults() -> None:
     assert limits_from_args(parse()) == MediaLimits()
     limits = MediaLimits()
@@ -25,6 +36,8 @@ def test_defaults_are_the_safe_defaults() -> None:
 
 
 def test_every_flag_reaches_the_limits(tmp_path: Path) -> None:
+    bundle = tmp_path / "ca.pem"
+    bundle.write_text(certifi_ca() + "\n")
     args = parse(
         "--limit-mm-per-prompt", '{"image": 2, "video": {"count": 0}}',
         "--allowed-local-media-path", str(tmp_path),
@@ -39,6 +52,7 @@ def test_every_flag_reaches_the_limits(tmp_path: Path) -> None:
         "--video-fps", "1",
         "--media-fetch-timeout", "3",
         "--media-max-redirects", "0",
+        "--media-ca-bundle", str(bundle),
     )  # fmt: skip
     assert limits_from_args(args) == MediaLimits(
         max_images=2,
@@ -59,6 +73,7 @@ def test_every_flag_reaches_the_limits(tmp_path: Path) -> None:
         ),
         max_source_pixels=4_000_000,
         max_video_bytes=10 * MIB,
+        ca_bundle=bundle.resolve(),
     )
 
 
@@ -78,6 +93,8 @@ def test_the_server_settings_carry_the_limits() -> None:
         (["--max-image-pixels", "0"], "at least 1"),
         (["--video-fps", "0"], "must be positive"),
         (["--media-max-redirects", "-1"], "must not be negative"),
+        (["--media-ca-bundle", "/no/such/ca.pem"], "not a file"),
+        (["--media-ca-bundle", __file__], "not a PEM file of CA certificates"),
     ],
 )
 def test_bad_flags_are_refused(

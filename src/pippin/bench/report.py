@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pippin.bench.runner import BenchRun, Window
-from pippin.bench.stats import summarize
+from pippin.bench.stats import FEW_SAMPLES, summarize
 
 
 def aggregate(run: BenchRun) -> list[dict[str, Any]]:
@@ -65,22 +65,32 @@ def _pct(x: float | None) -> str:
     return "" if x is None else f"{x:.0%}"
 
 
+def _pctl(r: dict[str, Any], name: str, p: int) -> str:
+    """A percentile in ms, marked * when drawn from fewer than FEW_SAMPLES samples."""
+    shown = _ms(r[f"{name}_p{p}"])
+    few = shown and r.get(f"{name}_n", FEW_SAMPLES) < FEW_SAMPLES
+    return shown + "*" if few else shown
+
+
 def table(rows: list[dict[str, Any]], mode: str, first: str | None = None) -> str:
-    """A Markdown table (readable as plain text too)."""
-    level = "conc" if mode == "concurrency" else "req/s"
+    """A Markdown table (readable as plain text too), with a note under it for percentiles
+    marked as drawn from few samples."""
+    # The level: clients at once, or the offered arrival rate (req/s is what was served).
+    level = "conc" if mode == "concurrency" else "rate"
     cols: list[tuple[str, Any]] = [
         (level, lambda r: f"{r[mode]:g}"),
         ("server", lambda r: r["server"]),
         ("ok", lambda r: f"{r['requests'] - r['failed']}/{r['requests']}"),
+        ("req/s", lambda r: _num(r.get("req_s"), 2)),
         ("tok/s", lambda r: _num(r["tok_s"])),
-        ("TTFT p50", lambda r: _ms(r["ttft_p50"])),
-        ("TTFT p90", lambda r: _ms(r["ttft_p90"])),
-        ("TTFT p99", lambda r: _ms(r["ttft_p99"])),
-        ("ITL p50", lambda r: _ms(r["itl_p50"])),
-        ("ITL p99", lambda r: _ms(r["itl_p99"])),
-        ("TPOT p50", lambda r: _ms(r["tpot_p50"])),
-        ("e2e p50", lambda r: _ms(r["e2e_p50"])),
-        ("e2e p99", lambda r: _ms(r["e2e_p99"])),
+        ("TTFT p50", lambda r: _pctl(r, "ttft", 50)),
+        ("TTFT p90", lambda r: _pctl(r, "ttft", 90)),
+        ("TTFT p99", lambda r: _pctl(r, "ttft", 99)),
+        ("ITL p50", lambda r: _pctl(r, "itl", 50)),
+        ("ITL p99", lambda r: _pctl(r, "itl", 99)),
+        ("TPOT p50", lambda r: _pctl(r, "tpot", 50)),
+        ("e2e p50", lambda r: _pctl(r, "e2e", 50)),
+        ("e2e p99", lambda r: _pctl(r, "e2e", 99)),
         ("cache hits", lambda r: _pct(r["server_cache_hit_rate"])),
     ]
     if any(r.get("spec_acceptance") is not None for r in rows):
@@ -91,8 +101,13 @@ def table(rows: list[dict[str, Any]], mode: str, first: str | None = None) -> st
         cols.append((f"{first} tok/s ×", lambda r: _x(r.get("tok_s_x"))))
         cols.append((f"{first} TTFT p99 ×", lambda r: _x(r.get("ttft_p99_x"))))
     lines = ["| " + " | ".join(c for c, _ in cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        lines.append("| " + " | ".join(f(r) for _, f in cols) + " |")
+    cells = [[f(r) for _, f in cols] for r in rows]
+    for row in cells:
+        lines.append("| " + " | ".join(row) + " |")
+    if any(c.endswith("*") for row in cells for c in row):
+        lines.append(
+            f"\n*: a percentile of fewer than {FEW_SAMPLES} samples (more requests firm it up)."
+        )
     return "\n".join(lines)
 
 

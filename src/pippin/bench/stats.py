@@ -8,6 +8,9 @@ from typing import Any
 from pippin.bench.client import RequestResult
 
 PCTS = (50, 90, 99)
+# Fewer samples than this make a percentile a guess (p99 of 10 is the largest of them):
+# the table marks the ones drawn from fewer.
+FEW_SAMPLES = 20
 
 
 def percentile(xs: Sequence[float], q: float) -> float | None:
@@ -21,8 +24,11 @@ def percentile(xs: Sequence[float], q: float) -> float | None:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
-def _spread(name: str, xs: Sequence[float]) -> dict[str, float | None]:
-    out: dict[str, float | None] = {f"{name}_mean": sum(xs) / len(xs) if xs else None}
+def _spread(name: str, xs: Sequence[float]) -> dict[str, float | int | None]:
+    out: dict[str, float | int | None] = {
+        f"{name}_mean": sum(xs) / len(xs) if xs else None,
+        f"{name}_n": len(xs),  # how many samples the percentiles are drawn from
+    }
     for p in PCTS:
         out[f"{name}_p{p}"] = percentile(xs, p)
     return out

@@ -146,13 +146,25 @@ class Workload:
                 kw[key] = Length.parse(kw[key])
         return cls(**kw)
 
+    def prompt_unit(self) -> str:
+        """What a prompt length counts: tokens of the tokenizer, or without one words (a
+        word a token) or, for code to edit, characters by four."""
+        if self.tokenizer:
+            return "tokens"
+        return "tokens of 4 characters" if self.prompt_source == "editing" else "words"
+
     def describe(self) -> str:
         editing = self.prompt_source == "editing"
+        unit = self.prompt_unit()
         parts = [
             f"{self.name}: {self.api}",
-            f"{'code to edit' if editing else 'prompt'} {self.prompt_tokens.describe()}",
-            f"output {'its length, at most ' if editing else ''}{self.output_tokens.describe()}",
+            f"{'code to edit' if editing else 'prompt'} {self.prompt_tokens.describe()} {unit}",
+            f"output {'its length, at most ' if editing else ''}{self.output_tokens.describe()}"
+            " tokens",
         ]
+        if not self.tokenizer:
+            # Said, or a reader takes the lengths for the model's tokens.
+            parts.append(f"no tokenizer: prompt lengths in {unit} (--tokenizer for tokens)")
         if self.shared_prefix_ratio:
             parts.append(f"shared prefix {self.shared_prefix_ratio:.0%}")
         if self.turns > 1:

@@ -8,6 +8,12 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from pippin.argtypes import json_object
+from pippin.serving.limits import BUILTIN_DEFAULTS
+from pippin.store.default_model import (
+    DEFAULT_MODEL_NAME,
+    DEFAULT_MODEL_SAMPLING,
+    describe_sampling,
+)
 
 if TYPE_CHECKING:
     from pippin.serving.model_specs import ModelSpec
@@ -43,7 +49,10 @@ def add_chat_flags(p: argparse.ArgumentParser) -> None:
     d = p.add_argument_group(
         "sampling defaults",
         "used when a request leaves a field out; they take precedence over the model's "
-        "generation_config.json (vllm-mlx names)",
+        "generation_config.json (vllm-mlx names). Without either: for the default model "
+        f"{DEFAULT_MODEL_NAME}, {describe_sampling(DEFAULT_MODEL_SAMPLING)}; otherwise "
+        f"{describe_sampling(_builtin())}. Each model's effective values are "
+        "logged when it loads and listed in /v1/models (sampling_defaults)",
     )
     for name, kind, what in (
         ("temperature", float, "sampling temperature"),
@@ -61,6 +70,10 @@ def add_chat_flags(p: argparse.ArgumentParser) -> None:
         help='extra chat template arguments for every request, e.g. \'{"enable_thinking": '
         "false}'; a request's chat_template_kwargs override them key by key",
     )
+
+
+def _builtin() -> dict[str, Any]:
+    return {k: BUILTIN_DEFAULTS[k] for k in ("temperature", "top_p", "top_k")}
 
 
 def sampling_overrides(args: argparse.Namespace) -> dict[str, Any]:

@@ -19,6 +19,35 @@ from pippin.cli.model_flags import add_model_flags
 from pippin.cli.serve import serve
 from pippin.cli.server_flags import add_server_flags
 
+DESCRIPTION = """\
+pippin: an inference server for large language models on MLX. One process
+serves the OpenAI API (chat completions, completions, responses, embeddings,
+rerank, audio), the Anthropic Messages API and the Ollama API, and a web page
+with live metrics and a chat. 'pippin serve --help' lists the routes and flags."""
+
+# Where to read more: docs/ is in the repository, not in the installed package.
+DOCS = """\
+Documentation: README.md and docs/ in pippin's repository: api-compatibility.md
+(every request field of every API, and the errors), architecture.md (the engine,
+the metrics), reliability.md (limits, security), deployment.md, bench.md."""
+
+SERVE_DESCRIPTION = """\
+Serve one or several models over HTTP (127.0.0.1:8000 by default; with no MODEL,
+the bundled SmolLM2-135M-Instruct). Routes:
+
+  OpenAI      /v1/chat/completions, /v1/completions, /v1/responses, /v1/models;
+              /v1/embeddings (--embedding-model), /v1/rerank (--rerank-model),
+              /v1/audio/speech (--tts-model), /v1/audio/transcriptions and
+              /v1/audio/translations (--stt-model); /v1/mcp/tools (--mcp-config);
+              GET and DELETE /v1/responses/{id}
+  Anthropic   /v1/messages, /v1/messages/count_tokens
+  Ollama      /api/chat, /api/generate, /api/embed, /api/embeddings, /api/tags,
+              /api/show, /api/ps, /api/version
+  web page    / (live metrics and a chat playground)
+  operations  /health, /version, /metrics (Prometheus), /v1/engine/stats,
+              /openapi.json, GET /v1/cache/stats and DELETE /v1/cache (the prefix
+              cache), /v1/mcp/servers"""
+
 
 class _StoreOnce(argparse._StoreAction):
     """A flag that sets one value: argparse would keep the last of several silently
@@ -63,18 +92,18 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pippin",
-        description="pippin: an inference server for large language models on MLX, "
-        "speaking the OpenAI API.",
+        description=DESCRIPTION,
+        epilog=DOCS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"pippin {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     serve_parser = sub.add_parser(
         "serve",
-        help="serve a model over HTTP",
-        description="Serve one or several models over HTTP with the OpenAI API "
-        "(/v1/chat/completions, /v1/completions, /v1/models; /health and /version; the "
-        "prefix cache's GET /v1/cache/stats and DELETE /v1/cache), optionally with an "
-        "embedding model (/v1/embeddings) and a reranker (/v1/rerank).",
+        help="serve a model over HTTP (OpenAI, Anthropic and Ollama APIs, web page)",
+        description=SERVE_DESCRIPTION,
+        epilog=DOCS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     for name in (None, "store"):  # every flag that takes a value, given once
         serve_parser.register("action", name, _StoreOnce)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import ssl
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,21 @@ def _local_folder(text: str) -> Path:
     path = Path(text).expanduser()
     if not path.is_dir():
         raise argparse.ArgumentTypeError(f"not a folder: {text}")
+    return path.resolve()
+
+
+def ca_bundle(text: str) -> Path:
+    """A PEM file of CA certificates, read now: a wrong one is refused at start-up rather
+    than failing every https fetch."""
+    path = Path(text).expanduser()
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"not a file: {text}")
+    try:
+        ssl.create_default_context(cafile=path)
+    except (OSError, ssl.SSLError) as e:
+        raise argparse.ArgumentTypeError(
+            f"{text}: not a PEM file of CA certificates ({e})"
+        ) from None
     return path.resolve()
 
 
@@ -140,6 +156,14 @@ def add_media_flags(parser: argparse.ArgumentParser) -> None:
         help="seconds one remote image or video may take to fetch (default: %(default)s)",
     )
     g.add_argument(
+        "--media-ca-bundle",
+        type=ca_bundle,
+        metavar="FILE",
+        help="a PEM file of more CAs that https media may be signed by (a company CA), "
+        "trusted beside the public ones, or beside SSL_CERT_FILE / SSL_CERT_DIR's where "
+        "those are set (default: none)",
+    )
+    g.add_argument(
         "--media-max-redirects",
         metavar="N",
         type=non_negative_int,
@@ -169,4 +193,5 @@ def limits_from_args(args: argparse.Namespace) -> MediaLimits:
         allowed_domains=domains,
         max_source_pixels=args.max_source_image_pixels,
         max_video_bytes=int(args.max_video_mb * MIB),
+        ca_bundle=args.media_ca_bundle,
     )

@@ -122,7 +122,7 @@ def model_specs(args: argparse.Namespace) -> tuple[str | None, list[ModelSpec]]:
         ModelSpec(
             model=m,
             names=names if i == 0 else [],
-            pinned=i == 0,
+            preload=i == 0,
             idle_ttl=None if i == 0 else args.idle_ttl,
         )
         for i, m in enumerate(given)

@@ -8,11 +8,30 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pippin.cli.audio_flags import tts_problem
 from pippin.cli.settings import settings_from_args
 
+if TYPE_CHECKING:
+    from pippin.serving.state import ServerState
+
 log = logging.getLogger("pippin.cli")
+
+
+def ready_line(host: str, port: int, state: ServerState) -> str:
+    """The one line that says where to go once the server answers: the page, the API and
+    the models (the first is the default)."""
+    # A wildcard address is not one to browse to; this machine's loopback is.
+    shown = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+    base = f"http://[{shown}]:{port}" if ":" in shown else f"http://{shown}:{port}"
+    names = [e.name for e in state.registry.entries()] if state.registry is not None else []
+    models = f"model {names[0]}" if len(names) == 1 else f"models {', '.join(names)}"
+    key = " · API key required" if state.settings.api_key or state.settings.api_keys else ""
+    return (
+        f"pippin ready: {base}/ (page) · API {base}/v1 (OpenAI, Anthropic), {base}/api "
+        f"(Ollama) · {models}{key}"
+    )
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -67,9 +86,11 @@ def serve(args: argparse.Namespace) -> int:
         from pippin.serving.admission import describe
 
         log.info("API keys from --api-keys: %s", describe(settings.api_keys))
+    state = app.state.pippin
     started = drain.serve(
         app,
-        app.state.pippin,
+        state,
+        on_ready=lambda: log.info("%s", ready_line(args.host, args.port, state)),
         host=args.host,
         port=args.port,
         log_level=args.log_level,

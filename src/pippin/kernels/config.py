@@ -16,6 +16,7 @@ class KernelConfig:
     paged_kernel: str = "auto"  # auto | 0 | 1
     paged_split: bool = True  # long contexts of few rows: the kernel split (flash-decoding)
     prefill_attention: str = "auto"  # auto | composed | fused
+    cpu_prefill: str = "auto"  # prompt chunks' attention and SwiGLU in numpy: auto | 0 | 1
     fused_attention: bool = True
     fused_layer: str = "1"  # see fused_layer.projections
     fused_proj: bool = True
@@ -33,6 +34,7 @@ class KernelConfig:
             paged_kernel=envs.PIPPIN_PAGED_KERNEL,
             paged_split=envs.PIPPIN_PAGED_SPLIT,
             prefill_attention=envs.PIPPIN_PREFILL_ATTENTION,
+            cpu_prefill=envs.PIPPIN_CPU_PREFILL,
             fused_attention=envs.PIPPIN_FUSED_ATTENTION,
             fused_layer=envs.PIPPIN_FUSED_LAYER,
             fused_proj=envs.PIPPIN_FUSED_PROJ,

@@ -19,6 +19,8 @@ a loaded model's live objects (never mlx-lm's source), in this order:
 6. `dense_prompt_chunks`: affine `nn.QuantizedLinear`s (the fused ones too) become a
    subclass that runs inputs of many rows (prompt chunks) through the unpacked weight
    and a dense matmul, few rows (decode) through the quantised product (`dense_quant`).
+7. On the CPU, prompt chunks' attention (through the routing of 2.) and the `swiglu`
+   bound in each of the model's mlx-lm modules run in numpy (`cpu_prefill`).
 
 `apply` makes the changes a `KernelConfig` allows; with ``enabled=False`` (`pippin serve
 --no-kernels`) it makes none, and the model runs exactly as mlx-lm ships it (the paged
@@ -39,6 +41,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from pippin.kernels import (
+    cpu_prefill,
     dense_quant,
     fused_attention,
     fused_layer,
@@ -64,6 +67,7 @@ class Patched:
     fused_layer: bool = False
     head: head_rows.HeadRows | None = None
     dense_quant: int = 0  # quantised layers whose prompt chunks take the dense product
+    cpu_prefill: bool = False  # prompt chunks' SwiGLU in numpy (and their attention)
 
 
 def apply(
@@ -85,11 +89,14 @@ def apply(
     out.paged_kernel = not kv_bits and paged_attention.enabled_for(
         model, specs, state_sizes, config.paged_kernel
     )
-    if out.paged_kernel or prefill_attention.wanted(config.prefill_attention):
+    on_host = cpu_prefill.wanted(config.cpu_prefill)
+    _unroute(model)  # an earlier engine on this model may have routed it
+    if out.paged_kernel or on_host or prefill_attention.wanted(config.prefill_attention):
         # False when no module calls mlx-lm's shared attention: nothing to route.
-        out.paged_kernel = route_attention(model, config.prefill_attention) and out.paged_kernel
-    else:
-        _unroute(model)  # an earlier engine on this model may have routed it
+        routed = route_attention(model, config.prefill_attention, on_host)
+        out.paged_kernel = routed and out.paged_kernel
+    if on_host:
+        out.cpu_prefill = route_swiglu(model)
     if out.paged_kernel and config.fused_attention:
         out.fused_attention = fuse_attention(model)
     if out.fused_attention and config.fused_layer != "0":
@@ -155,31 +162,57 @@ def _model_modules(model: nn.Module) -> set[str]:
     return {n for n in names if n.startswith("mlx_lm.models.") and n in sys.modules}
 
 
-def route_attention(model: nn.Module, prefill_mode: str = "auto") -> bool:
+def route_attention(model: nn.Module, prefill_mode: str = "auto", on_host: bool = False) -> bool:
     """Wrap the `scaled_dot_product_attention` of `model`'s mlx-lm modules (see the
-    module's docstring). True when at least one module calls it (so that the paged
-    kernel can be used)."""
+    module's docstring); `on_host`: prompt chunks through `cpu_prefill`. True when at
+    least one module calls it (so that the paged kernel can be used)."""
     hooked = False
     for name in _model_modules(model):
         mod = sys.modules[name]
         fn = getattr(mod, "scaled_dot_product_attention", None)
         if fn is None:
             continue
-        mod.scaled_dot_product_attention = _routed(getattr(fn, _ORIGINAL, fn), prefill_mode)
+        original = getattr(fn, _ORIGINAL, fn)
+        mod.scaled_dot_product_attention = _routed(original, prefill_mode, on_host)
         hooked = True
     return hooked
+
+
+def route_swiglu(model: nn.Module) -> bool:
+    """Wrap the `swiglu` bound in `model`'s mlx-lm modules with `cpu_prefill`'s; True
+    when at least one module has one."""
+    hooked = False
+    for name in _model_modules(model):
+        mod = sys.modules[name]
+        fn = getattr(mod, "swiglu", None)
+        if fn is None:
+            continue
+        original = getattr(fn, _ORIGINAL, fn)
+        mod.swiglu = _routed_swiglu(original)
+        hooked = True
+    return hooked
+
+
+@functools.cache
+def _routed_swiglu(original: Callable[..., mx.array]) -> Callable[..., mx.array]:
+    fn = cpu_prefill.routed_swiglu(original)
+    setattr(fn, _ORIGINAL, original)
+    return fn
 
 
 def _unroute(model: nn.Module) -> None:
     for name in _model_modules(model):
         mod = sys.modules[name]
-        original = getattr(getattr(mod, "scaled_dot_product_attention", None), _ORIGINAL, None)
-        if original is not None:
-            mod.scaled_dot_product_attention = original
+        for attr in ("scaled_dot_product_attention", "swiglu"):
+            original = getattr(getattr(mod, attr, None), _ORIGINAL, None)
+            if original is not None:
+                setattr(mod, attr, original)
 
 
 @functools.cache
-def _routed(original: Callable[..., mx.array], prefill_mode: str) -> Callable[..., mx.array]:
+def _routed(
+    original: Callable[..., mx.array], prefill_mode: str, on_host: bool = False
+) -> Callable[..., mx.array]:
     def scaled_dot_product_attention(
         queries: mx.array,
         keys: mx.array,
@@ -201,6 +234,8 @@ def _routed(original: Callable[..., mx.array], prefill_mode: str) -> Callable[..
             args = (queries, keys, values, lay.gather_blocks, lay.offsets, scale, lay.block_size)
             return fn(*args) if force else fn(*args, split=getattr(lay, "paged_split", False))
         if lay is not None and not hasattr(cache, "bits"):  # not quantised
+            if on_host and cpu_prefill.applies(queries):
+                return cpu_prefill.attention(queries, keys, values, scale, mask, sinks)
             rows = prefill_attention.composed_rows(queries, keys, prefill_mode)
             if rows:
                 return prefill_attention.composed_attention(

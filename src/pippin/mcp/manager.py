@@ -62,9 +62,11 @@ class ToolInfo:
 
     def function(self) -> dict[str, Any]:
         """The tool as a chat template's function tool."""
-        fn: dict[str, Any] = {"name": self.name, "parameters": self.input_schema}
+        # The OpenAI order (templates `tojson` it as it is): as a client's tool renders.
+        fn: dict[str, Any] = {"name": self.name}
         if self.description:
             fn["description"] = self.description
+        fn["parameters"] = self.input_schema
         return {"type": "function", "function": fn}
 
     @property

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pippin.request")
 
+# The paths of every API surface: OpenAI's and Anthropic's, then Ollama's.
+API_PREFIXES = ("/v1/", "/api/")
+
 
 @dataclass
 class RequestRecord:
@@ -108,10 +111,11 @@ def _endpoint(scope: Scope, routes: Sequence[BaseRoute]) -> str:
 class ObservabilityMiddleware:
     """Counts requests by route and status, counts errors by kind, logs each request.
 
-    API requests (/v1/...) are logged at INFO; the rest (health checks, scrapes, the web
-    page's files) at DEBUG, so polling does not flood the log. Prompts and outputs are
-    never logged, unless `log_bodies` (--log-prompts): then the line holds the first
-    `BODY_LOG_BYTES` of the request and response bodies.
+    API requests (OpenAI's and Anthropic's /v1/..., Ollama's /api/...) are logged at INFO;
+    the rest (health checks, scrapes, the web page's files) at DEBUG, so polling does not
+    flood the log. Prompts and outputs are never logged, unless `log_bodies`
+    (--log-prompts): then the line holds the first `BODY_LOG_BYTES` of the request and
+    response bodies.
     """
 
     def __init__(
@@ -166,6 +170,6 @@ class ObservabilityMiddleware:
             self.metrics.http_requests.labels(endpoint, record.method, str(status)).inc()
             if record.error is not None:
                 self.metrics.errors.labels(record.error).inc()
-        level = logging.INFO if record.path.startswith("/v1/") else logging.DEBUG
+        level = logging.INFO if record.path.startswith(API_PREFIXES) else logging.DEBUG
         if log.isEnabledFor(level):
             log.log(level, "request", extra={"fields": request_fields(record, endpoint)})

@@ -18,6 +18,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
 
 from pippin.kernels import (
+    cpu_prefill,
     fused_layer,
     paged_attention,
     patches,
@@ -311,12 +312,13 @@ class ModelRunner:
         else:
             cols = [lengths[b] - 1 for b in rows]
         extra = self.step_inputs(items, inputs) if self.step_inputs is not None else {}
-        if self.head is not None and rows and L > 1:
-            # Only the sampling positions go through the LM head.
-            with self.head.select(rows, cols, (B, L)):
+        with cpu_prefill.in_runner():
+            if self.head is not None and rows and L > 1:
+                # Only the sampling positions go through the LM head.
+                with self.head.select(rows, cols, (B, L)):
+                    logits = self.model(inputs, cache=caches, **extra)
+            else:
                 logits = self.model(inputs, cache=caches, **extra)
-        else:
-            logits = self.model(inputs, cache=caches, **extra)
 
         if self.state_sizes:
             for i in self.state_sizes:

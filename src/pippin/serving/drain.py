@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from types import FrameType
 
 import uvicorn
@@ -26,15 +27,27 @@ _ERROR_GRACE_S = 5.0
 
 
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        state: ServerState,
+        on_ready: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(config)
         self.state = state
+        self.on_ready = on_ready
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def serve(self, sockets: list | None = None) -> None:  # type: ignore[override]
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
+
+    async def startup(self, sockets: list | None = None) -> None:  # type: ignore[override]
+        # After the lifespan (models loaded) and the bind: the moment requests are answered.
+        await super().startup(sockets)
+        if self.started and not self.should_exit and self.on_ready is not None:
+            self.on_ready()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         a = self.state.admission
@@ -67,8 +80,14 @@ class DrainingServer(uvicorn.Server):
         super().handle_exit(sig, None)
 
 
-def serve(app: object, state: ServerState, **config: object) -> bool:
-    """Run `app` under uvicorn with draining on SIGTERM/SIGINT; False if it never started."""
-    server = DrainingServer(uvicorn.Config(app, **config), state)  # type: ignore[arg-type]
+def serve(
+    app: object,
+    state: ServerState,
+    on_ready: Callable[[], None] | None = None,
+    **config: object,
+) -> bool:
+    """Run `app` under uvicorn with draining on SIGTERM/SIGINT; False if it never started.
+    `on_ready` is called once it listens, its models loaded."""
+    server = DrainingServer(uvicorn.Config(app, **config), state, on_ready)  # type: ignore[arg-type]
     server.run()
     return server.started

@@ -26,6 +26,7 @@ from pippin.serving.state import require_engine
 from pippin.serving.tool_loop import McpCall, McpTools, ToolLoop, Turn, TurnMaker
 
 if TYPE_CHECKING:
+    from pippin.serving.limits import Limits
     from pippin.serving.media import MediaParts
     from pippin.structured.spec import GrammarSpec
     from pippin.vision.inputs import MultiModal
@@ -49,9 +50,10 @@ class ChatJob:
     sampling: Sampling = field(default_factory=Sampling)
     max_tokens: int | None = None
     max_tokens_param: str = "max_tokens"
-    # Anthropic's rule: a max_tokens beyond what the context holds is cut to fit (Claude
-    # Code asks for more than a local model has); elsewhere it is refused, as OpenAI does.
-    fit_max_tokens: bool = False
+    # A max_tokens the context cannot hold is refused on every API; this words the refusal
+    # where the API has its own words (Anthropic's, whose numbers Claude Code reads to ask
+    # again with less): (requested, prompt length, limits) -> the error, or None if it fits.
+    max_tokens_refusal: Callable[[int, int, Limits], ApiError | None] | None = None
     messages_param: str = "messages"
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -134,15 +136,10 @@ def max_tokens(live: LiveModel, job: ChatJob, prompt_len: int) -> int:
     """How many tokens the job may generate; 400 when it cannot fit."""
     limits = live.limits
     assert limits is not None
-    if job.fit_max_tokens and job.max_tokens is not None:
-        room = limits.max_model_len - prompt_len
-        if room < 1:
-            raise bad_request(
-                f"prompt is too long: {prompt_len} tokens > {limits.max_model_len - 1} maximum",
-                param=job.messages_param,
-            )
-        out = min(job.max_tokens, room)
-        return out if limits.max_tokens_cap is None else min(out, limits.max_tokens_cap)
+    if job.max_tokens_refusal is not None and job.max_tokens is not None:
+        refusal = job.max_tokens_refusal(job.max_tokens, prompt_len, limits)
+        if refusal is not None:
+            raise refusal
     try:
         return resolve_max_tokens(
             job.max_tokens,

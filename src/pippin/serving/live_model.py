@@ -22,6 +22,7 @@ from pippin.engine.client import EngineClient
 from pippin.obs.observer import ServerObserver
 from pippin.serving.limits import Limits, merge_defaults
 from pippin.serving.logprobs import TokenRenderer
+from pippin.store.default_model import describe_sampling
 from pippin.store.loaded import LoadedModel
 from pippin.structured.compiler import GrammarCompiler
 
@@ -53,6 +54,11 @@ class LiveModel:
     created: int = field(default_factory=lambda: int(time.time()))
     observer: ServerObserver = field(default_factory=lambda: ServerObserver(None))
 
+    def sampling_defaults(self) -> dict[str, Any]:
+        """What a request that leaves them out samples with (max_tokens aside)."""
+        shown = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+        return {k: self.defaults[k] for k in shown if k in self.defaults}
+
     def attach(
         self,
         loaded: LoadedModel,
@@ -74,6 +80,13 @@ class LiveModel:
         )
         overrides = {**s.sampling_overrides, **(sampling or {})}
         self.defaults = merge_defaults(loaded.generation_defaults, overrides)
+        # What a request that sets no sampling field gets: a surprise here (temperature 1.0
+        # on a small model) reads as a bad model, so it is said once, at load.
+        log.info(
+            "model '%s' sampling defaults: %s",
+            self.model_names[0],
+            describe_sampling(self.sampling_defaults()),
+        )
         self.template = inspect_template(loaded.tokenizer)
         tmpl = getattr(loaded.tokenizer, "chat_template", None)
         self.template_source = str(tmpl or "")

@@ -69,7 +69,10 @@ class ModelSpec:
     model); ``names`` the served names (empty: the model's own name); ``aliases`` more
     names. None in ``tool_call_parser`` / ``reasoning_parser`` means the server's flag.
     ``pinned`` models load at start-up and are never unloaded or evicted; the others load
-    on their first request and unload after ``idle_ttl`` seconds idle (None: never)."""
+    on their first request and unload after ``idle_ttl`` seconds idle (None: never).
+    ``preload`` (the one model of `pippin serve MODEL`, the first of several ``--model``)
+    loads at start-up too but is otherwise on demand: a request's ``keep_alive`` 0
+    unloads it, and the next request loads it again."""
 
     model: str | None = None
     names: list[str] = field(default_factory=list)
@@ -82,6 +85,7 @@ class ModelSpec:
     pinned: bool = False
     idle_ttl: float | None = None
     default: bool = False
+    preload: bool = False
 
 
 def parse_size(text: str) -> int:

@@ -14,11 +14,14 @@ there is no other path to an engine. The API for routes:
   ``Retry-After``). Inside an HTTP request it holds a lease until the response has been
   sent, so the model is neither unloaded nor evicted meanwhile. ``keep_alive`` (seconds;
   negative: forever; 0: unload as soon as idle) replaces the model's idle time-to-live
-  from this request on, as Ollama's ``keep_alive`` does; None leaves the model's own.
+  from this request on, as Ollama's ``keep_alive`` does, until the model unloads; None
+  leaves the model's own. A pinned model ignores it (the Ollama routes refuse a 0).
 - `ModelRegistry.entries()`: every model (`ModelEntry`: ``name``, ``names``, ``state``
   loaded/loading/unloaded, ``memory_bytes``, ``expires_at()``, ``pinned``), for listings
   such as /v1/models and Ollama's /api/ps.
-- ``await ModelRegistry.unload(name)``: unload now if idle, else as soon as it is idle.
+- ``await ModelRegistry.unload(name)``: unload now if idle, else as soon as it is idle
+  (never a pinned model; the model loaded at start-up of `pippin serve MODEL` is not
+  pinned, and loads again on its next request).
 
 Loading runs in a worker thread (and the engine on its own thread or process), so the event
 loop and the other models' streams never wait for it; loads run one at a time.
@@ -78,7 +81,8 @@ class ModelEntry:
     live: LiveModel | None = None
     active: int = 0  # requests holding it (leases)
     last_used: float = field(default_factory=time.monotonic)
-    keep_alive: float | None = None  # from the last request that gave one; None: spec's
+    # From the last request that gave one, until the model unloads; None: the spec's.
+    keep_alive: float | None = None
     memory_bytes: int = 0  # weights + KV pool, measured at its last load
     error: str | None = None  # why its last load failed
     task: asyncio.Task[None] | None = None
@@ -245,8 +249,10 @@ class ModelRegistry:
     async def unload(self, name: str) -> None:
         """Unload now if nothing uses it; else as soon as it is idle (keep_alive 0)."""
         entry = self.resolve(name)
+        if entry.pinned or entry.state == UNLOADED:
+            return  # nothing to do (nor to remember for its next load)
         entry.keep_alive = 0.0
-        if not entry.pinned and entry.state == LOADED and entry.active == 0:
+        if entry.state == LOADED and entry.active == 0:
             async with self._lock:
                 if entry.state == LOADED and entry.active == 0 and entry.engine_idle():
                     await self._unload(entry)
@@ -274,10 +280,10 @@ class ModelRegistry:
 
     # --- lifecycle -----------------------------------------------------------
     async def start(self) -> None:
-        """Load the pinned models (a failure raises: the server does not start) and start
-        unloading idle ones."""
+        """Load the pinned and preloaded models (a failure raises: the server does not
+        start) and start unloading idle ones."""
         for entry in self.entries_:
-            if entry.pinned:
+            if entry.pinned or entry.spec.preload:
                 entry.state = LOADING
                 entry.task = asyncio.create_task(self._load(entry))
                 await entry.task
@@ -296,14 +302,15 @@ class ModelRegistry:
 
     @property
     def ready(self) -> bool:
-        """The pinned models are loaded and their engines run."""
+        """The pinned models are loaded and the engines of those and of the preloaded
+        models run (one unloaded by a request's keep_alive loads again on demand)."""
         return all(
             e.state == LOADED
             and e.live is not None
             and e.live.engine is not None
             and e.live.engine.ready
             for e in self.entries_
-            if e.pinned
+            if e.pinned or (e.spec.preload and e.state == LOADED)
         )
 
     def engine_stats(self) -> dict[str, dict[str, int]]:
@@ -387,6 +394,9 @@ class ModelRegistry:
 
     async def _unload(self, entry: ModelEntry) -> None:
         live, entry.live, entry.state = entry.live, None, UNLOADED
+        # A request's keep_alive lasts while the model is loaded: after `keep_alive: 0`,
+        # the next load keeps the model's own idle time rather than unloading again.
+        entry.keep_alive = None
         if live is not None and live.engine is not None:
             await live.engine.stop()
         del live

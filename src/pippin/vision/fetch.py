@@ -11,7 +11,9 @@ The rules (docs/reliability.md, "Fetching media"):
   backend of httpcore's connection pool, so the check and the connect are one step with
   no second DNS look-up between them (no DNS rebinding), and it runs for every new
   connection, so for every redirect hop; TLS still verifies the certificate against
-  the host name (httpcore passes the name for SNI, not the address);
+  the host name (httpcore passes the name for SNI, not the address), against the
+  machine's CAs where `SSL_CERT_FILE` / `SSL_CERT_DIR` name them (else the public ones)
+  and `--media-ca-bundle`'s; no other setting of the environment (proxies) applies;
 - `allowed_domains`, when set, is checked for the first URL and every redirect.
 """
 
@@ -22,12 +24,13 @@ import ipaddress
 import socket
 import ssl
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import httpcore
 import httpx
 
-from pippin import __version__
+from pippin import __version__, envs
 from pippin.vision.limits import MIB, MediaError, MediaLimits
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -186,16 +189,39 @@ class GuardedTransport(httpx.AsyncHTTPTransport):
         )
 
 
-_ssl_context: ssl.SSLContext | None = None
+def make_ssl_context(ca_bundle: Path | None = None) -> ssl.SSLContext:
+    """The CAs https media is checked against: those of SSL_CERT_FILE / SSL_CERT_DIR where
+    either is set (instead of the public ones, as Python, curl and httpx take them), else
+    the public ones (certifi's); and `ca_bundle`'s on top."""
+    cafile, capath = envs.SSL_CERT_FILE, envs.SSL_CERT_DIR
+    try:
+        if cafile or capath:
+            ctx = ssl.create_default_context(cafile=cafile, capath=capath)
+        else:
+            ctx = httpx.create_ssl_context(trust_env=False)
+        if ca_bundle is not None:
+            ctx.load_verify_locations(cafile=ca_bundle)
+    except (OSError, ssl.SSLError) as e:
+        # The server's setting, not the request's; no path in a message a client reads.
+        raise MediaError(
+            "this server's CA certificates (SSL_CERT_FILE, SSL_CERT_DIR or "
+            f"--media-ca-bundle) cannot be read ({type(e).__name__})"
+        ) from None
+    return ctx
 
 
-async def shared_ssl_context() -> ssl.SSLContext:
+# By what they were made of: a changed environment (a test's) gets a context of its own.
+_ssl_contexts: dict[tuple[str | None, str | None, Path | None], ssl.SSLContext] = {}
+
+
+async def shared_ssl_context(ca_bundle: Path | None = None) -> ssl.SSLContext:
     """One TLS context for every fetch: making one reads the CA bundle (~100 ms), which
     must not happen per request, nor on the event loop."""
-    global _ssl_context
-    if _ssl_context is None:
-        _ssl_context = await asyncio.to_thread(httpx.create_ssl_context, trust_env=False)
-    return _ssl_context
+    key = (envs.SSL_CERT_FILE, envs.SSL_CERT_DIR, ca_bundle)
+    ctx = _ssl_contexts.get(key)
+    if ctx is None:
+        ctx = _ssl_contexts[key] = await asyncio.to_thread(make_ssl_context, ca_bundle)
+    return ctx
 
 
 def check_url(url: httpx.URL, limits: MediaLimits) -> None:
@@ -229,7 +255,7 @@ async def _fetch(url: str, limits: MediaLimits, cap: int, what: str) -> tuple[st
         "Accept-Encoding": "identity",
     }
     async with httpx.AsyncClient(
-        transport=GuardedTransport(limits, await shared_ssl_context()),
+        transport=GuardedTransport(limits, await shared_ssl_context(limits.ca_bundle)),
         follow_redirects=False,
         trust_env=False,
         timeout=limits.fetch_timeout_s,

@@ -47,6 +47,9 @@ class MediaLimits:
     # Anthropic refuses images over 8000 px a side; this is the same area.
     max_source_pixels: int = 8000 * 8000
     max_video_bytes: int = 64 * MIB
+    # More CAs that https media may be signed by (--media-ca-bundle, a PEM file), on top
+    # of the public ones (or of SSL_CERT_FILE / SSL_CERT_DIR where those are set).
+    ca_bundle: Path | None = None
     # Tests only, never set from the command line: fetch from any address (a local test
     # server), or treat these host names as public whatever they resolve to (so a test can
     # redirect from a "public" name on 127.0.0.1 to a refused address).

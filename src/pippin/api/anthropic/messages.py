@@ -13,6 +13,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -38,8 +39,9 @@ from pippin.api.anthropic.protocol import (
 from pippin.api.common import SSE_HEADERS, cancel_on_disconnect, get_state, parse_request, typed_sse
 from pippin.api.errors import anthropic_body
 from pippin.api.openapi import anthropic_route
-from pippin.serving.errors import bad_request
+from pippin.serving.errors import ApiError, bad_request
 from pippin.serving.job import ChatJob, PreparedJob, Rendered, prepare, render
+from pippin.serving.limits import Limits
 from pippin.serving.live_model import LiveModel
 from pippin.serving.media import MediaParts
 from pippin.serving.pipeline import (
@@ -58,6 +60,37 @@ _START_WAIT = 1.0
 
 
 # --- the job ---------------------------------------------------------------
+
+
+def max_tokens_refusal(
+    model: str, requested: int, prompt_len: int, limits: Limits
+) -> ApiError | None:
+    """The hosted API's refusals of a max_tokens the model cannot give, in its words: Claude
+    Code (which asks for 32,000 tokens and more) reads the numbers in the last two and asks
+    again with a max_tokens that fits. None when it fits."""
+    limit = limits.max_model_len
+    if prompt_len >= limit:
+        return bad_request(
+            f"prompt is too long: {prompt_len} tokens > {limit - 1} maximum",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    most = limit - 1 if limits.max_tokens_cap is None else min(limit - 1, limits.max_tokens_cap)
+    if requested > most:
+        return bad_request(
+            f"max_tokens: {requested} > {most}, which is the maximum allowed number of output "
+            f"tokens for {model}",
+            param="max_tokens",
+            code="invalid_value",
+        )
+    if prompt_len + requested > limit:
+        return bad_request(
+            f"input length and `max_tokens` exceed context limit: {prompt_len} + {requested} "
+            f"> {limit}, decrease input length or `max_tokens` and try again",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    return None
 
 
 def template_kwargs(req: MessagesRequest | CountTokensRequest, live: LiveModel) -> dict[str, Any]:
@@ -126,7 +159,7 @@ def message_job(req: MessagesRequest | CountTokensRequest, server: ServerState) 
         # The API key's own prefix cache (--api-keys) is salted in `build_sampling_params`.
     )
     job.max_tokens = req.max_tokens
-    job.fit_max_tokens = True
+    job.max_tokens_refusal = partial(max_tokens_refusal, req.model)
     job.budget_param = "thinking.budget_tokens"
     job.budget_if_possible = True  # the template's switch is all such a model has
     job.output_spec = lambda live, offered: structured_spec(live, req, offered)

@@ -39,13 +39,18 @@ from pippin.structured.tool_calls import forced_tool_grammar
 
 # --- request -> prompt -------------------------------------------------------
 
+# Claude Code's first system block: its version and a fingerprint of the conversation,
+# which the hosted API strips before the model sees the prompt. Kept, it would differ
+# between conversations at the prompt's very start, so no two could share a cached prefix.
+BILLING_HEADER = "x-anthropic-billing-header:"
+
 
 def _system_text(system: str | list[TextBlock] | None) -> str:
     if system is None:
         return ""
     if isinstance(system, str):
         return system
-    return "\n\n".join(b.text for b in system)
+    return "\n\n".join(b.text for b in system if not b.text.startswith(BILLING_HEADER))
 
 
 def _document_text(block: DocumentBlock, param: str) -> str:
@@ -129,9 +134,17 @@ def template_messages(
         p = f"messages[{i}]"
         if m.role == "system":
             text = m.content if isinstance(m.content, str) else _texts(m.content, p)
-            # Before the first turn they extend the system prompt; later ones go with the
-            # next user turn, since most templates only take a system message first.
-            (pending if out else sys_parts).append(text)
+            # Most templates only take a system message first. Before the first turn they
+            # extend the system prompt; right after a user's own turn they join its end
+            # (Claude Code's environment, after the first question), where they stay in
+            # every later request, so each prompt extends the last one; later ones go
+            # with the next user turn.
+            if not out:
+                sys_parts.append(text)
+            elif out[-1]["role"] == "user" and not pending:
+                _append_user(out[-1], text)
+            else:
+                pending.append(text)
             continue
         turn: list[dict[str, Any]]
         if isinstance(m.content, str):
@@ -157,6 +170,13 @@ def _texts(blocks: list[Any], p: str) -> str:
             raise bad_request("System messages may only hold text blocks.", f"{p}.content[{j}]")
         texts.append(b.text)
     return "\n\n".join(texts)
+
+
+def _append_user(msg: dict[str, Any], text: str) -> None:
+    if isinstance(msg["content"], list):
+        msg["content"] = [*msg["content"], {"type": "text", "text": f"\n\n{text}"}]
+    else:
+        msg["content"] = f"{msg['content']}\n\n{text}"
 
 
 def _prepend_user(turn: list[dict[str, Any]], text: str) -> None:
@@ -306,7 +326,10 @@ def template_tools(req: MessagesRequest | CountTokensRequest) -> list[dict[str, 
             )
         if t.defer_loading and t.name not in loaded:
             continue
-        fn: dict[str, Any] = {"name": t.name, "parameters": t.input_schema}
+        # In the OpenAI shape and order (name, description, parameters): templates write
+        # tools with `tojson`, which keeps the order, so a tool renders as it does through
+        # chat completions, and as the models were trained on (description first).
+        fn: dict[str, Any] = {"name": t.name}
         description = t.description or ""
         if t.input_examples:
             # As the hosted API does, the model sees them with the tool.
@@ -314,6 +337,7 @@ def template_tools(req: MessagesRequest | CountTokensRequest) -> list[dict[str, 
             description = f"{description}\n\nExample inputs:\n{examples}".lstrip()
         if description:
             fn["description"] = description
+        fn["parameters"] = t.input_schema
         if t.strict:
             fn["strict"] = True  # a forced call's grammar then closes the schema's objects
         tools.append({"type": "function", "function": fn})

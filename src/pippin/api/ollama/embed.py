@@ -29,7 +29,7 @@ def _model(state: ServerState, name: str) -> tuple[Any, Embedder, str]:
             # Ollama embeds with chat models too; pippin serves embeddings from an
             # embedding model only.
             raise bad_request(f'"{name}" does not support embeddings', param="model")
-        raise not_found(name)
+        raise not_found(state, name)
     worker, model = require_extra_model(state, "embedding", served)
     assert isinstance(model, Embedder)
     return worker, model, served

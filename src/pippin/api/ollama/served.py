@@ -3,8 +3,11 @@ the chat model behind a name (through the registry, `pippin.serving.registry`), 
 /api/tags and /api/ps list, and `keep_alive`.
 
 Chat models load on demand and unload after their idle time; a request's `keep_alive`
-replaces that time from then on (`ModelRegistry.acquire`). The embedding and rerank models
-stay loaded for good, so their `keep_alive` is only checked.
+replaces that time from then on (`ModelRegistry.acquire`), and `keep_alive: 0` unloads the
+model once its requests end, the model of `pippin serve MODEL` too (the next request loads
+it again). A model the operator pinned is never unloaded: `keep_alive: 0` for it is a 400
+that says so. The embedding and rerank models stay loaded for good, so their `keep_alive`
+is only checked.
 """
 
 from __future__ import annotations
@@ -25,8 +28,17 @@ from pippin.serving.state import ServerState, require_engine
 FOREVER = datetime(2318, 1, 1, tzinfo=timezone.utc)
 
 
-def not_found(name: str) -> ApiError:
-    return ApiError(404, f'model "{name}" not found, try pulling it first', param="model")
+def not_found(state: ServerState, name: str) -> ApiError:
+    """Ollama's 404, without its advice to pull (pippin has no /api/pull): what this server
+    serves instead, and how a model is added."""
+    names = ", ".join(dict.fromkeys(m.name for m in listed(state))) or "none"
+    return ApiError(
+        404,
+        f'model "{name}" not found; this server serves: {names} (GET /api/tags lists them). '
+        "Models are added when the server starts: pippin serve MODEL, --model again for "
+        "more, or --models FILE.",
+        param="model",
+    )
 
 
 def _registry(state: ServerState) -> ModelRegistry:
@@ -70,7 +82,7 @@ def chat_name(state: ServerState, name: str) -> str:
     if found is None:
         if resolve(state, name, "embedding") is not None:
             raise ApiError(400, f'"{name}" does not support chat', param="model")
-        raise not_found(name)
+        raise not_found(state, name)
     return found[0]
 
 
@@ -83,11 +95,25 @@ def registry_keep_alive(keep_alive: KeepAlive) -> float | None:
     return -1.0 if seconds is None else seconds
 
 
+def refuse_unpinning(state: ServerState, name: str, seconds: float | None) -> None:
+    """`keep_alive: 0` asks for an unload that a pinned model never gets: a 400 saying so,
+    not an answer that looks as if it had been unloaded."""
+    if seconds == 0 and _registry(state).resolve(name).pinned:
+        raise ApiError(
+            400,
+            f'model "{name}" is pinned by this server (pinned: true in its --models file) '
+            "and is never unloaded; send no keep_alive, or one other than 0",
+            param="keep_alive",
+        )
+
+
 async def chat_model(state: ServerState, name: str, keep_alive: KeepAlive) -> LiveModel:
     """The loaded chat model `name` (loading it if need be), held until the response is
-    sent; `keep_alive` becomes its idle time from now on."""
+    sent; `keep_alive` becomes its idle time from now on (0: unloaded once idle)."""
     seconds = registry_keep_alive(keep_alive)
-    live = await _registry(state).acquire(chat_name(state, name), keep_alive=seconds)
+    resolved = chat_name(state, name)
+    refuse_unpinning(state, resolved, seconds)
+    live = await _registry(state).acquire(resolved, keep_alive=seconds)
     require_engine(live)
     return live
 
@@ -97,6 +123,7 @@ async def load_or_unload(state: ServerState, name: str, keep_alive: KeepAlive) -
     `keep_alive` 0 to unload it. True when it unloads."""
     seconds = registry_keep_alive(keep_alive)
     resolved = chat_name(state, name)
+    refuse_unpinning(state, resolved, seconds)
     if seconds == 0:
         await _registry(state).unload(resolved)
         return True
@@ -165,7 +192,7 @@ def find(state: ServerState, name: str) -> Listed:
         served = resolve(state, name, kind)
         if served is not None:
             return next(m for m in listed(state) if m.name == served and m.kind == kind)
-    raise not_found(name)
+    raise not_found(state, name)
 
 
 _WEIGHT_SUFFIXES = (".gguf", ".safetensors", ".npz", ".bin")

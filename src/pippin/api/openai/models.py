@@ -2,7 +2,7 @@
 
 Every chat model of the registry is listed under each of its served names and aliases,
 loaded or not, with its ``state`` (loaded, loading, unloaded) and, once loaded, its
-memory and context length; then the embedding and rerank models.
+memory, context length and sampling defaults; then the embedding and rerank models.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ def _chat_card(state: ServerState, entry: ModelEntry, name: str) -> dict[str, An
         if live.engine.ready:
             card["max_model_len"] = live.engine.max_model_len  # as vLLM reports it
         card["memory_bytes"] = entry.memory_bytes
+        # What a request that leaves the sampling fields out gets (the page shows them).
+        card["sampling_defaults"] = live.sampling_defaults()
         expires = entry.expires_at()
         if expires is not None:
             card["expires_at"] = int(expires)

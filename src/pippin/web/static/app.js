@@ -156,6 +156,15 @@ function drawSpark() {
   g.fillText(`${max.toFixed(0)} tok/s`, 4, 12);
 }
 
+// The chat models' sampling defaults (/v1/models), shown in the empty temperature field.
+const modelDefaults = new Map();
+
+function showDefaults() {
+  const d = modelDefaults.get($("chat-model").value);
+  const t = d && d.temperature;
+  $("chat-temp").placeholder = t === undefined ? "model's" : `model's: ${t}`;
+}
+
 async function refreshModels() {
   try {
     const v = await (await fetch("/version")).json();
@@ -170,8 +179,10 @@ async function refreshModels() {
   select.replaceChildren();
   sttModel = null;
   visionModels.clear();
+  modelDefaults.clear();
   for (const m of data) {
     if ((m.capabilities || []).includes("vision")) visionModels.add(m.id);
+    if (m.sampling_defaults) modelDefaults.set(m.id, m.sampling_defaults);
     const li = document.createElement("li");
     li.textContent = m.id + (m.max_model_len ? ` — context ${m.max_model_len} tokens` : "")
       + (m.kind ? ` (${m.kind})` : "");
@@ -184,6 +195,7 @@ async function refreshModels() {
   }
   if (chosen) select.value = chosen;
   showAttach();
+  showDefaults();
   showSpeech(data.filter((m) => "voices" in m));
   $("transcribe").hidden = !sttModel;
 }
@@ -313,6 +325,7 @@ async function attach(files) {
 }
 
 $("chat-model").addEventListener("change", showAttach);
+$("chat-model").addEventListener("change", showDefaults);
 $("chat-attach").addEventListener("click", () => $("chat-file").click());
 $("chat-file").addEventListener("change", async () => {
   await attach($("chat-file").files);
@@ -392,18 +405,21 @@ async function send(text) {
   const t0 = performance.now();
   let first = null, tokens = 0, answer = "";
   try {
+    const body = {
+      model: $("chat-model").value,
+      messages: conversation,
+      stream: true,
+      stream_options: { include_usage: true },
+      max_tokens: Number($("chat-max").value) || 256,
+    };
+    // Left empty, the field sends nothing: the server samples with the model's defaults.
+    const temp = $("chat-temp").value.trim();
+    if (temp !== "") body.temperature = Number(temp);
     const r = await api("/v1/chat/completions", {
       method: "POST",
       headers: { "Content-Type": "application/json" },
       signal: controller.signal,
-      body: JSON.stringify({
-        model: $("chat-model").value,
-        messages: conversation,
-        stream: true,
-        stream_options: { include_usage: true },
-        max_tokens: Number($("chat-max").value) || 256,
-        temperature: Number($("chat-temp").value),
-      }),
+      body: JSON.stringify(body),
     });
     if (!r.ok) {
       const body = await r.json().catch(() => ({}));
