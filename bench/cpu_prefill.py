@@ -2,9 +2,11 @@
 rate against a plain float32 matmul measured in the same run, the prefix cache's RAM hit,
 and llama.cpp (llama-cpp-python, if installed) on the same GGUF file as the anchor.
 
-Each configuration runs in a process of its own (the kernel switches are read at load):
-`pippin` is the default path, `mlx-ops` the same engine with `PIPPIN_CPU_PREFILL=0`
-(MLX's own attention and SwiGLU on the CPU, the path before `cpu_prefill`).
+Each configuration runs in a process of its own (the kernel switches are read at load),
+with OpenBLAS preloaded as `pippin serve` does it (`pippin.blas`): `pippin` is the default
+path; `mlx-ops` the same with `PIPPIN_CPU_PREFILL=0` (MLX's own attention and SwiGLU on
+the CPU); `before` that and OpenBLAS's own choice of kernels (no `OPENBLAS_CORETYPE`),
+which was pippin before 2026-12-06.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 \\
         .venv/bin/python bench/cpu_prefill.py --lengths 500 1000 2000 4000
@@ -25,9 +27,6 @@ import platform
 import subprocess
 import sys
 import time
-from pathlib import Path
-
-OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
 
 
 def prompt_ids(n: int, vocab: int) -> list[int]:
@@ -79,18 +78,24 @@ def run_pippin(model: str | None, lengths: list[int], chunk: int) -> dict:
     from pippin.store import loader
 
     loaded = loader.load_model(model)
-    core = EngineCore(loaded, EngineConfig(max_num_batched_tokens=chunk))
+    # Past the model's own context (SmolLM2's is 8k) for the time only: RoPE runs on.
+    config = EngineConfig(max_num_batched_tokens=chunk, max_model_len=max(lengths) + 64)
+    core = EngineCore(loaded, config)
     vocab = loaded.model.args.vocab_size  # type: ignore[attr-defined]
     hidden = loaded.model.args.hidden_size  # type: ignore[attr-defined]
     inter = getattr(loaded.model.args, "intermediate_size", 4 * hidden)  # type: ignore[attr-defined]
     warm = SamplingParams(max_tokens=2, temperature=0.0)
     drive(core, [("warm", prompt_ids(64, vocab)[::-1], warm)])
-    out: dict = {"matmul_gflops": matmul_gflops(chunk, hidden, inter), "rows": []}
+    rate = lambda: max(matmul_gflops(chunk, hidden, 2 * inter), matmul_gflops(2048, 2048, 2048))  # noqa: E731
+    out: dict = {"matmul_gflops": rate(), "rows": []}
     one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     for n in lengths:
         ids = prompt_ids(n, vocab)
         cold = drive(core, [(f"c{n}", ids, one)])
-        hit = drive(core, [(f"h{n}", ids, one)])  # the same prompt: its blocks are cached
+        # The same prompt again: its blocks are cached (a RAM hit); then 32 tokens decoded
+        # over that context.
+        more = SamplingParams(max_tokens=33, temperature=0.0, ignore_eos=True)
+        hit = drive(core, [(f"h{n}", ids, more)])
         flops = model_flops(loaded.model, n)
         out["rows"].append(
             {
@@ -98,11 +103,12 @@ def run_pippin(model: str | None, lengths: list[int], chunk: int) -> dict:
                 "ttft_s": cold.first_token_s,
                 "gflops": flops / cold.first_token_s / 1e9,
                 "hit_s": hit.first_token_s,
+                "decode_tok_s": 32 / hit.decode_s,
                 "first": cold.tokens[f"c{n}"],
             }
         )
         print(json.dumps(out["rows"][-1]), file=sys.stderr, flush=True)
-    out["matmul_gflops_after"] = matmul_gflops(chunk, hidden, inter)
+    out["matmul_gflops_after"] = rate()
     return out
 
 
@@ -157,7 +163,7 @@ def main() -> None:
     ap.add_argument("--lengths", type=int, nargs="+", default=[500, 1000, 2000, 4000])
     ap.add_argument("--chunk", type=int, default=2048, help="tokens per prefill step")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--configs", nargs="+", default=["pippin", "mlx-ops"])
+    ap.add_argument("--configs", nargs="+", default=["pippin", "mlx-ops", "before"])
     ap.add_argument("--llama-python", help="a Python with llama-cpp-python: adds llama.cpp")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--gguf", help=argparse.SUPPRESS)
@@ -170,14 +176,23 @@ def main() -> None:
         )
         print(json.dumps(res))
         return
+    from pippin import blas
+
     env = dict(os.environ)
-    if Path(OPENBLAS).exists() and "openblas" not in env.get("LD_PRELOAD", ""):
-        env["LD_PRELOAD"] = OPENBLAS
+    lib = blas.find_openblas()
+    core = None
+    if lib is not None:
+        env["LD_PRELOAD"] = lib
+        core = env.get("OPENBLAS_CORETYPE") or blas.core_override(lib)
     results: dict[str, dict] = {}
     configs = list(args.configs) + (["llama"] if args.llama_python else [])
     for kind in configs:
-        e = dict(env, PIPPIN_CPU_PREFILL="0" if kind == "mlx-ops" else "auto")
+        e = dict(env, PIPPIN_CPU_PREFILL="0" if kind in ("mlx-ops", "before") else "auto")
+        e.pop("OPENBLAS_CORETYPE", None)
+        if core is not None and kind != "before":
+            e["OPENBLAS_CORETYPE"] = core
         results[kind] = child(kind, args, e)
+    print(f"OpenBLAS {lib}: kernels {core or 'its own choice'} (before: its own choice)")
     report(args, results)
 
 
@@ -192,26 +207,34 @@ def report(args: argparse.Namespace, results: dict[str, dict]) -> None:
     pip = results.get("pippin")
     if pip:
         mm = (pip["matmul_gflops"] + pip["matmul_gflops_after"]) / 2
-        print(f"plain float32 matmul: {mm:.0f} GFLOP/s (mean of before and after)")
+        print(
+            f"plain float32 matmul: {mm:.0f} GFLOP/s (the faster of [chunk x hidden] @ "
+            "[hidden x 2 intermediate] and 2048^3, mean of before and after the prompts)"
+        )
     head = (
         "| prompt tokens | "
         + " | ".join(f"{k} TTFT" for k in results)
-        + " | pippin tok/s | pippin GFLOP/s (% of matmul) | RAM hit | vs mlx-ops | vs llama.cpp |"
+        + " | pippin tok/s | pippin GFLOP/s (% of matmul) | RAM hit | decode tok/s after it"
+        " | vs before | vs llama.cpp |"
     )
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     for i, n in enumerate(args.lengths):
         cells = [f"{results[k]['rows'][i]['ttft_s']:.2f} s" for k in results]
-        extra = ["", "", "", "", ""]
+        extra = ["", "", "", "", "", ""]
         if pip:
             r = pip["rows"][i]
             extra[0] = f"{n / r['ttft_s']:.0f}"
             extra[1] = f"{r['gflops']:.0f} ({100 * r['gflops'] / mm:.0f}%)"
             extra[2] = f"{r['hit_s']:.3f} s"
-            if "mlx-ops" in results:
-                extra[3] = f"{results['mlx-ops']['rows'][i]['ttft_s'] / r['ttft_s']:.1f}x faster"
+            extra[3] = f"{r['decode_tok_s']:.1f}"
+            base = "before" if "before" in results else "mlx-ops"
+            if base in results:
+                m = results[base]["rows"][i]
+                extra[3] += f" ({base} {m['decode_tok_s']:.1f})"
+                extra[4] = f"{m['ttft_s'] / r['ttft_s']:.1f}x faster"
             if "llama" in results:
-                extra[4] = f"{r['ttft_s'] / results['llama']['rows'][i]['ttft_s']:.2f}x its time"
+                extra[5] = f"{r['ttft_s'] / results['llama']['rows'][i]['ttft_s']:.2f}x its time"
         print(f"| {n} | " + " | ".join(cells + extra) + " |")
     if pip and "mlx-ops" in results:
         same = all(

@@ -65,6 +65,11 @@ VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
         _path("PIPPIN_BLAS_PRELOADED"),
         "Set by pippin itself when it re-executed with OpenBLAS preloaded (the library).",
     ),
+    "OPENBLAS_CORETYPE": (
+        _path("OPENBLAS_CORETYPE"),
+        "OpenBLAS's own: the kernel family it runs. pippin sets it on re-exec when the "
+        "preloaded OpenBLAS picked narrower kernels than the CPU runs (pippin.blas).",
+    ),
     "MLX_MAX_OPS_PER_BUFFER": (
         _path("MLX_MAX_OPS_PER_BUFFER"),
         "MLX's own: ops per CUDA graph. pippin sets 400 on CUDA when it is unset.",

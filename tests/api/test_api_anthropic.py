@@ -28,6 +28,8 @@ THINKING_TEMPLATE = CHAT_TEMPLATE.replace(
     "{%- else -%}{{- '<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}",
 )
 HELLO = [{"role": "user", "content": "Hello, how are you today?"}]
+CONTEXT = 1024  # --max-model-len
+CAP = 2000  # --max-tokens: the most output a request may ask for, here past the context
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +51,9 @@ def server(model_dir: Path) -> Iterator[Server]:
         "--served-model-name",
         "tiny",
         "--max-model-len",
-        "1024",
+        str(CONTEXT),
+        "--max-tokens",
+        str(CAP),
         "--max-request-body-mb",
         "1",
         api_key=KEY,
@@ -89,39 +93,73 @@ def test_max_tokens_is_a_stop_reason(client: anthropic.Anthropic) -> None:
         assert m.stop_reason == "max_tokens" and m.usage.output_tokens == 3
 
 
-def test_max_tokens_past_the_model_is_refused_as_the_hosted_api_does(
+def test_max_tokens_past_the_cap_or_a_full_prompt_is_refused_as_the_hosted_api_does(
     client: anthropic.Anthropic,
 ) -> None:
-    """Refused in the hosted API's words, not cut to fit (as OpenAI's routes refuse it too):
-    Claude Code reads the numbers in them and asks again with a max_tokens that fits."""
-    context = 1024  # the server's --max-model-len
+    """In the hosted API's words: a max_tokens above the most output the model may give
+    (the operator's --max-tokens here), and a prompt that leaves no room for any."""
     with pytest.raises(anthropic.BadRequestError) as info:
         create(client, model="claude-sonnet-test", max_tokens=32000)
     assert_api_error(
         info,
         400,
         type="invalid_request_error",
-        message=f"max_tokens: 32000 > {context - 1}, which is the maximum allowed number of "
+        message=f"max_tokens: 32000 > {CAP}, which is the maximum allowed number of "
         "output tokens for claude-sonnet-test",
     )
-    prompt = client.messages.count_tokens(model="tiny", messages=HELLO).input_tokens
-    with pytest.raises(anthropic.BadRequestError) as info:
-        create(client, max_tokens=context - prompt + 1)
-    assert_api_error(
-        info,
-        400,
-        type="invalid_request_error",
-        message=f"input length and `max_tokens` exceed context limit: {prompt} + "
-        f"{context - prompt + 1} > {context}, decrease input length or `max_tokens` and try "
-        "again",
-    )
-    long = [{"role": "user", "content": " ".join(["word"] * (context + 10))}]
+    long = [{"role": "user", "content": " ".join(["word"] * (CONTEXT + 10))}]
     with pytest.raises(anthropic.BadRequestError) as info:
         create(client, messages=long, max_tokens=1)
-    assert_api_error(info, 400, message=f"tokens > {context - 1} maximum")
-    # What the context holds is served.
-    m = create(client, max_tokens=context - prompt, temperature=0.0)
-    assert m.usage.output_tokens <= context - prompt
+    assert_api_error(
+        info, 400, type="invalid_request_error", message=f"tokens > {CONTEXT - 1} maximum"
+    )
+
+
+def test_max_tokens_past_the_context_is_served_to_the_contexts_end(
+    client: anthropic.Anthropic, server: Server
+) -> None:
+    """As the hosted API (Claude Sonnet 4.5 and later) serves it: a max_tokens larger than
+    the rest of the context (Claude Code asks for 32,000 and more) is accepted, and the
+    answer that fills the context stops with "model_context_window_exceeded"; one that
+    reaches its max_tokens first stops with "max_tokens". The prompt leaves a little room,
+    which the random model fills (it does not end its turn this soon)."""
+
+    def said(words: int) -> list[dict[str, Any]]:
+        return [{"role": "user", "content": " ".join(["word"] * words)}]
+
+    def count(words: int) -> int:
+        return client.messages.count_tokens(model="tiny", messages=said(words)).input_tokens
+
+    per_word = (count(200) - count(100)) // 100
+    messages = said(100 + (CONTEXT - 20 - count(100)) // per_word)
+    prompt = client.messages.count_tokens(model="tiny", messages=messages).input_tokens
+    room = CONTEXT - prompt
+    assert 0 < room < 64, room
+    for asked in (CAP, room + 1):
+        m = create(client, messages=messages, max_tokens=asked, temperature=0.0)
+        assert m.stop_reason == "model_context_window_exceeded", m
+        assert m.usage.output_tokens == room
+        assert m.usage.input_tokens + m.usage.cache_read_input_tokens == prompt
+    with client.messages.stream(
+        model="tiny", messages=messages, max_tokens=CAP, extra_body={"temperature": 0.0}
+    ) as stream:
+        streamed = stream.get_final_message()
+    assert streamed.stop_reason == "model_context_window_exceeded"
+    assert streamed.usage.output_tokens == room
+    # The raw message_delta carries it too.
+    body = {
+        "model": "tiny",
+        "max_tokens": CAP,
+        "temperature": 0.0,
+        "stream": True,
+        "messages": messages,
+    }
+    delta = [d for name, d in _events(server, body) if name == "message_delta"]
+    assert [d["delta"]["stop_reason"] for d in delta] == ["model_context_window_exceeded"]
+    # A max_tokens the context holds, ending there or before, is the stop reason.
+    for asked in (room, room - 5):
+        m = create(client, messages=messages, max_tokens=asked, temperature=0.0)
+        assert m.stop_reason == "max_tokens" and m.usage.output_tokens == asked, m
 
 
 def test_claude_model_names_are_served(client: anthropic.Anthropic) -> None:

@@ -3,15 +3,14 @@ with the real Qwen2.5-Coder GGUF (no thinking mode).
 
 Claude Code sends everything a real agent session does (a 26k-token system prompt,
 a dozen tools, adaptive thinking, effort, context management, mid-conversation system
-messages, streaming, a max_tokens beyond the model's context that it lowers when refused);
-a protocol mismatch shows up as an API error in its result.
+messages, streaming, a max_tokens beyond the model's context, served up to the context's
+end); a protocol mismatch shows up as an API error in its result.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -92,7 +91,6 @@ def test_claude_code_print_mode(
             timeout=900,
         )
         answered = server.answered("/v1/messages")
-        log = server.log()
     try:
         result = json.loads(r.stdout)
     except ValueError:
@@ -105,12 +103,6 @@ def test_claude_code_print_mode(
         assert result["is_error"] is False and result["terminal_reason"] == "completed", result
     # Claude Code's real system prompt (a short one of its own with the real weights).
     assert result["usage"]["input_tokens"] > (100 if real else 10_000)
-    # Every request it made was answered, but for refusals of its max_tokens: it asks for
-    # more output than the model's context holds, which pippin refuses as the hosted API
-    # does, in its words; Claude Code reads the numbers and asks again with less. Nothing
-    # else was refused, and the last request was answered.
-    statuses = [status for _, status in answered]
-    assert statuses and statuses[-1] == "200" and set(statuses) <= {"200", "400"}, answered
-    refused = re.findall(r"endpoint=/v1/messages status=400 .*?error=(\S+)", log)
-    assert len(refused) == statuses.count("400"), (refused, answered)
-    assert set(refused) <= {"invalid_value", "context_length_exceeded"}, refused
+    # Every request it made was answered: no 4xx/5xx (no retries after refusals; its
+    # max_tokens past the context is served, as the hosted API serves it).
+    assert answered and all(status == "200" for _, status in answered), answered

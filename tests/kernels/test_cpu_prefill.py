@@ -101,8 +101,11 @@ def test_decode_shapes_keep_the_original() -> None:
         routed(mx.ones((2, 5, 3, 8)), mx.ones((2, 5, 3, 8)))  # MoE experts' shape
         routed(mx.ones((1, 6, 8)), mx.ones((1, 6, 8)))  # a prompt chunk: numpy
     assert seen == [(1, 6, 8), (4, 1, 8), (2, 5, 3, 8)]
-    assert cpu_prefill.applies(mx.zeros((1, 2, 6, 4)))
-    assert not cpu_prefill.applies(mx.zeros((8, 2, 1, 4)))
+    short, long = mx.zeros((8, 2, 30, 4)), mx.zeros((8, 2, cpu_prefill.DECODE_KEYS, 4))
+    assert cpu_prefill.applies(mx.zeros((1, 2, 6, 4)), short)
+    assert not cpu_prefill.applies(mx.zeros((8, 2, 1, 4)), short)  # decode, short context
+    assert cpu_prefill.applies(mx.zeros((8, 2, 1, 4)), long)  # decode, long context
+    assert not cpu_prefill.applies(mx.zeros((8, 2, 1, 4)), long, traced=True)
 
 
 def test_switch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -113,13 +116,16 @@ def test_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert KernelConfig.from_env().cpu_prefill == "0"
 
 
+@pytest.mark.parametrize("decode", ["short decode in MLX", "every decode in numpy"])
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3", "qwen3_next", "gpt_oss"])
 def test_engine_outputs_match_mlx_ops(
-    tiny_models, arch: str, monkeypatch: pytest.MonkeyPatch
+    tiny_models, arch: str, decode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Fresh prompts batched together, prompts after a cached prefix (array masks) and a
     chunked prompt: the same greedy tokens and logprobs as with MLX's own ops. gemma3 has
     sliding-window layers, qwen3_next recurrent ones, gpt_oss attention sinks."""
+    if decode == "every decode in numpy":
+        monkeypatch.setattr(cpu_prefill, "DECODE_KEYS", 1)
     loaded = loaded_model(tiny_models(arch))
     rng = random.Random(7)
     header = [rng.randrange(3, 200) for _ in range(20)]
@@ -132,11 +138,12 @@ def test_engine_outputs_match_mlx_ops(
     reference = greedy_logprobs(loaded, prompts, **config)
 
     monkeypatch.setenv("PIPPIN_CPU_PREFILL", "1")
-    calls = {"attention": 0, "swiglu": 0}
+    calls = {"attention": 0, "swiglu": 0, "decode": 0}
     real_attention, real_swiglu = cpu_prefill.attention, cpu_prefill.swiglu
 
     def attention(*args: object) -> mx.array:
         calls["attention"] += 1
+        calls["decode"] += args[0].shape[2] == 1  # type: ignore[attr-defined]
         return real_attention(*args)  # type: ignore[arg-type]
 
     def swiglu(*args: mx.array) -> mx.array:
@@ -147,6 +154,7 @@ def test_engine_outputs_match_mlx_ops(
     monkeypatch.setattr(cpu_prefill, "swiglu", swiglu)
     got = greedy_logprobs(loaded, prompts, **config)
     assert calls["attention"] > 0
+    assert (calls["decode"] > 0) == (decode == "every decode in numpy")
     assert (calls["swiglu"] > 0) == (arch in ("llama", "qwen3", "qwen3_next"))
     assert got.keys() == reference.keys() == {str(i) for i in range(len(prompts))}
     for rid in reference:

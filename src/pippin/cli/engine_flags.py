@@ -102,7 +102,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         type=positive_int,
         help="context limit in tokens (prompt + completion); default: the model's own. "
         "Alias: vllm-mlx's --max-kv-size, which bounds a sequence's KV by forgetting its "
-        "oldest tokens; pippin keeps every token and refuses a request that would not fit",
+        "oldest tokens; pippin keeps every token: a request that would not fit is refused "
+        "(OpenAI, Ollama) or stops where the context ends (Anthropic's "
+        "model_context_window_exceeded)",
     )
     e.add_argument(
         "--max-tokens",

@@ -14,8 +14,8 @@ and numpy's BLAS does both products. The tiles run on a thread per core (numpy r
 the GIL), BLAS held to one thread meanwhile so that the two do not oversubscribe the
 cores; the SwiGLU's rows are split the same way. The result is the same arithmetic as MLX's
 fallback (scaled scores, a max-subtracted softmax in float32); a fully masked row gets
-MLX's uniform weights, not NaN. Decode steps (one query a row) and quantised KV keep
-MLX's own path: they are traced into compiled graphs elsewhere, and their work is small.
+MLX's uniform weights, not NaN. Decode steps over a long context (`DECODE_KEYS`) take the
+same attention; shorter ones, compiled decode graphs and quantised KV keep MLX's own.
 
 `PIPPIN_CPU_PREFILL`: `auto` (the default: on when MLX computes on the CPU), `0` (MLX's
 own ops) or `1` (on whatever the device; tests use it to compare).
@@ -62,9 +62,17 @@ def wanted(mode: str) -> bool:
     return mode == "1" or (mode == "auto" and mx.default_device() == mx.cpu)
 
 
-def applies(queries: mx.array) -> bool:
-    """A prompt chunk (several queries a row), not a decode step."""
-    return queries.ndim == 4 and queries.shape[2] > 1
+# A decode step's attention goes through numpy too once its rows see this many keys: one
+# query a row costs an exp per key, and past here those outweigh the round trip.
+DECODE_KEYS = 1024
+
+
+def applies(queries: mx.array, keys: mx.array, traced: bool = False) -> bool:
+    """A prompt chunk (several queries a row), or a decode step over a long context that
+    no compiled graph traces (a trace cannot leave MLX)."""
+    if queries.ndim != 4 or traced:
+        return False
+    return queries.shape[2] > 1 or keys.shape[2] >= DECODE_KEYS
 
 
 def _cores() -> int:

@@ -234,7 +234,7 @@ def _routed(
             args = (queries, keys, values, lay.gather_blocks, lay.offsets, scale, lay.block_size)
             return fn(*args) if force else fn(*args, split=getattr(lay, "paged_split", False))
         if lay is not None and not hasattr(cache, "bits"):  # not quantised
-            if on_host and cpu_prefill.applies(queries):
+            if on_host and cpu_prefill.applies(queries, keys, getattr(lay, "traced", False)):
                 return cpu_prefill.attention(queries, keys, values, scale, mask, sinks)
             rows = prefill_attention.composed_rows(queries, keys, prefill_mode)
             if rows:

@@ -196,6 +196,7 @@ class DecodeLayout:
     fresh = False
     fused_attention = False
     fused_layer = False
+    traced = True  # a compiled step's: its attention stays in MLX
 
     def __init__(
         self,

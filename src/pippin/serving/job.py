@@ -50,10 +50,11 @@ class ChatJob:
     sampling: Sampling = field(default_factory=Sampling)
     max_tokens: int | None = None
     max_tokens_param: str = "max_tokens"
-    # A max_tokens the context cannot hold is refused on every API; this words the refusal
-    # where the API has its own words (Anthropic's, whose numbers Claude Code reads to ask
-    # again with less): (requested, prompt length, limits) -> the error, or None if it fits.
-    max_tokens_refusal: Callable[[int, int, Limits], ApiError | None] | None = None
+    # The API's own rule for a requested max_tokens, where it is not OpenAI's (one the
+    # context cannot hold is refused, naming `max_tokens_param`): (requested, prompt
+    # length, limits) -> what the engine may generate, or the API's refusal raised.
+    # Anthropic's cuts it to the rest of the context, as the hosted API does.
+    max_tokens_rule: Callable[[int, int, Limits], int] | None = None
     messages_param: str = "messages"
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -133,13 +134,12 @@ async def _render(
 
 
 def max_tokens(live: LiveModel, job: ChatJob, prompt_len: int) -> int:
-    """How many tokens the job may generate; 400 when it cannot fit."""
+    """How many tokens the job may generate, by the job's own rule if it has one, else
+    OpenAI's (400 when the request cannot fit)."""
     limits = live.limits
     assert limits is not None
-    if job.max_tokens_refusal is not None and job.max_tokens is not None:
-        refusal = job.max_tokens_refusal(job.max_tokens, prompt_len, limits)
-        if refusal is not None:
-            raise refusal
+    if job.max_tokens_rule is not None and job.max_tokens is not None:
+        return job.max_tokens_rule(job.max_tokens, prompt_len, limits)
     try:
         return resolve_max_tokens(
             job.max_tokens,

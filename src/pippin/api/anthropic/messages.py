@@ -39,7 +39,7 @@ from pippin.api.anthropic.protocol import (
 from pippin.api.common import SSE_HEADERS, cancel_on_disconnect, get_state, parse_request, typed_sse
 from pippin.api.errors import anthropic_body
 from pippin.api.openapi import anthropic_route
-from pippin.serving.errors import ApiError, bad_request
+from pippin.serving.errors import bad_request
 from pippin.serving.job import ChatJob, PreparedJob, Rendered, prepare, render
 from pippin.serving.limits import Limits
 from pippin.serving.live_model import LiveModel
@@ -62,35 +62,29 @@ _START_WAIT = 1.0
 # --- the job ---------------------------------------------------------------
 
 
-def max_tokens_refusal(
-    model: str, requested: int, prompt_len: int, limits: Limits
-) -> ApiError | None:
-    """The hosted API's refusals of a max_tokens the model cannot give, in its words: Claude
-    Code (which asks for 32,000 tokens and more) reads the numbers in the last two and asks
-    again with a max_tokens that fits. None when it fits."""
+def fit_max_tokens(model: str, requested: int, prompt_len: int, limits: Limits) -> int:
+    """What the engine may generate for `requested`, as the hosted API (Claude Sonnet 4.5
+    and later) takes it: a prompt that fills the context and a max_tokens above the most
+    the model may give (here --max-tokens) are refused in its words; a max_tokens the rest
+    of the context cannot hold is served, cut to that rest, and an answer that reaches the
+    context's end stops with "model_context_window_exceeded" (`MessageRun._stop`). So
+    Claude Code, which asks for 32,000 tokens and more, is answered the first time."""
     limit = limits.max_model_len
     if prompt_len >= limit:
-        return bad_request(
+        raise bad_request(
             f"prompt is too long: {prompt_len} tokens > {limit - 1} maximum",
             param="messages",
             code="context_length_exceeded",
         )
-    most = limit - 1 if limits.max_tokens_cap is None else min(limit - 1, limits.max_tokens_cap)
-    if requested > most:
-        return bad_request(
-            f"max_tokens: {requested} > {most}, which is the maximum allowed number of output "
+    cap = limits.max_tokens_cap
+    if cap is not None and requested > cap:
+        raise bad_request(
+            f"max_tokens: {requested} > {cap}, which is the maximum allowed number of output "
             f"tokens for {model}",
             param="max_tokens",
             code="invalid_value",
         )
-    if prompt_len + requested > limit:
-        return bad_request(
-            f"input length and `max_tokens` exceed context limit: {prompt_len} + {requested} "
-            f"> {limit}, decrease input length or `max_tokens` and try again",
-            param="max_tokens",
-            code="context_length_exceeded",
-        )
-    return None
+    return min(requested, limit - prompt_len)
 
 
 def template_kwargs(req: MessagesRequest | CountTokensRequest, live: LiveModel) -> dict[str, Any]:
@@ -159,7 +153,7 @@ def message_job(req: MessagesRequest | CountTokensRequest, server: ServerState) 
         # The API key's own prefix cache (--api-keys) is salted in `build_sampling_params`.
     )
     job.max_tokens = req.max_tokens
-    job.max_tokens_refusal = partial(max_tokens_refusal, req.model)
+    job.max_tokens_rule = partial(fit_max_tokens, req.model)
     job.budget_param = "thinking.budget_tokens"
     job.budget_if_possible = True  # the template's switch is all such a model has
     job.output_spec = lambda live, offered: structured_spec(live, req, offered)
@@ -269,6 +263,10 @@ class MessageRun:
     def _stop(self, builder: BlockBuilder) -> tuple[str, str | None]:
         loop = self.loop
         if loop.finish_reason == "length":
+            # Cut before the max_tokens asked for: the context ended it (`fit_max_tokens`).
+            asked = self.prepared.job.max_tokens
+            if asked is not None and loop.completion_tokens < asked:
+                return "model_context_window_exceeded", None
             return "max_tokens", None
         reason, seq = stop_fields(loop.last_step, builder.client_called())
         if reason == "tool_use" and loop.tools is not None and not builder.client_called():
