@@ -86,7 +86,10 @@ def run_pippin(model: str | None, lengths: list[int], chunk: int) -> dict:
     inter = getattr(loaded.model.args, "intermediate_size", 4 * hidden)  # type: ignore[attr-defined]
     warm = SamplingParams(max_tokens=2, temperature=0.0)
     drive(core, [("warm", prompt_ids(64, vocab)[::-1], warm)])
-    rate = lambda: max(matmul_gflops(chunk, hidden, 2 * inter), matmul_gflops(2048, 2048, 2048))  # noqa: E731
+
+    def rate() -> float:
+        return max(matmul_gflops(chunk, hidden, 2 * inter), matmul_gflops(2048, 2048, 2048))
+
     out: dict = {"matmul_gflops": rate(), "rows": []}
     one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     for n in lengths:

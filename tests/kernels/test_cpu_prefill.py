@@ -117,16 +117,22 @@ def test_switch(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("decode", ["short decode in MLX", "every decode in numpy"])
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3", "qwen3_next", "gpt_oss"])
+@pytest.mark.parametrize(
+    "arch", ["llama", "llama-4bit", "qwen3", "gemma3", "qwen3_next", "qwen3_moe", "gpt_oss"]
+)
 def test_engine_outputs_match_mlx_ops(
     tiny_models, arch: str, decode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Fresh prompts batched together, prompts after a cached prefix (array masks) and a
     chunked prompt: the same greedy tokens and logprobs as with MLX's own ops. gemma3 has
-    sliding-window layers, qwen3_next recurrent ones, gpt_oss attention sinks."""
+    sliding-window layers, qwen3_next recurrent ones, qwen3_moe experts (whose SwiGLU
+    keeps MLX's), gpt_oss attention sinks; llama-4bit quantised projections."""
     if decode == "every decode in numpy":
         monkeypatch.setattr(cpu_prefill, "DECODE_KEYS", 1)
-    loaded = loaded_model(tiny_models(arch))
+    loaded = loaded_model(tiny_models(arch.removesuffix("-4bit")))
+    if arch.endswith("-4bit"):
+        nn.quantize(loaded.model, group_size=64, bits=4)
+        mx.eval(loaded.model.parameters())
     rng = random.Random(7)
     header = [rng.randrange(3, 200) for _ in range(20)]
     prompts = [[rng.randrange(3, 200) for _ in range(rng.randrange(2, 40))] for _ in range(4)]
@@ -155,7 +161,7 @@ def test_engine_outputs_match_mlx_ops(
     got = greedy_logprobs(loaded, prompts, **config)
     assert calls["attention"] > 0
     assert (calls["decode"] > 0) == (decode == "every decode in numpy")
-    assert (calls["swiglu"] > 0) == (arch in ("llama", "qwen3", "qwen3_next"))
+    assert (calls["swiglu"] > 0) == (arch in ("llama", "llama-4bit", "qwen3", "qwen3_next"))
     assert got.keys() == reference.keys() == {str(i) for i in range(len(prompts))}
     for rid in reference:
         assert [t for t, _ in got[rid]] == [t for t, _ in reference[rid]], rid

@@ -67,7 +67,6 @@ class Patched:
     fused_layer: bool = False
     head: head_rows.HeadRows | None = None
     dense_quant: int = 0  # quantised layers whose prompt chunks take the dense product
-    cpu_prefill: bool = False  # prompt chunks' SwiGLU in numpy (and their attention)
 
 
 def apply(
@@ -96,7 +95,7 @@ def apply(
         routed = route_attention(model, config.prefill_attention, on_host)
         out.paged_kernel = routed and out.paged_kernel
     if on_host:
-        out.cpu_prefill = route_swiglu(model)
+        route_swiglu(model)
     if out.paged_kernel and config.fused_attention:
         out.fused_attention = fuse_attention(model)
     if out.fused_attention and config.fused_layer != "0":
@@ -162,35 +161,35 @@ def _model_modules(model: nn.Module) -> set[str]:
     return {n for n in names if n.startswith("mlx_lm.models.") and n in sys.modules}
 
 
+def _wrap_bound(model: nn.Module, attr: str, wrap: Callable[[Callable], Callable]) -> bool:
+    """Replace the function `attr` bound in each of `model`'s mlx-lm modules with `wrap`
+    of mlx-lm's own; True when at least one module has one."""
+    hooked = False
+    for name in _model_modules(model):
+        mod = sys.modules[name]
+        fn = getattr(mod, attr, None)
+        if fn is None:
+            continue
+        setattr(mod, attr, wrap(getattr(fn, _ORIGINAL, fn)))
+        hooked = True
+    return hooked
+
+
 def route_attention(model: nn.Module, prefill_mode: str = "auto", on_host: bool = False) -> bool:
     """Wrap the `scaled_dot_product_attention` of `model`'s mlx-lm modules (see the
     module's docstring); `on_host`: prompt chunks through `cpu_prefill`. True when at
     least one module calls it (so that the paged kernel can be used)."""
-    hooked = False
-    for name in _model_modules(model):
-        mod = sys.modules[name]
-        fn = getattr(mod, "scaled_dot_product_attention", None)
-        if fn is None:
-            continue
-        original = getattr(fn, _ORIGINAL, fn)
-        mod.scaled_dot_product_attention = _routed(original, prefill_mode, on_host)
-        hooked = True
-    return hooked
+    return _wrap_bound(
+        model,
+        "scaled_dot_product_attention",
+        lambda original: _routed(original, prefill_mode, on_host),
+    )
 
 
 def route_swiglu(model: nn.Module) -> bool:
     """Wrap the `swiglu` bound in `model`'s mlx-lm modules with `cpu_prefill`'s; True
     when at least one module has one."""
-    hooked = False
-    for name in _model_modules(model):
-        mod = sys.modules[name]
-        fn = getattr(mod, "swiglu", None)
-        if fn is None:
-            continue
-        original = getattr(fn, _ORIGINAL, fn)
-        mod.swiglu = _routed_swiglu(original)
-        hooked = True
-    return hooked
+    return _wrap_bound(model, "swiglu", _routed_swiglu)
 
 
 @functools.cache
