@@ -75,6 +75,9 @@ class BlockManager:
         # `take_evicted`, as (block id, key, token ids), for spilling.
         self.track_evictions = False
         self.evicted: list[tuple[int, int, tuple[int, ...]]] = []
+        # Told the key of each block that leaves the prefix cache (state snapshots
+        # keyed by it go with it).
+        self.on_forget: Callable[[int], None] | None = None
 
     # -- accounting -------------------------------------------------------
     @property
@@ -141,6 +144,8 @@ class BlockManager:
                 del self.hash_to_block[block.hash]
                 if self.track_evictions:
                     self.evicted.append((bid, block.hash, block.token_ids))
+                if self.on_forget is not None:
+                    self.on_forget(block.hash)
             block.hash = None
             block.token_ids = ()
         block.ref_count = 1
@@ -257,7 +262,9 @@ class BlockManager:
     def clear_cache(self) -> int:
         """Forget every cached block (blocks in use stay allocated, unshared)."""
         n = len(self.hash_to_block)
-        for bid in self.hash_to_block.values():
+        for key, bid in self.hash_to_block.items():
+            if self.on_forget is not None:
+                self.on_forget(key)
             block = self.blocks[bid]
             block.hash = None
             block.token_ids = ()

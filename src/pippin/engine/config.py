@@ -135,6 +135,11 @@ class EngineConfig:
     # that ran it out of memory (docs/benchmarks.md).
     buffer_cache_bytes: int | None = None
     enable_prefix_caching: bool = True
+    # Models with recurrent layers: the share of the KV cache budget their prefix cache's
+    # state snapshots may hold, and how many blocks of a long prompt lie between two
+    # (0: only at prompt ends and finished generations); `pippin.engine.state_snapshots`.
+    snapshot_memory_share: float = 0.25
+    snapshot_interval_blocks: int = 128
     # Server cap on max_tokens per request (None: up to the context).
     max_tokens_cap: int | None = None
     # Quantised KV: 4 or 8 bits per element (None: the model's dtype), in groups of

@@ -22,6 +22,7 @@ from pippin.engine.output_processor import OutputProcessor
 from pippin.engine.sampler import SampleResult, sample
 from pippin.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from pippin.engine.sequence import Sequence, Think
+from pippin.engine.state_snapshots import StateSnapshots
 from pippin.engine.speculative import Speculator
 from pippin.engine.types import (
     CompletionOutput,
@@ -132,9 +133,15 @@ class EngineCore:
         pool = self.kv_bytes = sum(r.pool_bytes for r in runners)
         self.weight_bytes = sum(r.weight_bytes for r in runners)
         mx.set_cache_limit(config.buffer_cache_bytes or max(pool, MIN_BUFFER_CACHE))
-        # Recurrent state cannot be rebuilt from KV blocks, so such models share no prefix.
-        caching = config.enable_prefix_caching and not self.runner.has_state_layers
-        self.bm = BlockManager(self.num_blocks, config.block_size, caching)
+        self.bm = BlockManager(self.num_blocks, config.block_size, config.enable_prefix_caching)
+        # Recurrent state cannot be rebuilt from KV blocks: such models resume a cached
+        # prefix from a snapshot of it.
+        self.snapshots: StateSnapshots | None = None
+        if self.runner.has_state_layers and config.enable_prefix_caching:
+            self.snapshots = StateSnapshots(
+                self.bm, self._snapshot_bytes(), config.snapshot_interval_blocks
+            )
+            self.kv_bytes += self.snapshots.max_bytes
         self.tiers = CacheTiers.create(config, self.runner, self.bm, loaded)
         self.scheduler = Scheduler(
             self.bm,
@@ -142,6 +149,7 @@ class EngineCore:
             config.max_num_batched_tokens,
             self.max_model_len,
             tiers=self.tiers,
+            snapshots=self.snapshots,
         )
         # The step launched last and not yet turned into outputs: its sequences, and
         # its sampled rows in groups (the unconstrained ones, then the constrained ones).
@@ -183,15 +191,24 @@ class EngineCore:
         per_seq = self.max_model_len // self.config.block_size + 2
         return self.config.speculative.disable_by_batch_size * per_seq + 1
 
+    def _snapshot_bytes(self) -> int:
+        """What recurrent-state snapshots may hold: their share of the KV cache budget."""
+        if not self.runner.has_state_layers or not self.config.enable_prefix_caching:
+            return 0
+        cfg = self.config
+        budget = self.runner.cache_budget(cfg.cache_memory_bytes, cfg.cache_memory_percent)
+        return int(budget * cfg.snapshot_memory_share)
+
     def _num_blocks(self, draft: DraftModel | None = None) -> int:
         cfg = self.config
         if cfg.num_blocks is not None:
             return max(cfg.num_blocks, 2)
+        budget = self.runner.cache_budget(cfg.cache_memory_bytes, cfg.cache_memory_percent)
         # The runner owns the memory: it says how many blocks the budget holds.
         return self.runner.num_kv_blocks(
             max_num_seqs=cfg.max_num_seqs,
             max_model_len=self.max_model_len,
-            budget_bytes=cfg.cache_memory_bytes,
+            budget_bytes=budget - self._snapshot_bytes(),
             memory_share=cfg.cache_memory_percent,
             draft_block_bytes=draft.bytes_per_block if draft is not None else 0,
             draft_blocks=self._draft_blocks() if draft is not None else 0,
@@ -385,6 +402,8 @@ class EngineCore:
         logits_parts: list[mx.array] = []
         for g, items in enumerate(groups):
             logits = self.runner.forward(items)
+            if self.snapshots is not None:
+                self.snapshots.after_forward(items)
             if logits is not None:
                 logits_parts.append(logits)
                 sampling.extend(it for it in items if it.samples)
@@ -421,13 +440,19 @@ class EngineCore:
                 # Only tokens known on the host can key a block.
                 known = min(seq.num_computed, seq.num_known)
                 self.bm.register_full_blocks(seq.table, seq.keys, known)
+                if seq.boundaries and self.snapshots is not None:
+                    self.snapshots.commit(seq)
         return self._collect(sampling)
 
     def _group_prefills(self, prefills: list[ScheduledSeq]) -> list[list[ScheduledSeq]]:
         if not prefills:
             return []
-        if self.runner.has_state_layers:
-            return [[p] for p in prefills]  # padding would run through recurrent state
+        if self.runner.has_state_layers and not self.runner.masks_padding:
+            # Padding would run through the recurrent state: only equal lengths share a call.
+            by_length: dict[int, list[ScheduledSeq]] = {}
+            for p in prefills:
+                by_length.setdefault(p.length, []).append(p)
+            return list(by_length.values())
         return length_groups(prefills)
 
     def _append_tokens(self, sampling: list[ScheduledSeq], result: SampleResult) -> None:
@@ -502,6 +527,7 @@ class EngineCore:
             "mlx_cache_bytes": mx.get_cache_memory(),
             "weight_bytes": self.weight_bytes,
             "kv_bytes": self.kv_bytes,
+            **(self.snapshots.stats() if self.snapshots is not None else {}),
             **(self.vision.stats() if self.vision is not None else {}),
             **(self.spec.stats() if self.spec is not None else {}),
         }

@@ -18,6 +18,7 @@ from pippin.engine.sequence import Sequence, Status
 
 if TYPE_CHECKING:
     from pippin.engine.cache_tiers import CacheTiers
+    from pippin.engine.state_snapshots import StateSnapshots
 
 
 @dataclass
@@ -56,8 +57,12 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_model_len: int,
         tiers: CacheTiers | None = None,
+        snapshots: StateSnapshots | None = None,
     ) -> None:
         self.bm = block_manager
+        # Models with recurrent layers: their state at block boundaries, without which
+        # cached blocks cannot be resumed from.
+        self.snapshots = snapshots
         # The prefix cache's lower tiers: promoted blocks are installed before each
         # step is scheduled, evicted ones copied out after it.
         self.tiers = tiers
@@ -86,6 +91,8 @@ class Scheduler:
                 self.waiting.remove(seq)
             except ValueError:
                 pass
+        if self.snapshots is not None:
+            self.snapshots.commit(seq, ending=True)
         self.bm.free_table(seq.table)
         seq.status = Status.FINISHED
         seq.recurrent = None
@@ -94,6 +101,9 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
+        if self.snapshots is not None:
+            # Its state so far is a snapshot it resumes from, if its blocks stay cached.
+            self.snapshots.commit(seq, ending=True)
         self.bm.free_table(seq.table)
         seq.status = Status.WAITING
         seq.num_computed = 0
@@ -152,7 +162,7 @@ class Scheduler:
             if budget <= 0:
                 break
             if seq.status is Status.RUNNING:  # not preempted in 1.
-                n = min(seq.num_tokens - seq.num_computed, budget)
+                n = self._chunk(seq, budget)
                 out.prefills.append(ScheduledSeq(seq, seq.num_computed, n))
                 budget -= n
 
@@ -169,6 +179,10 @@ class Scheduler:
                 seq.wait_for = None
             ids = seq.all_keys
             cached, hashes = self.bm.match_prefix(ids, seq.table.root)
+            state = None
+            if self.snapshots is not None:
+                # Recurrent layers resume only where their state was kept.
+                cached, hashes, state = self.snapshots.deepest(cached, hashes)
             need = self.bm.blocks_for(len(ids)) - len(cached)
             if not self.bm.can_allocate(need, cached):
                 # Wait for running sequences to free blocks; one that could never fit
@@ -179,9 +193,18 @@ class Scheduler:
             seq.num_computed = len(cached) * self.bm.block_size
             if seq.num_preemptions == 0:
                 seq.num_cached = seq.num_computed
+            seq.recurrent = state
             seq.status = Status.RUNNING
             self.running.append(seq)
-            n = min(len(ids) - seq.num_computed, budget)
+            n = self._chunk(seq, budget)
             out.prefills.append(ScheduledSeq(seq, seq.num_computed, n))
             budget -= n
         return out
+
+    def _chunk(self, seq: Sequence, budget: int) -> int:
+        """The next prefill chunk's length: what is left, within the budget, cut at the
+        next recurrent-state snapshot point if one comes first."""
+        n = min(seq.num_tokens - seq.num_computed, budget)
+        if self.snapshots is not None:
+            n = self.snapshots.clip(seq.num_computed, n, seq.num_tokens)
+        return n

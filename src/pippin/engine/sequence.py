@@ -87,6 +87,9 @@ class Sequence:
     grammar: Any = None
     # Per-layer recurrent state for models whose layers keep more than KV (the runner's).
     recurrent: list[Any] | None = None
+    # Its recurrent state at block boundaries, until stored as prefix-cache snapshots
+    # (`pippin.engine.state_snapshots.Boundary`).
+    boundaries: list[Any] = field(default_factory=list)
     # Images in the prompt (vision models): their keys and encoder outputs.
     media: SeqMedia | None = None
 

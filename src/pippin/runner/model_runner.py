@@ -154,6 +154,27 @@ class ModelRunner:
                 )
         if not self.specs and not self.state_sizes:
             raise UnsupportedModelError("the model has no cache layers")
+        self.masks_padding = bool(self.state_sizes) and self._state_masks_padding()
+
+    def _state_masks_padding(self) -> bool:
+        """Whether the recurrent layers keep a row's padding out of its state when told
+        the rows' lengths (mlx-lm's `ArraysCache.lengths`; not every family's mixer
+        reads them): then prompts of different lengths share a call."""
+        alone = make_prompt_cache(self.model)
+        self.model(mx.array([[5, 6, 7]]), cache=alone)
+        batched = make_prompt_cache(self.model)
+        for i in self.state_sizes:
+            batched[i].prepare(lengths=[3, 5])
+        self.model(mx.array([[5, 6, 7, 0, 0], [8, 9, 10, 11, 12]]), cache=batched)
+        for i in self.state_sizes:
+            for a, b in zip(alone[i].cache, batched[i].cache):
+                if a is None or b is None:
+                    continue
+                a, b = a.astype(mx.float32), b[:1].astype(mx.float32)
+                scale = mx.abs(a).max().item() + 1e-6
+                if mx.abs(a - b).max().item() > 0.05 * scale:
+                    return False
+        return True
 
     def _probe_quantized(self) -> None:
         """Models whose attention does not go through mlx-lm's shared
@@ -181,6 +202,11 @@ class ModelRunner:
         """The KV pools' size (0 before `allocate`)."""
         return sum(p.nbytes for p in self.pools.values())
 
+    @staticmethod
+    def cache_budget(budget_bytes: int | None, memory_share: float) -> int:
+        """The KV cache's bytes: as configured, else that share of the device's memory."""
+        return budget_bytes or int(machine_memory() * memory_share)
+
     def num_kv_blocks(
         self,
         *,
@@ -204,7 +230,7 @@ class ModelRunner:
         ceiling = max_num_seqs * (max_model_len // bs + 1) + 1
         if per_block == 0:  # no attention layers: blocks only count tokens
             return ceiling
-        budget = budget_bytes or int(machine_memory() * memory_share)
+        budget = self.cache_budget(budget_bytes, memory_share)
         if not draft_block_bytes:
             n = budget // per_block
         else:
@@ -346,7 +372,13 @@ class ModelRunner:
             per_seq.append(c)
         if len(per_seq) == 1:
             return per_seq[0]
-        return ArraysCache.merge(per_seq)
+        stacked = ArraysCache.merge(per_seq)
+        stacked.left_padding = None
+        lengths = [it.length for it in items]
+        if min(lengths) != max(lengths):
+            # Rows are padded on the right: each row's state stops at its own length.
+            stacked.prepare(lengths=lengths)
+        return stacked
 
     def arrays_to_eval(self, items: list[RunItem]) -> list[Any]:
         """Everything a step wrote, so one eval materialises it."""
