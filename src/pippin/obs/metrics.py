@@ -48,6 +48,9 @@ _COUNTERS = frozenset(
         "pippin_spec_decode_num_accepted_tokens",
         "pippin_spec_decode_num_accepted_tokens_per_pos",
         "pippin_spec_draft_evictions",
+        "pippin_state_snapshot_hits",
+        "pippin_state_snapshot_stores",
+        "pippin_state_snapshot_evictions",
     }
 )
 # Speculative decoding's counters, vLLM's names (`vllm:spec_decode_*`) under pippin's prefix.
@@ -55,6 +58,15 @@ _SPEC_DOCS = {
     "spec_decode_num_drafts": "Proposals verified (one per sequence and step).",
     "spec_decode_num_draft_tokens": "Proposed tokens verified.",
     "spec_decode_num_accepted_tokens": "Proposed tokens kept.",
+}
+
+# Recurrent-state snapshots (models with recurrent layers; `pippin.engine.state_snapshots`).
+_SNAPSHOT_DOCS = {
+    "snapshot_hits": "Admissions that resumed a cached prefix from a recurrent-state snapshot.",
+    "snapshot_stores": "Recurrent-state snapshots stored.",
+    "snapshot_evictions": "Recurrent-state snapshots dropped, for room or with their block.",
+    "snapshot_count": "Recurrent-state snapshots held in memory.",
+    "snapshot_bytes": "Bytes the recurrent-state snapshots in memory hold.",
 }
 
 
@@ -257,6 +269,9 @@ class EngineCollector(Collector):
                     m,
                     kind=kind,
                 )
+            if "snapshot_hits" in s:  # a model with recurrent layers
+                for key, doc in _SNAPSHOT_DOCS.items():
+                    add(f"pippin_state_{key}", doc, s[key], m)
             if "spec_decode_num_drafts" not in s:
                 continue  # speculation off
             for key, doc in _SPEC_DOCS.items():

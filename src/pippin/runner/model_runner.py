@@ -15,7 +15,13 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
-from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
+from mlx_lm.models.cache import (
+    ArraysCache,
+    CacheList,
+    KVCache,
+    RotatingKVCache,
+    make_prompt_cache,
+)
 
 from pippin.kernels import (
     cpu_prefill,
@@ -89,6 +95,12 @@ class ModelRunner:
         self.kv_bits = kv_bits
         self.kv_group_size = kv_group_size
         self.num_caches = 0  # entries of the model's cache list, one per layer
+        # Slots: one per cache entry, then one per part of each entry that is a
+        # `CacheList` (Falcon-H1's layers run attention and a Mamba mixer side by side):
+        # (entry, part or None). Pools, specs, state sizes and `Sequence.recurrent` are
+        # indexed by slot.
+        self.slots: list[tuple[int, int | None]] = []
+        self.parts: dict[int, list[int]] = {}  # a CacheList entry: its parts' slots
         self.specs: dict[int, LayerSpec] = {}  # attention layers
         self.state_sizes: dict[int, int] = {}  # recurrent layers
         self.kernels = kernels if kernels is not None else KernelConfig.from_env()
@@ -135,7 +147,15 @@ class ModelRunner:
         caches = make_prompt_cache(self.model)
         self.model(mx.array([[1, 2]]), cache=caches)
         self.num_caches = len(caches)
+        self.slots = [(i, None) for i in range(len(caches))]
         for i, c in enumerate(caches):
+            if type(c) is CacheList:
+                self.parts[i] = list(range(len(self.slots), len(self.slots) + len(c.caches)))
+                self.slots += [(i, k) for k in range(len(c.caches))]
+        for i, (entry, part) in enumerate(self.slots):
+            if i in self.parts:
+                continue
+            c = caches[entry] if part is None else caches[entry][part]
             if type(c) in (KVCache, RotatingKVCache):  # not subclasses: they mean other layouts
                 mx.eval(c.keys, c.values)
                 _, h, _, dk = c.keys.shape
@@ -164,10 +184,10 @@ class ModelRunner:
         self.model(mx.array([[5, 6, 7]]), cache=alone)
         batched = make_prompt_cache(self.model)
         for i in self.state_sizes:
-            batched[i].prepare(lengths=[3, 5])
+            self._slot(batched, i).prepare(lengths=[3, 5])
         self.model(mx.array([[5, 6, 7, 0, 0], [8, 9, 10, 11, 12]]), cache=batched)
         for i in self.state_sizes:
-            for a, b in zip(alone[i].cache, batched[i].cache):
+            for a, b in zip(self._slot(alone, i).cache, self._slot(batched, i).cache):
                 if a is None or b is None:
                     continue
                 a, b = a.astype(mx.float32), b[:1].astype(mx.float32)
@@ -176,15 +196,27 @@ class ModelRunner:
                     return False
         return True
 
+    def _slot(self, caches: list[Any], i: int) -> Any:
+        """Slot `i`'s cache in a list of the model's caches."""
+        entry, part = self.slots[i]
+        return caches[entry] if part is None else caches[entry][part]
+
+    def _caches(self, make: Any) -> list[Any]:
+        """The model's cache list, each slot's cache made by `make(slot)`."""
+        made = {i: make(i) for i in range(len(self.slots)) if i not in self.parts}
+        return [
+            CacheList(*(made[j] for j in self.parts[i])) if i in self.parts else made[i]
+            for i in range(self.num_caches)
+        ]
+
     def _probe_quantized(self) -> None:
         """Models whose attention does not go through mlx-lm's shared
         `scaled_dot_product_attention` cannot read quantised KV: refuse them up front."""
         pools = {i: LayerPool(s, 2, self.block_size) for i, s in self.specs.items()}
         layout = BatchLayout([0], [2], [[1, 1]], self.block_size)
-        caches: list[Any] = [
-            self._view(pools[i], layout) if i in pools else ArraysCache(self.state_sizes[i])
-            for i in range(self.num_caches)
-        ]
+        caches = self._caches(
+            lambda i: self._view(pools[i], layout) if i in pools else ArraysCache(self.state_sizes[i])
+        )
         try:
             mx.eval(self.model(mx.array([[1, 2]]), cache=caches))
         except Exception as e:
@@ -328,10 +360,15 @@ class ModelRunner:
             k = self.kernels
             paged_attention.use_kernel(layout, k.paged_kernel == "1", k.paged_split)
             self.mark_fused(layout, B)
-        caches: list[Any] = [
-            self._view(self.pools[i], layout) if i in self.pools else self._stack_state(i, items)
-            for i in range(self.num_caches)
-        ]
+        made: dict[int, Any] = {}
+
+        def make(i: int) -> Any:
+            if i in self.pools:
+                return self._view(self.pools[i], layout)
+            made[i] = self._stack_state(i, items)
+            return made[i]
+
+        caches = self._caches(make)
         if any(items[b].draft for b in rows):
             # Verifying proposals: every position from the last known token on.
             rows, cols = _verify_positions(items, rows)
@@ -348,10 +385,10 @@ class ModelRunner:
 
         if self.state_sizes:
             for i in self.state_sizes:
-                stacked: ArraysCache = caches[i]
+                stacked: ArraysCache = made[i]
                 for b, it in enumerate(items):
                     if it.seq.recurrent is None:
-                        it.seq.recurrent = [None] * self.num_caches
+                        it.seq.recurrent = [None] * len(self.slots)
                     it.seq.recurrent[i] = [c[b : b + 1] for c in stacked.cache]
 
         if not rows:
