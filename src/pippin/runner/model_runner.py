@@ -214,9 +214,11 @@ class ModelRunner:
         `scaled_dot_product_attention` cannot read quantised KV: refuse them up front."""
         pools = {i: LayerPool(s, 2, self.block_size) for i, s in self.specs.items()}
         layout = BatchLayout([0], [2], [[1, 1]], self.block_size)
-        caches = self._caches(
-            lambda i: self._view(pools[i], layout) if i in pools else ArraysCache(self.state_sizes[i])
-        )
+
+        def make(i: int) -> Any:
+            return self._view(pools[i], layout) if i in pools else ArraysCache(self.state_sizes[i])
+
+        caches = self._caches(make)
         try:
             mx.eval(self.model(mx.array([[1, 2]]), cache=caches))
         except Exception as e:
