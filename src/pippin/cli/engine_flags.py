@@ -87,6 +87,13 @@ def _memory_share(text: str) -> float:
     return value if value <= 1 else value / 100
 
 
+def _snapshot_share(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value}")
+    return value
+
+
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
     e = p.add_argument_group("engine")
     e.add_argument(
@@ -206,6 +213,23 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         dest="prefix_caching",
         action="store_false",
         help="turn the prefix cache off (vLLM and vllm-mlx spellings)",
+    )
+    e.add_argument(
+        "--snapshot-interval",
+        dest="snapshot_interval",
+        type=non_negative_int,
+        default=EngineConfig.snapshot_interval_blocks,
+        help="models with recurrent layers (Qwen3.5, Qwen3-Next, Nemotron-H, Mamba): keep "
+        "a snapshot of the recurrent state every this many KV blocks of a long prompt, so "
+        "prompts sharing only a prefix resume from it; 0: only at prompt ends and "
+        "finished answers (default: %(default)s)",
+    )
+    e.add_argument(
+        "--snapshot-memory-share",
+        type=_snapshot_share,
+        default=EngineConfig.snapshot_memory_share,
+        help="models with recurrent layers: the share of the KV cache memory their "
+        "recurrent-state snapshots may take (default: %(default)s)",
     )
     e.add_argument(
         "--kv-bits",
@@ -344,6 +368,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         cache_memory_bytes=args.cache_memory_mb * MIB if args.cache_memory_mb else None,
         buffer_cache_bytes=args.buffer_cache_mb * MIB if args.buffer_cache_mb else None,
         enable_prefix_caching=args.prefix_caching,
+        snapshot_interval_blocks=args.snapshot_interval,
+        snapshot_memory_share=args.snapshot_memory_share,
         max_tokens_cap=args.max_tokens,
         kv_bits=args.kv_bits,
         kv_group_size=args.kv_group_size,
