@@ -19,7 +19,13 @@ from support.engine_runs import (
 
 from pippin.engine.block_manager import BlockManager, BlockTable
 from pippin.engine.core import EngineCore
-from pippin.engine.state_snapshots import StateSnapshots, own_copy, state_bytes
+from pippin.engine.state_snapshots import (
+    STATE_ONLY_INTERVAL_TOKENS,
+    StateSnapshots,
+    own_copy,
+    snapshot_interval,
+    state_bytes,
+)
 from pippin.engine.types import SamplingParams
 
 BS = 4
@@ -200,3 +206,10 @@ def test_preempted_sequences_resume_from_their_own_snapshots(hybrid) -> None:
     assert stats["preemptions"] > 0 and stats["snapshot_hits"] > 0
     for i, ref in enumerate(refs):
         assert agrees(res[f"r{i}"]["ids"][0], *ref), i
+
+
+def test_the_interval_weighs_a_snapshot_against_the_kv_it_covers() -> None:
+    # Qwen3-Next-80B: 73.7 MiB of state, 24 KiB of KV a token -> 6,288 tokens apart.
+    assert snapshot_interval(int(73.6875 * 2**20), 24 * 1024, 16) == 393
+    assert snapshot_interval(1000, 0, 16) == STATE_ONLY_INTERVAL_TOKENS // 16
+    assert snapshot_interval(10, 10**6, 16) == 1

@@ -222,7 +222,8 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         help="models with recurrent layers (Qwen3.5, Qwen3-Next, Nemotron-H, Mamba): keep "
         "a snapshot of the recurrent state every this many KV blocks of a long prompt, so "
         "prompts sharing only a prefix resume from it; 0: only at prompt ends and "
-        "finished answers (default: %(default)s)",
+        "finished answers (default: as many blocks as make a snapshot cost at most a "
+        "quarter of the KV memory of the tokens it covers)",
     )
     e.add_argument(
         "--snapshot-memory-share",

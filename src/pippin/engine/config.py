@@ -137,9 +137,10 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     # Models with recurrent layers: the share of the KV cache budget their prefix cache's
     # state snapshots may hold, and how many blocks of a long prompt lie between two
-    # (0: only at prompt ends and finished generations); `pippin.engine.state_snapshots`.
+    # (0: only at prompt ends and finished generations; None: `snapshot_interval`'s
+    # choice for the model); `pippin.engine.state_snapshots`.
     snapshot_memory_share: float = 0.25
-    snapshot_interval_blocks: int = 128
+    snapshot_interval_blocks: int | None = None
     # Server cap on max_tokens per request (None: up to the context).
     max_tokens_cap: int | None = None
     # Quantised KV: 4 or 8 bits per element (None: the model's dtype), in groups of

@@ -22,8 +22,8 @@ from pippin.engine.output_processor import OutputProcessor
 from pippin.engine.sampler import SampleResult, sample
 from pippin.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from pippin.engine.sequence import Sequence, Think
-from pippin.engine.state_snapshots import StateSnapshots
 from pippin.engine.speculative import Speculator
+from pippin.engine.state_snapshots import StateSnapshots, snapshot_interval
 from pippin.engine.types import (
     CompletionOutput,
     EngineError,
@@ -33,6 +33,7 @@ from pippin.engine.types import (
 )
 from pippin.runner.batch import length_groups
 from pippin.runner.model_runner import ModelRunner
+from pippin.runner.paged_cache import bytes_per_block
 from pippin.store.loaded import LoadedModel
 from pippin.vision.encoder import VisionEncoder
 from pippin.vision.inputs import SeqMedia
@@ -138,9 +139,13 @@ class EngineCore:
         # prefix from a snapshot of it.
         self.snapshots: StateSnapshots | None = None
         if self.runner.has_state_layers and config.enable_prefix_caching:
-            self.snapshots = StateSnapshots(
-                self.bm, self._snapshot_bytes(), config.snapshot_interval_blocks
-            )
+            interval = config.snapshot_interval_blocks
+            if interval is None:
+                per_token = bytes_per_block(self.runner.kv_specs, 1)
+                interval = snapshot_interval(
+                    self.runner.state_bytes, per_token, config.block_size
+                )
+            self.snapshots = StateSnapshots(self.bm, self._snapshot_bytes(), interval)
             self.kv_bytes += self.snapshots.max_bytes
         self.tiers = CacheTiers.create(config, self.runner, self.bm, loaded)
         self.scheduler = Scheduler(

@@ -20,11 +20,14 @@ Snapshots are taken (the scheduler ends prefill chunks there, `clip`):
 
 They are held in device memory within `max_bytes`, a share of the KV cache budget
 (LRU past it), and one is dropped when the block it is keyed by leaves the prefix cache.
+With an SSD tier, `on_drop` is told each one leaving memory so (to write it), and
+snapshots read back from disk come in through `install` (`pippin.engine.cache_tiers`).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +50,27 @@ def state_bytes(state: State) -> int:
     return sum(a.nbytes for s in state if s is not None for a in s)
 
 
+# A snapshot every so many tokens of a long prompt may weigh at most this share of the
+# KV those tokens hold (see `snapshot_interval`).
+INTERVAL_OVERHEAD = 0.5
+# Models with no attention layers (Mamba): no KV to weigh a snapshot against.
+STATE_ONLY_INTERVAL_TOKENS = 4096
+
+
+def snapshot_interval(state_bytes: int, kv_bytes_per_token: int, block_size: int) -> int:
+    """Blocks between two snapshots of a long prompt. A snapshot saves a request that
+    diverges after it the prefill of the tokens since the one before, so the closer they
+    are the less is recomputed; what limits them is memory, so the interval is the
+    fewest tokens whose KV weighs 1 / `INTERVAL_OVERHEAD` times a snapshot. Qwen3-Next-80B's
+    state (36 gated-delta layers, float32: 73.7 MiB) weighs as much as 3,144 tokens of
+    its KV (12 attention layers, 24 KiB a token): a snapshot every 6.3k tokens."""
+    if kv_bytes_per_token <= 0:
+        tokens = STATE_ONLY_INTERVAL_TOKENS
+    else:
+        tokens = state_bytes / (INTERVAL_OVERHEAD * kv_bytes_per_token)
+    return max(1, -(-int(tokens) // block_size))
+
+
 @dataclass
 class Boundary:
     """A sequence's state after its first `tokens` tokens (a block boundary), until that
@@ -59,9 +83,7 @@ class Boundary:
 
 
 class StateSnapshots:
-    def __init__(
-        self, bm: BlockManager, max_bytes: int, interval_blocks: int
-    ) -> None:
+    def __init__(self, bm: BlockManager, max_bytes: int, interval_blocks: int) -> None:
         self.bm = bm
         self.max_bytes = max_bytes
         self.block_size = bm.block_size
@@ -71,6 +93,8 @@ class StateSnapshots:
         self.hits = 0
         self.stores = 0
         self.evictions = 0  # dropped for room or with their block
+        # Told each snapshot dropped for room or with its block (the SSD tier writes it).
+        self.on_drop: Callable[[int, State], None] | None = None
         bm.on_forget = self._forget
 
     def __len__(self) -> int:
@@ -144,17 +168,31 @@ class StateSnapshots:
         return [], [], None
 
     def put(self, key: int, state: State) -> None:
+        if self._enter(key, state):
+            self.stores += 1
+
+    def install(self, key: int, state: State) -> None:
+        """Enter a snapshot read back from a lower tier, most recently used (one already
+        here is kept)."""
+        if key in self._snaps:
+            self._snaps.move_to_end(key)
+        else:
+            self._enter(key, state)
+
+    def _enter(self, key: int, state: State) -> bool:
         nbytes = state_bytes(state)
         if nbytes > self.max_bytes:
-            return
+            return False
         self._forget(key, evicted=False)
         while self._snaps and self.bytes + nbytes > self.max_bytes:
-            _, (_, b) = self._snaps.popitem(last=False)
+            old, (old_state, b) = self._snaps.popitem(last=False)
             self.bytes -= b
             self.evictions += 1
+            if self.on_drop is not None:
+                self.on_drop(old, old_state)
         self._snaps[key] = (state, nbytes)
         self.bytes += nbytes
-        self.stores += 1
+        return True
 
     def _forget(self, key: int, evicted: bool = True) -> None:
         """Drop the snapshot keyed by a block the prefix cache let go."""
@@ -162,9 +200,20 @@ class StateSnapshots:
         if entry is not None:
             self.bytes -= entry[1]
             self.evictions += evicted
+            if evicted and self.on_drop is not None:
+                self.on_drop(key, entry[0])
 
     def contains(self, key: int) -> bool:
         return key in self._snaps
+
+    def touch(self, key: int) -> None:
+        """Mark a snapshot most recently used (a request will resume from it)."""
+        if key in self._snaps:
+            self._snaps.move_to_end(key)
+
+    def items(self) -> list[tuple[int, State]]:
+        """Every snapshot in memory, least recently used first."""
+        return [(k, state) for k, (state, _) in self._snaps.items()]
 
     def stats(self) -> dict[str, int]:
         return {

@@ -103,6 +103,7 @@ class ModelRunner:
         self.parts: dict[int, list[int]] = {}  # a CacheList entry: its parts' slots
         self.specs: dict[int, LayerSpec] = {}  # attention layers
         self.state_sizes: dict[int, int] = {}  # recurrent layers
+        self.state_bytes = 0  # one sequence's recurrent state
         self.kernels = kernels if kernels is not None else KernelConfig.from_env()
         self._probe()
         self.pools: dict[int, LayerPool] = {}
@@ -168,6 +169,7 @@ class ModelRunner:
                 self.specs[i] = LayerSpec(h, dk, dv, c.keys.dtype, self.kv_bits, self.kv_group_size)
             elif isinstance(c, ArraysCache):
                 self.state_sizes[i] = len(c.cache)
+                self.state_bytes += sum(a.nbytes for a in c.cache if a is not None)
             else:
                 raise UnsupportedModelError(
                     f"layer {i} uses a {type(c).__name__}, which the paged engine does not run yet"
