@@ -35,15 +35,20 @@ from typing import Any
 import mlx.core as mx
 
 from pippin.engine.block_manager import BlockManager
+from pippin.runner.recurrent_state import as_arrays
 
 # Per cache layer: that recurrent layer's arrays, or None (attention layers).
 State = list[list[mx.array] | None]
 
 
-def own_copy(state: State) -> State:
-    """The state in arrays of its own: a row sliced from a batched call's state would
-    keep the whole batch's buffer alive."""
-    return [None if s is None else [mx.contiguous(a) for a in s] for s in state]
+def own_copy(state: list[Any]) -> State:
+    """A sequence's state (`Sequence.recurrent`) in arrays of its own: a row of a batched
+    call's state would keep the whole batch's buffers alive."""
+    out: State = []
+    for entry in state:
+        arrays = as_arrays(entry)
+        out.append(None if arrays is None else [mx.contiguous(a) for a in arrays])
+    return out
 
 
 def state_bytes(state: State) -> int:

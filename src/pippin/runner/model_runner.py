@@ -30,7 +30,7 @@ from pippin.kernels import (
     patches,
 )
 from pippin.kernels.config import KernelConfig
-from pippin.runner import decode_graph
+from pippin.runner import decode_graph, recurrent_state
 from pippin.runner.batch import RunItem
 from pippin.runner.paged_cache import (
     BatchLayout,
@@ -389,11 +389,10 @@ class ModelRunner:
 
         if self.state_sizes:
             for i in self.state_sizes:
-                stacked: ArraysCache = made[i]
-                for b, it in enumerate(items):
+                for it, row in zip(items, recurrent_state.unstack(made[i], len(items))):
                     if it.seq.recurrent is None:
                         it.seq.recurrent = [None] * len(self.slots)
-                    it.seq.recurrent[i] = [c[b : b + 1] for c in stacked.cache]
+                    it.seq.recurrent[i] = row
 
         if not rows:
             return None
@@ -404,22 +403,8 @@ class ModelRunner:
         return logits[mx.array(rows), mx.array(cols)]
 
     def _stack_state(self, layer: int, items: list[RunItem]) -> ArraysCache:
-        size = self.state_sizes[layer]
-        per_seq = []
-        for it in items:
-            c = ArraysCache(size)
-            if it.seq.recurrent is not None and it.seq.recurrent[layer] is not None:
-                c.cache = list(it.seq.recurrent[layer])
-            per_seq.append(c)
-        if len(per_seq) == 1:
-            return per_seq[0]
-        stacked = ArraysCache.merge(per_seq)
-        stacked.left_padding = None
-        lengths = [it.length for it in items]
-        if min(lengths) != max(lengths):
-            # Rows are padded on the right: each row's state stops at its own length.
-            stacked.prepare(lengths=lengths)
-        return stacked
+        entries = [None if it.seq.recurrent is None else it.seq.recurrent[layer] for it in items]
+        return recurrent_state.stack(entries, self.state_sizes[layer], [it.length for it in items])
 
     def arrays_to_eval(self, items: list[RunItem]) -> list[Any]:
         """Everything a step wrote, so one eval materialises it."""
