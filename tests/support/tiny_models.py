@@ -21,6 +21,7 @@ import shutil
 import sysconfig
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -529,10 +530,14 @@ def _key(arch: str, seed: int, overrides: dict[str, Any]) -> str:
 
 
 class TinyModelCache:
-    """Builds each ``(arch, seed, overrides)`` once under ``root`` and returns its folder."""
+    """Builds each ``(arch, seed, overrides)`` once under ``root`` and returns its folder.
 
-    def __init__(self, root: Path) -> None:
+    ``build(arch, dest, seed=..., **overrides)`` makes one (other builders, such as
+    ``tiny_hybrids``, memoise through this too)."""
+
+    def __init__(self, root: Path, build: Callable[..., Path] | None = None) -> None:
         self.root = Path(root)
+        self._build = build or build_tiny_model
         self._built: dict[str, Path] = {}
 
     def __call__(self, arch: str, *, seed: int = 0, **overrides: Any) -> Path:
@@ -542,7 +547,7 @@ class TinyModelCache:
         with _lock:
             if key not in self._built:
                 dest = self.root / key
-                self._built[key] = build_tiny_model(arch, dest, seed=seed, **overrides)
+                self._built[key] = self._build(arch, dest, seed=seed, **overrides)
             return self._built[key]
 
 
@@ -555,6 +560,18 @@ def set_cache_root(root: Path) -> TinyModelCache:
         return _cache
 
 
+def cache_root() -> Path:
+    """Where memoised builds go: :func:`set_cache_root`'s folder, else a temporary one
+    removed at exit."""
+    with _lock:
+        if _cache is None:
+            root = Path(tempfile.mkdtemp(prefix="pippin-tiny-models-"))
+            atexit.register(shutil.rmtree, root, True)
+            set_cache_root(root)
+        assert _cache is not None
+        return _cache.root
+
+
 def get_tiny_model(arch: str, *, seed: int = 0, **overrides: Any) -> Path:
     """Memoised :func:`build_tiny_model`: the folder of a tiny ``arch`` model, built once.
 
@@ -562,11 +579,9 @@ def get_tiny_model(arch: str, *, seed: int = 0, **overrides: Any) -> Path:
     Treat the folder as read-only: other tests share it.
     """
     with _lock:
+        cache_root()
         cache = _cache
-        if cache is None:
-            root = Path(tempfile.mkdtemp(prefix="pippin-tiny-models-"))
-            atexit.register(shutil.rmtree, root, True)
-            cache = set_cache_root(root)
+        assert cache is not None
     return cache(arch, seed=seed, **overrides)
 
 
