@@ -1,5 +1,6 @@
 """The prefix cache's tiers on tiny models: memory, SSD spill and promotion, restart
-reuse, corrupt files, a failing disk, model changes, cache_salt and quantised KV."""
+reuse, corrupt files, a failing disk, model changes, cache_salt and quantised KV; for
+models with recurrent layers (Qwen3-Next, Mamba) their state snapshots too."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from mlx_lm.models.cache import QuantizedKVCache
+from support import tiny_hybrids
 from support.engine_runs import (
     OOM,
     agrees,
@@ -18,6 +21,7 @@ from support.engine_runs import (
     engine_config,
     faulty_forward,
     loaded_model,
+    mlx_lm_reference,
     random_prompts,
     run_to_end,
 )
@@ -26,6 +30,7 @@ from pippin.engine.core import EngineCore
 from pippin.engine.kv_fingerprint import kv_fingerprint
 from pippin.engine.ssd_store import SsdStore
 from pippin.engine.types import SamplingParams
+from pippin.store.loader import load_model
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 BS = 4
@@ -47,7 +52,14 @@ def _evict_all(core: EngineCore, vocab: int) -> None:
     for i, p in enumerate(random_prompts(vocab, 12, seed=99)):
         _one(core, f"filler{i}", p)
     core.scheduler.schedule()  # hands the last spills to the writer
-    core.tiers.store.drain()
+    _drain(core)
+
+
+def _drain(core: EngineCore) -> None:
+    """Wait for the writers of KV blocks and of state snapshots."""
+    for store in (core.tiers.store, getattr(core.tiers.ssd_snapshots, "store", None)):
+        if store is not None:
+            store.drain()
 
 
 def _stats(core: EngineCore) -> dict:
@@ -142,22 +154,24 @@ def test_concurrent_requests_share_a_prefix_being_promoted(llama, tmp_path: Path
     core.tiers.close()
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen3_next"])
 def test_failed_step_leaves_the_disk_tier_right(
-    llama, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_models, arch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Out of memory while requests run on blocks promoted from disk: after the recovery
-    (fresh pools, the memory tier emptied) they end as without it, and the blocks on disk
-    are still read back right."""
-    vocab = llama.model.args.vocab_size
+    """Out of memory while requests run on blocks (and, for Qwen3-Next, a snapshot)
+    promoted from disk: after the recovery (fresh pools, the memory tier emptied) they end
+    as without it, and what is on disk is still read back right."""
+    loaded = loaded_model(tiny_models(arch))
+    vocab = loaded.model.args.vocab_size
     prompt = _prompt(vocab)
     prompts = [prompt + [20 + i] * (i + 4) for i in range(3)]
-    ref = _core(llama, None)
+    ref = _core(loaded, None)
     for i, p in enumerate(prompts):
         ref.add_request(f"r{i}", p, GREEDY)
     want = run_to_end(ref)
     cold = _one(ref, "cold", prompt)
 
-    core = _core(llama, tmp_path)
+    core = _core(loaded, tmp_path)
     _one(core, "cold", prompt)
     _evict_all(core, vocab)
     calls = {"n": 0}
@@ -320,10 +334,194 @@ def test_ssd_size_cap_evicts_least_recently_used(llama, tmp_path: Path) -> None:
     core.tiers.close(flush=False)
 
 
-def test_recurrent_models_opt_out_of_the_ssd_tier(tiny_models, tmp_path: Path) -> None:
-    core = _core(loaded_model(tiny_models("qwen3_next")), tmp_path)
+def test_stores_on_one_directory_share_its_cap_and_clear(tmp_path: Path) -> None:
+    """A hybrid model's block and snapshot stores (two fingerprints, one directory): one
+    byte count under the cap, the other's rows evicted first when older, one clear."""
+    blocks = SsdStore(tmp_path, "blocks-fp", 1000, 5000)
+    snaps = SsdStore(tmp_path, "snapshots-fp", 1000, 5000)
+    payload = np.zeros(1000, np.uint8)
+    for store in (blocks, snaps):
+        for k in range(3):  # files of about 1.1 kB: four fit
+            store.put(k, (k,), [payload], block=True)
+            store.drain()
+    assert blocks.keys == {2} and snaps.keys == {0, 1, 2}
+    assert blocks.total_bytes == snaps.total_bytes <= 5000
+    assert len(list(tmp_path.glob("*/*/*.kv"))) == 4
+    assert snaps.clear() == 4
+    assert blocks.keys == set() and not list(tmp_path.glob("*/*/*.kv"))
+    blocks.put(7, (7,), [payload], block=True)  # its folder is back
+    blocks.drain()
+    assert blocks.keys == {7} and snaps.total_bytes == blocks.total_bytes > 1000
+    blocks.close()
+    snaps.close()
+
+
+# -- models with recurrent layers: KV blocks and state snapshots -----------------------
+@pytest.fixture
+def hybrid(tiny_models):
+    return loaded_model(tiny_models("qwen3_next"))
+
+
+def _hybrid_core(loaded, ssd: Path | None, **kw) -> EngineCore:
+    # Snapshots only at prompt ends and finished generations: the tests know where.
+    return _core(loaded, ssd, snapshot_interval_blocks=0, **kw)
+
+
+def _in_memory(core: EngineCore, prompt: list[int]) -> tuple[int, int]:
+    """How many of the prompt's blocks, and of their snapshots, are in memory."""
+    keys = core.bm.prompt_keys(prompt)
+    assert core.snapshots is not None
+    blocks = sum(k in core.bm.hash_to_block for k in keys)
+    return blocks, sum(core.snapshots.contains(k) for k in keys)
+
+
+def test_hybrid_blocks_and_snapshots_spill_and_come_back(hybrid, tmp_path: Path) -> None:
+    """Qwen3-Next: a prompt's blocks and snapshots evicted to disk; the same prompt and
+    the next turn (into the answer) resume from disk and give mlx-lm's tokens."""
+    vocab = hybrid.model.args.vocab_size
+    prompt = _prompt(vocab)
+    ref = mlx_lm_reference(hybrid.model, prompt, GREEDY.max_tokens)
+    core = _hybrid_core(hybrid, tmp_path)
+    cold = _one(core, "cold", prompt)
+    assert cold["cached"] == 0 and agrees(cold["ids"][0], *ref)
+    _evict_all(core, vocab)
+    assert _in_memory(core, prompt) == (0, 0)
     ssd = _stats(core)["ssd"]
-    assert ssd["enabled"] is False and "recurrent" in ssd["reason"]
+    assert ssd["blocks"] >= 10 and ssd["snapshots"]["count"] >= 2  # prompt end, answer end
+    assert ssd["snapshots"]["bytes"] == ssd["snapshots"]["count"] * core.runner.state_bytes
+
+    hit = _one(core, "hit", prompt)
+    assert hit["cached"] == 40 and hit["ids"] == cold["ids"]
+    snaps = _stats(core)["ssd"]["snapshots"]
+    assert snaps["hits"] == snaps["promoted"] == snaps["read_hits"] == 1
+
+    # The next turn: its cached part reaches into the answer, from the snapshot taken
+    # when the generation ended, also brought back from disk.
+    turn2 = prompt + cold["ids"][0] + _prompt(vocab, 9, seed=6)
+    ref2 = mlx_lm_reference(hybrid.model, turn2, GREEDY.max_tokens)
+    _evict_all(core, vocab)  # its fillers come back from disk too
+    promoted = _stats(core)["ssd"]["snapshots"]["promoted"]
+    second = _one(core, "turn2", turn2)
+    assert second["cached"] == (len(prompt) + GREEDY.max_tokens - 1) // BS * BS
+    assert agrees(second["ids"][0], *ref2)
+    assert _stats(core)["ssd"]["snapshots"]["promoted"] == promoted + 1
+    core.tiers.close()
+
+
+def test_a_snapshot_evicted_for_room_comes_back_alone(hybrid, tmp_path: Path) -> None:
+    """Snapshot memory for one: the prompt's snapshot makes room for the answer's and is
+    written, its blocks stay in memory; the prompt again reads only the snapshot."""
+    vocab = hybrid.model.args.vocab_size
+    prompt = _prompt(vocab)
+    probe = _hybrid_core(hybrid, None)
+    budget = 1 << 30
+    share = 1.5 * probe.runner.state_bytes / budget
+    core = _hybrid_core(hybrid, tmp_path, cache_memory_bytes=budget, snapshot_memory_share=share)
+    cold = _one(core, "cold", prompt)
+    core.scheduler.schedule()  # hands the spill to the writer
+    _drain(core)
+    assert _in_memory(core, prompt) == (10, 0)
+    assert _stats(core)["ssd"]["snapshots"]["count"] == 1
+    hit = _one(core, "hit", prompt)
+    assert hit["cached"] == 40 and hit["ids"] == cold["ids"]
+    ssd = _stats(core)["ssd"]
+    assert ssd["snapshots"]["promoted"] == 1 and ssd["reads"] == 0  # no block was read
+    core.tiers.close()
+
+
+def test_hybrid_restart_serves_from_disk_alone(hybrid, tmp_path: Path) -> None:
+    vocab = hybrid.model.args.vocab_size
+    prompt = _prompt(vocab)
+    ref = mlx_lm_reference(hybrid.model, prompt, GREEDY.max_tokens)
+    first = _hybrid_core(hybrid, tmp_path)
+    _one(first, "cold", prompt)
+    first.tiers.close(flush=True)  # what the server does on shutdown
+
+    again = _hybrid_core(hybrid, tmp_path)
+    ssd = _stats(again)["ssd"]
+    assert ssd["blocks"] >= 10 and ssd["snapshots"]["count"] >= 2
+    # Two requests on the prompt's prefix wait for the same blocks and snapshot.
+    longer = [prompt + [20 + i] * (i + 4) for i in range(2)]
+    for i, p in enumerate(longer):
+        again.add_request(f"r{i}", p, GREEDY)
+        assert again.tiers.is_promoting(again.scheduler.waiting[i])
+    res = run_to_end(again)
+    for i, p in enumerate(longer):
+        assert res[f"r{i}"]["cached"] == 40
+        assert agrees(res[f"r{i}"]["ids"][0], *mlx_lm_reference(hybrid.model, p, 6))
+    ssd = _stats(again)["ssd"]
+    assert ssd["reads"] == 10 and ssd["snapshots"]["reads"] == 1  # each read once
+    hit = _one(again, "hit", prompt)
+    assert hit["cached"] == 40 and agrees(hit["ids"][0], *ref)
+    again.tiers.close()
+
+
+def test_corrupt_snapshot_is_counted_and_the_prompt_computed(hybrid, tmp_path: Path) -> None:
+    vocab = hybrid.model.args.vocab_size
+    prompt = _prompt(vocab)
+    first = _hybrid_core(hybrid, tmp_path)
+    cold = _one(first, "cold", prompt)
+    key = f"{first.bm.prompt_keys(prompt)[-1]:032x}"
+    fp = first.tiers.ssd_snapshots.store.fingerprint
+    first.tiers.close(flush=True)
+    path = tmp_path / fp / key[:2] / f"{key}.kv"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+    core = _hybrid_core(hybrid, tmp_path)
+    res = _one(core, "after", prompt)
+    assert res["cached"] == 0 and res["ids"] == cold["ids"]  # never wrong state
+    snaps = _stats(core)["ssd"]["snapshots"]
+    assert snaps["corrupt"] == 1 and snaps["promoted"] == 0 and not path.exists()
+    # Computed again, the prompt's snapshot is back in memory: a hit.
+    assert _one(core, "again", prompt)["cached"] == 40
+    core.tiers.close()
+
+
+def test_hybrid_clear_each_tier(hybrid, tmp_path: Path) -> None:
+    vocab = hybrid.model.args.vocab_size
+    prompt = _prompt(vocab)
+    core = _hybrid_core(hybrid, tmp_path)
+    _one(core, "cold", prompt)
+    core.tiers.flush()
+    assert _stats(core)["ssd"]["snapshots"]["count"] >= 2
+    core.tiers.clear("memory")
+    assert _in_memory(core, prompt) == (0, 0)
+    assert core.snapshots is not None and len(core.snapshots) == 0
+    assert _stats(core)["ssd"]["snapshots"]["writes"] == 2  # clearing memory writes nothing
+    assert _one(core, "from-ssd", prompt)["cached"] == 40
+    core.tiers.clear()
+    ssd = _stats(core)["ssd"]
+    assert ssd["blocks"] == 0 and ssd["snapshots"]["count"] == 0
+    assert not list(tmp_path.glob("*/*/*.kv"))
+    assert _one(core, "cold-again", prompt)["cached"] == 0
+    core.tiers.close()
+
+
+def test_recurrent_only_model_keeps_only_snapshots_on_disk(tiny_models, tmp_path: Path) -> None:
+    """Mamba: blocks hold no KV, so none is written; a snapshot brings a prompt back,
+    after eviction and after a restart."""
+    loaded = loaded_model(tiny_hybrids.get_tiny_hybrid("mamba"))
+    vocab = loaded.model.args.vocab_size
+    prompt = _prompt(vocab)
+    ref = mlx_lm_reference(loaded.model, prompt, GREEDY.max_tokens)
+    core = _hybrid_core(loaded, tmp_path)
+    assert core.tiers.store is None and core.tiers.ssd_snapshots is not None
+    cold = _one(core, "cold", prompt)
+    assert agrees(cold["ids"][0], *ref)
+    _evict_all(core, vocab)
+    assert _in_memory(core, prompt) == (0, 0)
+    hit = _one(core, "hit", prompt)
+    assert hit["cached"] == 40 and hit["ids"] == cold["ids"]
+    ssd = _stats(core)["ssd"]
+    assert ssd["blocks"] == 0 and ssd["snapshots"]["promoted"] == 1
+    core.tiers.close(flush=True)
+
+    again = _hybrid_core(loaded, tmp_path)
+    hit = _one(again, "restart", prompt)
+    assert hit["cached"] == 40 and hit["ids"] == cold["ids"]
+    again.tiers.close()
 
 
 def _quantized_reference(model, prompt: list[int], n: int, bits: int, group_size: int):
@@ -382,3 +580,21 @@ def test_quantized_kv_sizes_the_pool_by_its_bytes(tiny_models) -> None:
     )
     assert quant.num_blocks > 3 * full.num_blocks
     mx.clear_cache()
+
+
+@pytest.mark.parametrize("family", tiny_hybrids.FAMILIES)
+def test_every_hybrid_family_restarts_from_disk(tiny_models, family: str, tmp_path: Path) -> None:
+    """Each family's state layout (Falcon-H1's CacheList slots, LFM2's convolutions, ...)
+    is written and read back: after a restart the prompt resumes with the same tokens."""
+    loaded = load_model(str(tiny_hybrids.get_tiny_hybrid(family)))
+    prompt = _prompt(loaded.vocab_size)
+    first = _hybrid_core(loaded, tmp_path)
+    cold = _one(first, "cold", prompt)
+    first.tiers.close(flush=True)
+    snaps = _stats(first)["ssd"]["snapshots"]
+    assert snaps["count"] == 2 and snaps["not_written_other_layout"] == 0
+
+    again = _hybrid_core(loaded, tmp_path)
+    hit = _one(again, "hit", prompt)
+    assert hit["cached"] == 40 and hit["ids"] == cold["ids"]
+    again.tiers.close(flush=False)

@@ -147,7 +147,9 @@ class EngineCore:
                 )
             self.snapshots = StateSnapshots(self.bm, self._snapshot_bytes(), interval)
             self.kv_bytes += self.snapshots.max_bytes
-        self.tiers = CacheTiers.create(config, self.runner, self.bm, loaded)
+        self.tiers = CacheTiers.create(
+            config, self.runner, self.bm, loaded, snapshots=self.snapshots
+        )
         self.scheduler = Scheduler(
             self.bm,
             config.max_num_seqs,

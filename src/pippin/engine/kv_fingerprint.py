@@ -4,7 +4,8 @@ Two processes may share KV blocks only if the same tokens give the same KV. That
 on the weights, the dtype and the KV layout (block size, layer shapes, quantisation), so
 the fingerprint hashes all of them. Hashing every weight of a large model would take
 minutes; instead each parameter contributes its name, shape, dtype and a strided sample
-of its values (a fine-tune or a changed quantisation changes the samples).
+of its values (a fine-tune or a changed quantisation changes the samples). Recurrent-state
+snapshots on disk have one of their own (`state_fingerprint`): this one plus their layout.
 """
 
 from __future__ import annotations
@@ -29,6 +30,17 @@ _UINT = {1: mx.uint8, 2: mx.uint16, 4: mx.uint32, 8: mx.uint64}
 def raw_view(a: mx.array) -> mx.array:
     """The same bytes as an unsigned integer array (numpy has no bfloat16)."""
     return a if a.dtype == _UINT[a.dtype.size] else a.view(_UINT[a.dtype.size])
+
+
+def raw_dtype(dtype: mx.Dtype) -> np.dtype:
+    """The numpy dtype `raw_view`'s bytes read as."""
+    return np.dtype(f"<u{dtype.size}")
+
+
+def from_raw(a: np.ndarray, dtype: mx.Dtype) -> mx.array:
+    """The inverse of `raw_view` (through numpy): those bytes as an array of `dtype`."""
+    out = mx.array(a)
+    return out if out.dtype == dtype else out.view(dtype)
 
 
 def weights_digest(model: nn.Module) -> str:
@@ -60,4 +72,13 @@ def kv_fingerprint(
         "weights": weights_digest(model),
     }
     text = json.dumps(layout, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def state_fingerprint(kv_fp: str, layout: list[tuple[int, int, tuple[int, ...], mx.Dtype]]) -> str:
+    """The fingerprint of a model's recurrent-state snapshots: its KV fingerprint (weights,
+    config, block size) plus every state array's (layer, index, shape, dtype)."""
+    text = json.dumps(
+        {"kind": "state", "kv": kv_fp, "layout": [[i, j, list(s), str(d)] for i, j, s, d in layout]}
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:32]

@@ -90,8 +90,8 @@ class EngineLoop:
             self.start_error = e
             self.running = False
             return
-        if self.core.tiers.store is not None:
-            self.core.tiers.store.on_read = lambda: self._inbox.put(("wake", None))
+        for store in self.core.tiers.stores():
+            store.on_read = lambda: self._inbox.put(("wake", None))
         on_ready(self.core)
         with mx.stream(stream):
             self._steps()

@@ -22,6 +22,10 @@ it, and lookups only see rows of the current fingerprint.
   thread, which installs them into the memory pool ahead of scheduling.
 - **Size cap**: after each write, least recently used rows (of any fingerprint) are
   deleted until the total is under ``max_bytes``.
+- **One directory, several stores**: stores opened on one directory in this process (a
+  hybrid model's KV blocks and its state snapshots, several models) share its index: one
+  connection, one lock, one byte count for the cap, and a row one store deletes (size
+  cap, clear) leaves the other's keys too.
 """
 
 from __future__ import annotations
@@ -113,6 +117,31 @@ def decode_block(
     return data[start : start + payload_size]
 
 
+class _Index:
+    """The index of one directory, shared by every store open on it in this process."""
+
+    def __init__(self, root: Path) -> None:
+        self.lock = threading.Lock()
+        self.db = sqlite3.connect(root / INDEX_NAME, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.execute(
+            "CREATE TABLE IF NOT EXISTS blocks (fingerprint TEXT NOT NULL, key TEXT NOT NULL, "
+            "size INTEGER NOT NULL, last_used REAL NOT NULL, PRIMARY KEY (fingerprint, key))"
+        )
+        self.db.execute("CREATE INDEX IF NOT EXISTS blocks_lru ON blocks (last_used)")
+        self.db.commit()
+        # Every file of every fingerprint, headers included.
+        self.total_bytes = int(
+            self.db.execute("SELECT COALESCE(SUM(size), 0) FROM blocks").fetchone()[0]
+        )
+        self.stores: list[SsdStore] = []
+
+
+_indexes: dict[Path, _Index] = {}
+_indexes_lock = threading.Lock()
+
+
 class SsdStore:
     def __init__(
         self,
@@ -130,25 +159,22 @@ class SsdStore:
         self.on_read = on_read
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / fingerprint).mkdir(exist_ok=True)
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.root / INDEX_NAME, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS blocks (fingerprint TEXT NOT NULL, key TEXT NOT NULL, "
-            "size INTEGER NOT NULL, last_used REAL NOT NULL, PRIMARY KEY (fingerprint, key))"
-        )
-        self._db.execute("CREATE INDEX IF NOT EXISTS blocks_lru ON blocks (last_used)")
-        self._db.commit()
-        self.keys: set[int] = {
-            int(k, 16)
-            for (k,) in self._db.execute(
-                "SELECT key FROM blocks WHERE fingerprint = ?", (fingerprint,)
-            )
-        }
-        self.total_bytes = int(
-            self._db.execute("SELECT COALESCE(SUM(size), 0) FROM blocks").fetchone()[0]
-        )
+        with _indexes_lock:
+            where = self.root.resolve()
+            index = _indexes.get(where)
+            if index is None:
+                index = _indexes[where] = _Index(where)
+            self._index = index
+        self._lock = index.lock
+        self._db = index.db
+        with self._lock:
+            index.stores.append(self)
+            self.keys: set[int] = {
+                int(k, 16)
+                for (k,) in self._db.execute(
+                    "SELECT key FROM blocks WHERE fingerprint = ?", (fingerprint,)
+                )
+            }
         for tmp in (self.root / fingerprint).glob("*/*.tmp"):  # left by a crash mid-write
             tmp.unlink(missing_ok=True)
         self.queued: set[int] = set()
@@ -177,6 +203,10 @@ class SsdStore:
         )
         self._writer.start()
         self._reader.start()
+
+    @property
+    def total_bytes(self) -> int:
+        return self._index.total_bytes
 
     # -- paths ------------------------------------------------------------
     def _path(self, fingerprint: str, key_hex: str) -> Path:
@@ -219,7 +249,27 @@ class SsdStore:
         return out
 
     def clear(self) -> int:
-        """Delete every block of every fingerprint; returns how many there were."""
+        """Delete every block of every fingerprint (those of the other stores on this
+        directory too); returns how many there were."""
+        stores = list(self._index.stores)
+        for store in stores:
+            store._drop_queued()
+        with self._lock:
+            n = int(self._db.execute("SELECT COUNT(*) FROM blocks").fetchone()[0])
+            self._db.execute("DELETE FROM blocks")
+            self._db.commit()
+            for child in self.root.iterdir():
+                if child.is_dir():
+                    shutil.rmtree(child, ignore_errors=True)
+            for store in stores:
+                store._generation += 1
+                store.keys.clear()
+                (self.root / store.fingerprint).mkdir(exist_ok=True)
+            self._index.total_bytes = 0
+        return n
+
+    def _drop_queued(self) -> None:
+        """Take back the writes not started yet."""
         while True:
             try:
                 job = self._writes.get_nowait()
@@ -228,18 +278,6 @@ class SsdStore:
             if job is not None:
                 self.queued.discard(job.key)
             self._writes.task_done()
-        with self._lock:
-            self._generation += 1
-            n = int(self._db.execute("SELECT COUNT(*) FROM blocks").fetchone()[0])
-            self._db.execute("DELETE FROM blocks")
-            self._db.commit()
-            for child in self.root.iterdir():
-                if child.is_dir():
-                    shutil.rmtree(child, ignore_errors=True)
-            (self.root / self.fingerprint).mkdir(exist_ok=True)
-            self.keys.clear()
-            self.total_bytes = 0
-        return n
 
     def drain(self) -> None:
         """Wait until every queued write is done."""
@@ -253,8 +291,11 @@ class SsdStore:
         self._reads.put(None)
         self._writer.join(timeout=120)
         self._reader.join(timeout=10)
-        with self._lock:
-            self._db.close()
+        with _indexes_lock, self._lock:
+            self._index.stores.remove(self)
+            if not self._index.stores:
+                self._db.close()
+                del _indexes[self.root.resolve()]
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -334,7 +375,7 @@ class SsdStore:
             )
             self._db.commit()
             self.keys.add(job.key)
-            self.total_bytes += size
+            self._index.total_bytes += size
             self.writes += 1
             if self.degraded is not None:
                 log.info("SSD cache writes work again")
@@ -343,17 +384,17 @@ class SsdStore:
 
     def _evict_over_cap(self) -> None:
         """Delete least recently used blocks until under the cap (lock held)."""
-        while self.total_bytes > self.max_bytes:
+        while self._index.total_bytes > self.max_bytes:
             rows = self._db.execute(
                 "SELECT fingerprint, key, size FROM blocks ORDER BY last_used LIMIT 64"
             ).fetchall()
             if not rows:
-                self.total_bytes = 0
+                self._index.total_bytes = 0
                 return
             for fp, key_hex, size in rows:
                 self._drop(fp, key_hex, size)
                 self.evictions += 1
-                if self.total_bytes <= self.max_bytes:
+                if self._index.total_bytes <= self.max_bytes:
                     break
             self._db.commit()
 
@@ -368,9 +409,10 @@ class SsdStore:
             "DELETE FROM blocks WHERE fingerprint = ? AND key = ?", (fingerprint, key_hex)
         )
         self._path(fingerprint, key_hex).unlink(missing_ok=True)
-        self.total_bytes -= size
-        if fingerprint == self.fingerprint:
-            self.keys.discard(int(key_hex, 16))
+        self._index.total_bytes -= size
+        for store in self._index.stores:
+            if store.fingerprint == fingerprint:
+                store.keys.discard(int(key_hex, 16))
 
     # -- reader thread -----------------------------------------------------
     def _read_loop(self) -> None:

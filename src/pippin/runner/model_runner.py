@@ -104,6 +104,9 @@ class ModelRunner:
         self.specs: dict[int, LayerSpec] = {}  # attention layers
         self.state_sizes: dict[int, int] = {}  # recurrent layers
         self.state_bytes = 0  # one sequence's recurrent state
+        # Its arrays: (slot, index in the slot's list, shape, dtype) each, in slot order;
+        # None when a layer leaves one unset (no fixed layout).
+        self.state_layout: list[tuple[int, int, tuple[int, ...], mx.Dtype]] | None = []
         self.kernels = kernels if kernels is not None else KernelConfig.from_env()
         self._probe()
         self.pools: dict[int, LayerPool] = {}
@@ -147,6 +150,7 @@ class ModelRunner:
         """Run two tokens through the model's own caches to learn each layer's KV shape."""
         caches = make_prompt_cache(self.model)
         self.model(mx.array([[1, 2]]), cache=caches)
+        self.model(mx.array([[3]]), cache=caches)  # and a decode step: the state it keeps
         self.num_caches = len(caches)
         self.slots = [(i, None) for i in range(len(caches))]
         for i, c in enumerate(caches):
@@ -170,6 +174,12 @@ class ModelRunner:
             elif isinstance(c, ArraysCache):
                 self.state_sizes[i] = len(c.cache)
                 self.state_bytes += sum(a.nbytes for a in c.cache if a is not None)
+                if any(a is None for a in c.cache):
+                    self.state_layout = None
+                elif self.state_layout is not None:
+                    self.state_layout += [
+                        (i, j, tuple(a.shape), a.dtype) for j, a in enumerate(c.cache)
+                    ]
             else:
                 raise UnsupportedModelError(
                     f"layer {i} uses a {type(c).__name__}, which the paged engine does not run yet"
