@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import anthropic
 import openai
 import pytest
 from support.server_utils import Server, run_server
@@ -118,3 +119,74 @@ def test_bad_warm_prompts_file_stops_start_up(
     with pytest.raises(RuntimeError, match="JSON list"):
         with _serve(tiny_models("llama"), tmp_path / "ssd", "--warm-prompts", str(warm)):
             pass
+
+
+def test_a_hybrid_model_s_agent_turns_resume_over_both_apis(
+    tiny_models: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Qwen3-Next's gated-delta layers resume from recurrent-state snapshots: the next
+    turn of a conversation (its answer included) reports the reused prefix on both APIs,
+    /metrics counts the snapshots, and a restart finds them on disk."""
+    model = tiny_models("qwen3_next")
+    with _serve(model, tmp_path / "ssd") as server:
+        client = server.client()
+        messages: list[dict] = [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "What is the weather in Paris?"},
+        ]
+        first = client.chat.completions.create(
+            model="tiny", messages=messages, tools=TOOLS, max_tokens=24, temperature=0
+        )
+        assert first.usage is not None and first.usage.prompt_tokens > 200
+        messages += [
+            {"role": "assistant", "content": first.choices[0].message.content or ""},
+            {"role": "user", "content": "And in Rome?"},
+        ]
+        second = client.chat.completions.create(
+            model="tiny", messages=messages, tools=TOOLS, max_tokens=4, temperature=0
+        )
+        details = second.usage and second.usage.prompt_tokens_details
+        assert details is not None and details.cached_tokens
+        # The system prompt and tools at least; the rest of the first turn where the
+        # template renders it as the model wrote it.
+        assert details.cached_tokens >= first.usage.prompt_tokens - 16
+
+        anthropic_client = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+        m = anthropic_client.messages.create(
+            model="tiny",
+            system=SYSTEM,
+            messages=[{"role": "user", "content": "Is it raining in Oslo?"}],
+            max_tokens=2,
+        )
+        m2 = anthropic_client.messages.create(
+            model="tiny",
+            system=SYSTEM,
+            messages=[{"role": "user", "content": "Is it raining in Oslo?"}],
+            max_tokens=2,
+        )
+        assert m.usage.cache_read_input_tokens is not None
+        assert m2.usage.cache_read_input_tokens and m2.usage.cache_read_input_tokens >= 160
+        assert m2.usage.input_tokens + m2.usage.cache_read_input_tokens == (
+            m.usage.input_tokens + m.usage.cache_read_input_tokens
+        )
+        metrics = server.http().get("/metrics").text
+        hits = _series(metrics, "pippin_state_snapshot_hits_total")
+        assert hits >= 2 and _series(metrics, "pippin_state_snapshot_bytes") > 0
+    # Shutdown wrote blocks and snapshots to disk; a new server resumes from them.
+    with _serve(model, tmp_path / "ssd") as server:
+        again = server.client().chat.completions.create(
+            model="tiny", messages=messages, tools=TOOLS, max_tokens=4, temperature=0
+        )
+        details = again.usage and again.usage.prompt_tokens_details
+        assert details is not None and (details.cached_tokens or 0) >= 160
+        stats = server.http().get("/v1/cache/stats").json()
+        assert stats["ssd"]["snapshots"]["promoted"] > 0
+
+
+def _series(metrics: str, name: str) -> float:
+    """The sum of a Prometheus series' samples in an exposition text."""
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith(name + "{") or line.startswith(name + " ")
+    )
