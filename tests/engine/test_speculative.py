@@ -1,5 +1,6 @@
 """Speculative decoding (prompt lookup): exact for greedy and sampled requests, KV blocks
-given back after rejections, acceptance counted."""
+given back after rejections, acceptance counted. Hybrid (recurrent) models:
+test_hybrid_speculation.py."""
 
 from __future__ import annotations
 
@@ -294,15 +295,6 @@ def test_sampled_tokens_follow_the_target_distribution(tiny_models, monkeypatch)
     observed = Counter(tuple(v) for v in res.values())
     ok, stat, limit = _chi2_ok(observed, exact, N)
     assert ok, (stat, limit)
-
-
-def test_models_with_recurrent_layers_do_not_speculate(tiny_models) -> None:
-    loaded = loaded_model(tiny_models("qwen3_next"))
-    core = EngineCore(loaded, engine_config(speculative=SPEC))
-    assert core.spec is None
-    prompt = _repeating_prompt(loaded.model.args.vocab_size, 2)
-    core.add_request("a", prompt, SamplingParams(max_tokens=20, temperature=0.0))
-    assert len(run_to_end(core)["a"]["ids"][0]) > 0
 
 
 def test_lookups_back_off_while_they_find_nothing(tiny_models, monkeypatch) -> None:

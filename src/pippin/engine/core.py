@@ -31,7 +31,6 @@ from pippin.engine.types import (
     SamplingParams,
     TokenLogprob,
 )
-from pippin.runner.batch import length_groups
 from pippin.runner.model_runner import ModelRunner
 from pippin.runner.paged_cache import bytes_per_block
 from pippin.store.loaded import LoadedModel
@@ -142,9 +141,7 @@ class EngineCore:
             interval = config.snapshot_interval_blocks
             if interval is None:
                 per_token = bytes_per_block(self.runner.kv_specs, 1)
-                interval = snapshot_interval(
-                    self.runner.state_bytes, per_token, config.block_size
-                )
+                interval = snapshot_interval(self.runner.state_bytes, per_token, config.block_size)
             self.snapshots = StateSnapshots(self.bm, self._snapshot_bytes(), interval)
             self.kv_bytes += self.snapshots.max_bytes
         self.tiers = CacheTiers.create(
@@ -175,14 +172,10 @@ class EngineCore:
         self.failed_steps = {"out_of_memory": 0, "other": 0}
         self.spec: Speculator | None = None
         if config.speculative is not None:
-            if self.runner.has_state_layers:
-                # Recurrent state would take in the refused proposals, with no way back.
-                log.warning("speculative decoding is off: the model has recurrent layers")
-            else:
-                self.spec = Speculator(config.speculative, draft)
+            self.spec = Speculator(config.speculative, draft)
 
     def _load_draft(self, cfg: SpeculativeConfig | None) -> DraftModel | None:
-        if cfg is None or cfg.method != "draft_model" or self.runner.has_state_layers:
+        if cfg is None or cfg.method != "draft_model":
             return None
         return DraftModel(
             cfg,
@@ -454,13 +447,7 @@ class EngineCore:
     def _group_prefills(self, prefills: list[ScheduledSeq]) -> list[list[ScheduledSeq]]:
         if not prefills:
             return []
-        if self.runner.has_state_layers and not self.runner.masks_padding:
-            # Padding would run through the recurrent state: only equal lengths share a call.
-            by_length: dict[int, list[ScheduledSeq]] = {}
-            for p in prefills:
-                by_length.setdefault(p.length, []).append(p)
-            return list(by_length.values())
-        return length_groups(prefills)
+        return self.runner.call_groups(prefills)
 
     def _append_tokens(self, sampling: list[ScheduledSeq], result: SampleResult) -> None:
         tokens = result.tokens.tolist()

@@ -25,6 +25,11 @@ After the target's verdict the draft keeps the KV of the proposals it kept (the 
 proposal's KV was never computed: it was sampled, not fed) and its block table is
 trimmed to them (`settle`). Its blocks are freed when the sequence ends (`forget`), and
 its tables are dropped (to be caught up again later) when its pool runs short.
+
+A draft with recurrent layers (a hybrid) keeps its state per sequence too. Proposing
+feeds its proposals one call at a time, so the state after each call is a checkpoint
+for free: `settle` takes back the one after the last kept proposal it fed. Its KV
+blocks are not shared between sequences (their state could not be rebuilt from them).
 """
 
 from __future__ import annotations
@@ -38,7 +43,6 @@ import mlx.core as mx
 from pippin.engine.block_manager import BlockManager, BlockTable
 from pippin.engine.config import SpeculativeConfig
 from pippin.engine.sampler import adjust, shaped
-from pippin.runner.batch import length_groups
 from pippin.runner.model_runner import ModelRunner
 from pippin.runner.paged_cache import bytes_per_block
 from pippin.store.loaded import LoadedModel, ModelLoadError
@@ -84,6 +88,8 @@ class _DraftSeq:
     pending: list[tuple[Any, int]] = field(default_factory=list)
     known: int = 0  # what the runner takes for the tokens known on the host
     recurrent: list[Any] | None = None
+    # Recurrent drafts: the state after `base + j` tokens at index j, while proposing.
+    states: list[list[Any]] = field(default_factory=list)
     media: Any = None
 
     @property
@@ -127,11 +133,6 @@ class DraftModel:
         check_vocab(target, draft)
         self.loaded = draft
         self.runner = ModelRunner(draft.model, block_size)
-        if self.runner.has_state_layers:
-            raise DraftModelError(
-                f"--speculative-config: the draft model {draft.source} has recurrent layers, "
-                "whose state cannot be rolled back past refused proposals"
-            )
         self.bytes_per_block = bytes_per_block(self.runner.kv_specs, block_size)
         self.num_blocks = 0
         self.block_size = block_size
@@ -147,7 +148,12 @@ class DraftModel:
     def allocate(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
         self.runner.allocate(num_blocks)
-        self.bm = BlockManager(num_blocks, self.block_size)
+        self.bm = self._block_manager()
+
+    def _block_manager(self) -> BlockManager:
+        # A recurrent draft's cached blocks could not be resumed from: no prefix cache.
+        caching = not self.runner.has_state_layers
+        return BlockManager(self.num_blocks, self.block_size, caching)
 
     # -- bookkeeping ----------------------------------------------------------
     def forget(self, seq_id: int) -> None:
@@ -158,7 +164,7 @@ class DraftModel:
     def reset(self) -> None:
         """Fresh pools and no draft KV (after a failed step, as the target's)."""
         self.seqs.clear()
-        self.bm = BlockManager(self.num_blocks, self.block_size)
+        self.bm = self._block_manager()
         self.runner.reset_pools(self.num_blocks)
 
     def settle(self, seq_id: int, kept: int) -> None:
@@ -167,7 +173,10 @@ class DraftModel:
         ds = self.seqs.get(seq_id)
         if ds is None or ds.k == 0:
             return
-        ds.computed = ds.base + min(kept, ds.k - 1)
+        fed = min(kept, ds.k - 1)
+        ds.computed = ds.base + fed
+        if ds.states:
+            ds.recurrent, ds.states = ds.states[fed], []
         ds.k = 0
         self.bm.trim(ds.table, ds.computed)
         self.bm.register_full_blocks(ds.table, ds.ids, ds.computed)
@@ -223,11 +232,14 @@ class DraftModel:
         drawn: dict[int, list[tuple[mx.array, mx.array, int]]] = {}  # row -> (tokens, q, r)
         last: dict[int, tuple[mx.array, int]] = {}
         index = {id(r): b for b, r in enumerate(rows)}
-        for group in length_groups(rows):
+        for group in self.runner.call_groups(rows):
             self._call(group, [index[id(r)] for r in group], drawn, last)
-        for r in rows:
+        recurrent = self.runner.has_state_layers
+        for r, k in zip(rows, ks):
             r.seq.computed = r.start + r.length
             self.bm.register_full_blocks(r.seq.table, r.seq.ids, r.seq.computed)
+            if recurrent and k:
+                r.seq.states = [list(r.seq.recurrent)]  # a new list: the runner's is reused
         for j in range(1, max(ks)):
             live = [b for b, k in enumerate(ks) if k > j]
             items = []
@@ -237,6 +249,9 @@ class DraftModel:
                 ds.pending, ds.known = [last[b]], pos
                 items.append(_Row(ds, pos, 1, True))
             self._call(items, live, drawn, last)
+            if recurrent:
+                for it in items:
+                    it.seq.states.append(list(it.seq.recurrent))
         for r in rows:
             r.seq.pending = []
         arrays = {id(t): t for d in drawn.values() for t, _, _ in d}

@@ -29,6 +29,21 @@ speculation off for that request:
 - structured output (grammar masks) and reasoning budgets: off (their state would have to
   advance through proposals and roll back).
 
+Recurrent layers (hybrid models: Qwen3-Next / Qwen3.5 gated DeltaNet, Mamba hybrids)
+keep a state per sequence that the verify call runs every proposal through, refused ones
+included, and it cannot be rewound by trimming as KV can. So each verifying row's state
+from before the call is kept (its arrays are never written in place: the model code
+assigns new ones, and the kept reference stops MLX from reusing their buffers); a row
+that refused a proposal gets it back and its kept tokens are replayed on it in a second
+call, batched over such rows, launched right after the verdict and never sampled: its
+state then folds in exactly the kept tokens, as one-token decodes would have left it
+(its attention layers write the same KV again). A row that kept every proposal keeps
+the verify call's state. The replay costs a model call over the refused rows' 1 + kept
+tokens in steps where any row refused something. A call's rows shorter than its longest
+are right-padded and the runner keeps the padding out of their state; in the families
+whose recurrent layers cannot (`ModelRunner.masks_padding`), the verify and replay calls
+are split into one per row length.
+
 A draft model (`pippin.engine.draft_model`) draws its proposals from its own logits at
 the request's temperature, top-k/p and min-p and hands its distributions q to the
 rejection sampler with them; penalties, logit bias and min_tokens act in the verify step
@@ -58,11 +73,14 @@ from pippin.engine.grammar_masks import GrammarMasks, split_constrained
 from pippin.engine.output_processor import OutputProcessor
 from pippin.engine.rejection import judge, walk
 from pippin.engine.sampler import SampleResult, adjust, sample, shaped
+from pippin.engine.scheduler import ScheduledSeq, SchedulerOutput
 from pippin.engine.types import RequestOutput, SamplingParams, TokenLogprob
+from pippin.runner.batch import equal_length_groups
 
 if TYPE_CHECKING:
-    from pippin.engine.scheduler import ScheduledSeq, SchedulerOutput
     from pippin.engine.sequence import Sequence
+    from pippin.engine.state_snapshots import StateSnapshots
+    from pippin.runner.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +117,9 @@ class EngineCore(Protocol):
 
     max_model_len: int
     steps: int
+    runner: ModelRunner
     bm: BlockManager
+    snapshots: StateSnapshots | None
     grammar: GrammarMasks
     outputs: OutputProcessor
     eos_ids: set[int]
@@ -143,6 +163,8 @@ class Speculator:
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
         self.accepted_per_pos = [0] * config.num_speculative_tokens
+        # Rows whose recurrent state went back to before their verify call (see above).
+        self.num_replays = 0
         # Sequences whose last lookup found nothing: seq_id -> (the step to try again at,
         # the wait that gave it).
         self._backoff: dict[int, tuple[int, int]] = {}
@@ -155,6 +177,7 @@ class Speculator:
         }
         for i, n in enumerate(self.accepted_per_pos):
             out[f"spec_decode_num_accepted_tokens_pos{i}"] = n
+        out["spec_decode_num_replays"] = self.num_replays
         if self.draft is not None:
             out.update(self.draft.stats())
         return out
@@ -236,7 +259,14 @@ class Speculator:
 
     def step(self, core: EngineCore, sched: SchedulerOutput) -> list[RequestOutput]:
         """Run a step whose decodes carry proposals, to its outputs (no overlap)."""
-        everything, sampling, parts = core._forward(sched)
+        # Recurrent state before the verify call (a new outer list: the runner assigns
+        # each layer's state into the sequence's own).
+        before = {
+            it.seq.seq_id: list(it.seq.recurrent)
+            for it in sched.decodes
+            if it.draft and it.seq.recurrent is not None
+        }
+        everything, sampling, parts = self._forward(core, sched)
         logits = parts[0] if len(parts) == 1 else mx.concatenate(parts)
 
         plain_rows: list[int] = []
@@ -259,6 +289,7 @@ class Speculator:
         for it in everything:
             if not it.draft:
                 it.seq.num_computed = it.start + it.length
+        replay: list[ScheduledSeq] = []
         for it, (tokens, lps) in zip(verify, emitted):
             seq = it.seq
             for tok, lp in zip(tokens, lps):
@@ -268,6 +299,10 @@ class Speculator:
             # The last known token's KV and the kept proposals' are now in the pool.
             kept = len(tokens) - 1
             seq.num_computed = it.start + 1 + kept
+            state = before.get(seq.seq_id)
+            if state is not None and kept < len(it.draft) and seq.finish_reason is None:
+                seq.recurrent = state
+                replay.append(ScheduledSeq(seq, it.start, 1 + kept))
             self.num_drafts += 1
             self.num_draft_tokens += len(it.draft)
             self.num_accepted_tokens += kept
@@ -277,11 +312,44 @@ class Speculator:
                 self.draft.settle(seq.seq_id, kept)
             if not seq.finished:
                 core.bm.trim(seq.table, seq.num_tokens)
+        if replay:
+            self.num_replays += len(replay)
+            # Not sampled (each ends before its new token): only the KV and state it
+            # writes are used, by the next step's call.
+            for rows in core.runner.call_groups(replay, similar=False):
+                core.runner.forward(rows)
+                mx.async_eval(core.runner.arrays_to_eval(rows))
         for it in everything:
             seq = it.seq
             if not seq.finished:
+                if it.draft and core.snapshots is not None:
+                    core.snapshots.reached(seq, seq.num_computed)
                 core.bm.register_full_blocks(seq.table, seq.ids, seq.num_computed)
+                if seq.boundaries and core.snapshots is not None:
+                    core.snapshots.commit(seq)
         return core._collect(sampling)
+
+    @staticmethod
+    def _forward(
+        core: EngineCore, sched: SchedulerOutput
+    ) -> tuple[list[ScheduledSeq], list[ScheduledSeq], list[mx.array]]:
+        """`core._forward`, with the decodes (1 + len(draft) tokens each) in a call per
+        length where padding would run through the recurrent state."""
+        if not core.runner.pads_state:
+            return core._forward(sched)
+        everything: list[ScheduledSeq] = []
+        sampling: list[ScheduledSeq] = []
+        parts: list[mx.array] = []
+        calls = [SchedulerOutput(decodes=g) for g in equal_length_groups(sched.decodes)]
+        for part in [*calls, SchedulerOutput(prefills=sched.prefills)]:
+            # Each call launched before the next scatters into the same pools (as
+            # `core._forward` does between its own calls).
+            mx.async_eval(parts, core.runner.arrays_to_eval(everything))
+            rows, samples, logits = core._forward(part)
+            everything += rows
+            sampling += samples
+            parts += logits
+        return everything, sampling, parts
 
     @staticmethod
     def _sample_plain(core: EngineCore, logits: mx.array, items: list[ScheduledSeq]) -> None:

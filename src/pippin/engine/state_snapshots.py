@@ -141,8 +141,14 @@ class StateSnapshots:
             if eager:
                 seq.boundaries.append(Boundary(end, own_copy(seq.recurrent), True))
             elif end == seq.num_tokens:
-                kept = [b for b in seq.boundaries if b.eager]
-                seq.boundaries = [*kept, Boundary(end, own_copy(seq.recurrent), False)]
+                self.reached(seq, end)
+
+    def reached(self, seq: Any, tokens: int) -> None:
+        """The sequence's state now folds in exactly its first `tokens` tokens: its latest
+        boundary if they end a block (also after a speculative step's verdict)."""
+        if tokens % self.block_size == 0 and seq.recurrent is not None:
+            kept = [b for b in seq.boundaries if b.eager]
+            seq.boundaries = [*kept, Boundary(tokens, own_copy(seq.recurrent), False)]
 
     def commit(self, seq: Any, ending: bool = False) -> None:
         """Store the sequence's boundaries whose block is registered and still cached:

@@ -46,6 +46,7 @@ _COUNTERS = frozenset(
         "pippin_spec_decode_num_drafts",
         "pippin_spec_decode_num_draft_tokens",
         "pippin_spec_decode_num_accepted_tokens",
+        "pippin_spec_decode_num_replays",
         "pippin_spec_decode_num_accepted_tokens_per_pos",
         "pippin_spec_draft_evictions",
         "pippin_state_snapshot_hits",
@@ -58,6 +59,8 @@ _SPEC_DOCS = {
     "spec_decode_num_drafts": "Proposals verified (one per sequence and step).",
     "spec_decode_num_draft_tokens": "Proposed tokens verified.",
     "spec_decode_num_accepted_tokens": "Proposed tokens kept.",
+    "spec_decode_num_replays": "Rows of a model with recurrent layers whose kept tokens were "
+    "replayed on their state from before the verify call (a proposal was refused).",
 }
 
 # Recurrent-state snapshots (models with recurrent layers; `pippin.engine.state_snapshots`).

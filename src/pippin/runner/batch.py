@@ -43,6 +43,15 @@ class RunItem(Protocol):
         """Whether the row's last position is sampled."""
 
 
+def equal_length_groups(items: list[Any]) -> list[list[Any]]:
+    """Rows (with a `length`) in calls of one length each, in order of first appearance:
+    for models whose recurrent layers would take a shorter row's padding into its state."""
+    groups: dict[int, list[Any]] = {}
+    for it in items:
+        groups.setdefault(it.length, []).append(it)
+    return list(groups.values())
+
+
 def length_groups(items: list[Any]) -> list[list[Any]]:
     """Rows (with a `length`) batched into calls of similar length, longest first, so
     that padding to a call's longest row wastes at most a quarter of its tokens."""

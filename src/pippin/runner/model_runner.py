@@ -31,7 +31,7 @@ from pippin.kernels import (
 )
 from pippin.kernels.config import KernelConfig
 from pippin.runner import decode_graph, recurrent_state
-from pippin.runner.batch import RunItem
+from pippin.runner.batch import RunItem, equal_length_groups, length_groups
 from pippin.runner.paged_cache import (
     BatchLayout,
     LayerPool,
@@ -40,6 +40,7 @@ from pippin.runner.paged_cache import (
     QuantizedPagedLayerCache,
     bytes_per_block,
 )
+from pippin.runner.recurrent_state import StateRow
 
 
 def machine_memory() -> int:
@@ -141,6 +142,19 @@ class ModelRunner:
     @property
     def has_state_layers(self) -> bool:
         return bool(self.state_sizes)
+
+    @property
+    def pads_state(self) -> bool:
+        """Whether a call's shorter rows would take their padding into their recurrent
+        state (families whose mixers ignore `ArraysCache.lengths`)."""
+        return self.has_state_layers and not self.masks_padding
+
+    def call_groups(self, items: list[Any], similar: bool = True) -> list[list[Any]]:
+        """Rows in calls: of similar length (`length_groups`; all in one if not
+        `similar`), or of equal length where padding would run through the state."""
+        if self.pads_state:
+            return equal_length_groups(items)
+        return length_groups(items) if similar else [items]
 
     @property
     def kv_specs(self) -> list[LayerSpec]:
@@ -420,5 +434,11 @@ class ModelRunner:
         """Everything a step wrote, so one eval materialises it."""
         out: list[Any] = [p.parts for p in self.pools.values()]
         if self.state_sizes:
-            out.extend(it.seq.recurrent for it in items if it.seq.recurrent is not None)
+            # Every row of a call shares its arrays: each once.
+            seen: dict[int, mx.array] = {}
+            for it in items:
+                for entry in it.seq.recurrent or ():
+                    arrays = entry.arrays if isinstance(entry, StateRow) else entry or ()
+                    seen.update((id(a), a) for a in arrays if a is not None)
+            out.extend(seen.values())
         return out
