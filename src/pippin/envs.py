@@ -95,6 +95,12 @@ VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
         "auto: on the CPU, prompt chunks' attention and SwiGLU run in numpy (vectorised "
         "exp; MLX's CPU exp is 10x slower); 0: MLX's own ops; 1: numpy on any device.",
     ),
+    "PIPPIN_GATED_DELTA": (
+        _on("PIPPIN_GATED_DELTA"),
+        "0: the gated delta rule (Qwen3-Next/3.5, Kimi Linear) as mlx-lm runs it off Metal, "
+        "a step a token; else one CUDA kernel a call, and on the CPU (with "
+        "PIPPIN_CPU_PREFILL) prompt chunks in numpy's chunkwise-parallel form.",
+    ),
     "PIPPIN_FUSED_ATTENTION": (
         _on("PIPPIN_FUSED_ATTENTION"),
         "0: decode attention without the fused norms/RoPE/KV-write kernel.",

@@ -4,7 +4,8 @@ The launch code runs for real (the Python that picks each kernel's source, input
 template arguments), with `pippin.bench.kernel_compile.Recorder` in place of MLX's kernel
 builder; each recorded launch is then compiled with NVRTC for sm_90. A kernel that fails
 to build would otherwise show only on a GPU. Whether the kernels compute the right thing is
-for the CUDA-only tests (test_paged_attention, test_fused_attention, test_fused_layer).
+for the CUDA-only tests (test_paged_attention, test_fused_attention, test_fused_layer,
+test_gated_delta).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from test_fused_attention import _attention, _kernel_path, _Layout, _runner
 from test_paged_attention import _case
 
 from pippin.bench.kernel_compile import Recorder, compile_launch, nvrtc
-from pippin.kernels import device, fused_attention, fused_layer, paged_attention
+from pippin.kernels import device, fused_attention, fused_layer, gated_delta, paged_attention
 
 NVRTC = nvrtc()
 needs_nvrtc = pytest.mark.skipif(
@@ -136,6 +137,30 @@ def test_warm_builds_every_projection_for_one_row_and_several(
     forms = {(x.source, tuple(x.template)): x for x in recorder.launches}
     assert {dict(t)["MAXB"] for _, t in forms} == {1, fused_layer.MAX_ROWS}
     recorder.launches = list(forms.values())  # each distinct build compiled once
+    _compile_all(recorder)
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("heads", [(16, 32, 128, 128), (2, 4, 64, 32)])
+@pytest.mark.parametrize("gates", ["scalar", "vector"])
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32])
+def test_gated_delta_compiles(
+    recorder: Recorder, heads: tuple[int, ...], gates: str, masked: bool, dtype: mx.Dtype
+) -> None:
+    """The recurrence kernel (`heads`: Hk, Hv, Dk, Dv): scalar gates or a gate per key dim,
+    with a padding mask or without, bfloat16 or float32 inputs (the gates and the state
+    float32, as mlx-lm makes them)."""
+    (hk, hv, dk, dv), B, T = heads, 2, 5
+    q = mx.zeros((B, T, hk, dk), dtype=dtype)
+    g = mx.ones((B, T, hv, dk) if gates == "vector" else (B, T, hv), dtype=mx.float32)
+    mask = mx.ones((B, T), dtype=mx.bool_) if masked else None
+    y, state = gated_delta.cuda_recurrence(
+        q, q, mx.zeros((B, T, hv, dv), dtype=dtype), g, mx.zeros((B, T, hv), dtype=dtype),
+        mx.zeros((B, hv, dv, dk)), mask,
+    )  # fmt: skip
+    assert y.shape == (B, T, hv, dv) and y.dtype == dtype and state.shape == (B, hv, dv, dk)
+    assert ("mask" in recorder.launches[0].input_names) == masked
     _compile_all(recorder)
 
 

@@ -17,6 +17,7 @@ class KernelConfig:
     paged_split: bool = True  # long contexts of few rows: the kernel split (flash-decoding)
     prefill_attention: str = "auto"  # auto | composed | fused
     cpu_prefill: str = "auto"  # prompt chunks' attention and SwiGLU in numpy: auto | 0 | 1
+    gated_delta: bool = True  # the gated delta rule: CUDA kernel, chunked on the CPU
     fused_attention: bool = True
     fused_layer: str = "1"  # see fused_layer.projections
     fused_proj: bool = True
@@ -35,6 +36,7 @@ class KernelConfig:
             paged_split=envs.PIPPIN_PAGED_SPLIT,
             prefill_attention=envs.PIPPIN_PREFILL_ATTENTION,
             cpu_prefill=envs.PIPPIN_CPU_PREFILL,
+            gated_delta=envs.PIPPIN_GATED_DELTA,
             fused_attention=envs.PIPPIN_FUSED_ATTENTION,
             fused_layer=envs.PIPPIN_FUSED_LAYER,
             fused_proj=envs.PIPPIN_FUSED_PROJ,

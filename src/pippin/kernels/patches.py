@@ -21,6 +21,9 @@ a loaded model's live objects (never mlx-lm's source), in this order:
    and a dense matmul, few rows (decode) through the quantised product (`dense_quant`).
 7. On the CPU, prompt chunks' attention (through the routing of 2.) and the `swiglu`
    bound in each of the model's mlx-lm modules run in numpy (`cpu_prefill`).
+8. `route_gated_delta`: the `gated_delta_update` bound in each of the model's mlx-lm
+   modules (Qwen3-Next/3.5, Kimi Linear, ...) is wrapped: on CUDA one kernel a call, on
+   the CPU prompt chunks in numpy's chunked form (`gated_delta`).
 
 `apply` makes the changes a `KernelConfig` allows; with ``enabled=False`` (`pippin serve
 --no-kernels`) it makes none, and the model runs exactly as mlx-lm ships it (the paged
@@ -43,9 +46,11 @@ import mlx.nn as nn
 from pippin.kernels import (
     cpu_prefill,
     dense_quant,
+    device,
     fused_attention,
     fused_layer,
     fused_proj,
+    gated_delta,
     head_rows,
     paged_attention,
     prefill_attention,
@@ -96,6 +101,8 @@ def apply(
         out.paged_kernel = routed and out.paged_kernel
     if on_host:
         route_swiglu(model)
+    if config.gated_delta and (on_host or device.on_cuda()):
+        route_gated_delta(model, on_host)
     if out.paged_kernel and config.fused_attention:
         out.fused_attention = fuse_attention(model)
     if out.fused_attention and config.fused_layer != "0":
@@ -199,10 +206,28 @@ def _routed_swiglu(original: Callable[..., mx.array]) -> Callable[..., mx.array]
     return fn
 
 
+def route_gated_delta(model: nn.Module, on_host: bool) -> bool:
+    """Wrap the `gated_delta_update` bound in `model`'s mlx-lm modules with `gated_delta`'s
+    (`on_host`: prompt chunks in numpy); True when at least one module has one."""
+    return _wrap_bound(
+        model, "gated_delta_update", lambda original: _routed_gated_delta(original, on_host)
+    )
+
+
+@functools.cache
+def _routed_gated_delta(original: Callable[..., Any], on_host: bool) -> Callable[..., Any]:
+    fn = gated_delta.routed(original, on_host)
+    setattr(fn, _ORIGINAL, original)
+    return fn
+
+
+_ROUTED = ("scaled_dot_product_attention", "swiglu", "gated_delta_update")
+
+
 def _unroute(model: nn.Module) -> None:
     for name in _model_modules(model):
         mod = sys.modules[name]
-        for attr in ("scaled_dot_product_attention", "swiglu"):
+        for attr in _ROUTED:
             original = getattr(getattr(mod, attr, None), _ORIGINAL, None)
             if original is not None:
                 setattr(mod, attr, original)
