@@ -256,7 +256,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, '
         '"prompt_lookup_min": 2, "disable_by_batch_size": 8}\' (those are the defaults), '
         "or a draft model sharing the target's tokenizer, e.g. '{\"model\": PATH_OR_HUB_ID, "
-        '"num_speculative_tokens": 4}\' (method "draft_model"); '
+        '"num_speculative_tokens": 4}\' (method "draft_model"), or the checkpoint\'s own '
+        'multi-token-prediction layers, \'{"method": "mtp", "num_speculative_tokens": 2}\' '
+        "(Qwen3-Next / Qwen3.5 mtp.*, DeepSeek-V3 style; the original Hugging Face "
+        "checkpoint: mlx-lm conversions drop them); "
         "a step speculates only while at most disable_by_batch_size sequences run; "
         "requests with a seed, a response format or a reasoning budget never do; "
         "default: off",

@@ -43,8 +43,11 @@ class TPConfig:
         return "nccl" if mx.cuda.is_available() else "ring"
 
 
-# The proposal methods of vLLM's `--speculative-config` that pippin runs.
-SPEC_METHODS = ("ngram", "draft_model")
+# The proposal methods of vLLM's `--speculative-config` that pippin runs; "mtp": the
+# checkpoint's own multi-token-prediction layers (`pippin.engine.mtp`).
+SPEC_METHODS = ("ngram", "draft_model", "mtp")
+# vLLM's older spellings.
+SPEC_ALIASES = {"[ngram]": "ngram", "qwen3_next_mtp": "mtp", "deepseek_mtp": "mtp"}
 # The most tokens one proposal may hold: each costs a verified position per sequence (and
 # with a draft model, one call of it), and acceptance decays along a proposal.
 MAX_SPEC_TOKENS = 32
@@ -74,8 +77,9 @@ class SpeculativeConfig:
             raise ValueError(f"--speculative-config is not JSON: {e}") from None
         if not isinstance(raw, dict):
             raise ValueError("--speculative-config must be a JSON object")
-        if raw.get("method") == "[ngram]":  # vLLM's older spelling
-            raw["method"] = "ngram"
+        method = raw.get("method")
+        if isinstance(method, str) and method in SPEC_ALIASES:
+            raw["method"] = SPEC_ALIASES[method]
         if "method" not in raw and raw.get("model") is not None:
             raw["method"] = "draft_model"  # as vLLM infers it from `model`
         known = {f.name for f in fields(cls)}

@@ -17,6 +17,7 @@ from pippin.engine.cache_tiers import CacheTiers
 from pippin.engine.config import MIN_BUFFER_CACHE, EngineConfig, SpeculativeConfig
 from pippin.engine.draft_model import DraftModel
 from pippin.engine.grammar_masks import GrammarMasks, split_constrained
+from pippin.engine.mtp import MtpProposer
 from pippin.engine.observer import EngineObserver
 from pippin.engine.output_processor import OutputProcessor
 from pippin.engine.sampler import SampleResult, sample
@@ -175,6 +176,14 @@ class EngineCore:
             self.spec = Speculator(config.speculative, draft)
 
     def _load_draft(self, cfg: SpeculativeConfig | None) -> DraftModel | None:
+        if cfg is not None and cfg.method == "mtp":
+            return MtpProposer(
+                cfg,
+                self.loaded,
+                self.runner,
+                block_size=self.config.block_size,
+                budget=self.config.max_num_batched_tokens,
+            )
         if cfg is None or cfg.method != "draft_model":
             return None
         return DraftModel(
@@ -402,6 +411,8 @@ class EngineCore:
         logits_parts: list[mx.array] = []
         for g, items in enumerate(groups):
             logits = self.runner.forward(items)
+            if self.spec is not None:
+                self.spec.saw(items, self.runner.hidden)
             if self.snapshots is not None:
                 self.snapshots.after_forward(items)
             if logits is not None:

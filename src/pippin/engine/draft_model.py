@@ -82,7 +82,11 @@ class _DraftSeq:
     source: Sequence
     table: BlockTable = field(default_factory=BlockTable)
     computed: int = 0  # tokens whose draft KV is in the draft's pool
-    # The step's proposal: the sequence's length when it was made, and its size.
+    # Position i's input is the sequence's token shift + i (an MTP head's: see
+    # `pippin.engine.mtp`).
+    shift: int = 0
+    # The step's proposal: where its fed positions start (a draft's: the sequence's
+    # length when it was made), and its size.
     base: int = 0
     k: int = 0
     pending: list[tuple[Any, int]] = field(default_factory=list)
@@ -101,7 +105,7 @@ class _DraftSeq:
         return self.source.request_id
 
     def ids(self, start: int, end: int) -> list[int]:
-        return self.source.ids(start, end)
+        return self.source.ids(start + self.shift, end + self.shift)
 
 
 @dataclass
@@ -113,9 +117,14 @@ class _Row:
     length: int
     samples: bool
     draft: list[int] = field(default_factory=list)
+    hidden: mx.array | None = None  # an MTP head's input beside the tokens, [length, H]
 
 
 class DraftModel:
+    # Whether the KV of the proposals it fed stays after a verdict that kept them (an MTP
+    # head's does not: it was computed from the head's own hidden states).
+    keeps_fed = True
+
     def __init__(
         self,
         config: SpeculativeConfig,
@@ -132,7 +141,12 @@ class DraftModel:
             draft = materialize(load_model(config.model))
         check_vocab(target, draft)
         self.loaded = draft
-        self.runner = ModelRunner(draft.model, block_size)
+        self._setup(ModelRunner(draft.model, block_size), target, block_size, budget)
+
+    def _setup(
+        self, runner: ModelRunner, target: LoadedModel, block_size: int, budget: int
+    ) -> None:
+        self.runner = runner
         self.bytes_per_block = bytes_per_block(self.runner.kv_specs, block_size)
         self.num_blocks = 0
         self.block_size = block_size
@@ -173,7 +187,7 @@ class DraftModel:
         ds = self.seqs.get(seq_id)
         if ds is None or ds.k == 0:
             return
-        fed = min(kept, ds.k - 1)
+        fed = min(kept, ds.k - 1) if self.keeps_fed else 0
         ds.computed = ds.base + fed
         if ds.states:
             ds.recurrent, ds.states = ds.states[fed], []
@@ -210,27 +224,26 @@ class DraftModel:
         budget = self.budget
         # Short catch-ups first: a steady stream needs one or two tokens, a new prompt more.
         for it, k in sorted(wanted, key=lambda w: w[0].seq.num_tokens - self._computed(w[0])):
-            seq = it.seq
-            ds = self.seqs.get(seq.seq_id)
+            ds = self._sequence(it.seq)
             if ds is None:
-                ds = self.seqs[seq.seq_id] = self._start(seq)
-            n = seq.num_tokens
-            chunk = min(n - ds.computed, budget)
+                continue
+            behind = self._behind(ds)
+            chunk = min(behind, budget)
             if chunk <= 0:
                 continue
-            done = chunk == n - ds.computed
+            done = chunk == behind
             # Proposals 1 .. k-1 are fed back, so their KV needs room too.
             if not self._reserve(ds, ds.computed + chunk + (k - 1 if done else 0), keep):
                 continue
             budget -= chunk
-            rows.append(_Row(ds, ds.computed, chunk, done))
+            rows.append(self._row(ds, chunk, done))
             ks.append(k if done else 0)
         if not rows:
             return
         # Catch-up calls, then one decode call per further proposal, all left lazy:
         # each call's inputs are the previous call's draws.
         drawn: dict[int, list[tuple[mx.array, mx.array, int]]] = {}  # row -> (tokens, q, r)
-        last: dict[int, tuple[mx.array, int]] = {}
+        last: dict[int, tuple[mx.array, int, mx.array | None]] = {}  # and the hidden state
         index = {id(r): b for b, r in enumerate(rows)}
         for group in self.runner.call_groups(rows):
             self._call(group, [index[id(r)] for r in group], drawn, last)
@@ -246,8 +259,9 @@ class DraftModel:
             for b in live:
                 ds = rows[b].seq
                 pos = ds.computed + j - 1
-                ds.pending, ds.known = [last[b]], pos
-                items.append(_Row(ds, pos, 1, True))
+                tokens, r, hidden = last[b]
+                ds.pending, ds.known = [(tokens, r)], pos
+                items.append(_Row(ds, pos, 1, True, hidden=hidden))
             self._call(items, live, drawn, last)
             if recurrent:
                 for it in items:
@@ -265,8 +279,24 @@ class DraftModel:
             ds, k = rows[b].seq, ks[b]
             it.draft = [host[id(t)][r] for t, _, r in drawn[b][:k]]
             it.draft_probs = mx.stack([q[r] for _, q, r in drawn[b][:k]])
-            ds.base, ds.k = it.seq.num_tokens, k
+            ds.base, ds.k = ds.computed, k
             ds.computed = ds.base + k - 1  # until `settle`
+
+    def _sequence(self, seq: Sequence) -> _DraftSeq | None:
+        """The sequence's draft state (made on its first proposal); None: it cannot
+        propose."""
+        ds = self.seqs.get(seq.seq_id)
+        if ds is None:
+            ds = self.seqs[seq.seq_id] = self._start(seq)
+        return ds
+
+    def _behind(self, ds: _DraftSeq) -> int:
+        """Positions the draft must compute before it proposes: up to the last token."""
+        return ds.source.num_tokens - ds.computed
+
+    def _row(self, ds: _DraftSeq, length: int, samples: bool) -> _Row:
+        """The catch-up row of `length` positions from where `ds` stopped."""
+        return _Row(ds, ds.computed, length, samples)
 
     def _start(self, seq: Sequence) -> _DraftSeq:
         """A sequence's draft state, with the draft KV of its prompt's cached blocks."""
@@ -286,7 +316,7 @@ class DraftModel:
         items: list[_Row],
         ids: list[int],
         drawn: dict[int, list[tuple[mx.array, mx.array, int]]],
-        last: dict[int, tuple[mx.array, int]],
+        last: dict[int, tuple[mx.array, int, mx.array | None]],
     ) -> None:
         """One draft call over `items` (rows `ids` of the step): the draws of the rows
         that sample, appended to theirs."""
@@ -294,14 +324,17 @@ class DraftModel:
         if logits is None:
             mx.async_eval(self.runner.arrays_to_eval(items))
             return
-        sampling = [(b, it) for b, it in zip(ids, items) if it.samples]
-        tokens, q = self._draw(logits, [it.seq.source for _, it in sampling])
+        sampling = [(i, b, it) for i, (b, it) in enumerate(zip(ids, items)) if it.samples]
+        tokens, q = self._draw(logits, [it.seq.source for _, _, it in sampling])
         # Launched before the next call scatters into the same pools, so its writes
         # stay in place (as `EngineCore._forward` does).
         mx.async_eval(tokens, q, self.runner.arrays_to_eval(items))
-        for r, (b, _) in enumerate(sampling):
+        # A head that reads hidden states is fed its own, of the position it sampled.
+        hidden = self.runner.hidden if self.runner.keep_hidden else None
+        for r, (i, b, it) in enumerate(sampling):
             drawn.setdefault(b, []).append((tokens, q, r))
-            last[b] = (tokens, r)
+            h = None if hidden is None else hidden[i, it.length - 1 : it.length]
+            last[b] = (tokens, r, h)
 
     def _draw(self, logits: mx.array, seqs: list[Sequence]) -> tuple[mx.array, mx.array]:
         """Each row's proposal and the distribution q it was drawn from ([n, vocab]):

@@ -48,7 +48,9 @@ A draft model (`pippin.engine.draft_model`) draws its proposals from its own log
 the request's temperature, top-k/p and min-p and hands its distributions q to the
 rejection sampler with them; penalties, logit bias and min_tokens act in the verify step
 only (still exact; fewer proposals kept). Its own KV is caught up, trimmed and freed by
-`DraftModel` (`settle` after each verdict, `forget` when a sequence ends).
+`DraftModel` (`settle` after each verdict, `forget` when a sequence ends). The
+checkpoint's own multi-token-prediction layers (`pippin.engine.mtp`) propose the same
+way, from the target's hidden states, which each target call hands over (`saw`).
 
 Per step: speculation needs every token known on the host, so it gives up the overlap of
 one step's host work with the previous step's device work; and verifying costs k + 1
@@ -70,6 +72,7 @@ from pippin.engine.block_manager import BlockManager
 from pippin.engine.config import SpeculativeConfig
 from pippin.engine.draft_model import DraftModel
 from pippin.engine.grammar_masks import GrammarMasks, split_constrained
+from pippin.engine.mtp import MtpProposer
 from pippin.engine.output_processor import OutputProcessor
 from pippin.engine.rejection import judge, walk
 from pippin.engine.sampler import SampleResult, adjust, sample, shaped
@@ -156,7 +159,9 @@ class _At:
 class Speculator:
     def __init__(self, config: SpeculativeConfig, draft: DraftModel | None = None) -> None:
         self.config = config
-        self.draft = draft  # None: prompt lookup
+        self.draft = draft  # None: prompt lookup; an `MtpProposer` for "mtp"
+        # More sequences run than speculate (an MTP head then holds no hidden states).
+        self._crowded = False
         # vLLM's counters: verified proposals (drafts), their tokens, and tokens kept,
         # also per position.
         self.num_drafts = 0
@@ -195,12 +200,24 @@ class Speculator:
 
     def wanted(self, running: list[Sequence], step: int) -> bool:
         """Whether step `step` may speculate (so the step in flight must finish first)."""
-        if not running or len(running) > self.config.disable_by_batch_size:
+        self._crowded = len(running) > self.config.disable_by_batch_size
+        if not running or self._crowded:
             return False
         if len(self._backoff) > 4 * self.config.disable_by_batch_size:
             ids = {s.seq_id for s in running}
             self._backoff = {i: b for i, b in self._backoff.items() if i in ids}
         return any(self._due(s, step) and not s.is_prefilling for s in running)
+
+    def saw(self, items: list[ScheduledSeq], hidden: mx.array | None) -> None:
+        """A target call's rows and its last hidden states ([B, L, H]; None unless an
+        MTP head reads them): held for the head, for the sequences that may speculate."""
+        if hidden is None or not isinstance(self.draft, MtpProposer):
+            return
+        rows = [(b, it) for b, it in enumerate(items) if speculates(it.seq.params)]
+        if self._crowded:
+            self.draft.drop([it.seq for _, it in rows])
+        else:
+            self.draft.saw(rows, hidden)
 
     def _due(self, seq: Sequence, step: int) -> bool:
         return speculates(seq.params) and self._backoff.get(seq.seq_id, (0, 0))[0] <= step

@@ -9,12 +9,16 @@ selection is set, keeps only the selected positions, so the head sees [n, 1, hid
 
 The swap keeps the module's parameters and their names, so loading weights and
 adapters is untouched. With no selection (decode, the compiled step) it is the norm.
+
+`capture` also records the norm's output at every position for one call: the target's
+last hidden states, which a multi-token-prediction head reads (`pippin.engine.mtp`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -55,3 +59,51 @@ def final_norm(model: nn.Module) -> tuple[nn.Module, str] | None:
             if isinstance(norm, nn.Module):
                 return parent, path[-1]
     return None
+
+
+@dataclass
+class Captured:
+    """What `capture` recorded: the final norm's output at every position, [B, L, D]."""
+
+    hidden: mx.array | None = None
+
+
+class _Stand(nn.Module):
+    """Stands in for the final norm while `capture` runs (a module, so that it takes the
+    norm's place among its parent's children and gives it back)."""
+
+    def __init__(self, call: Callable[..., mx.array]) -> None:
+        super().__init__()
+        self._call = call
+
+    def __call__(self, x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
+        return self._call(x, *args, **kwargs)
+
+
+@contextmanager
+def capture(
+    model: nn.Module, rows: list[int], cols: list[int], shape: tuple[int, int]
+) -> Iterator[Captured]:
+    """Within the block, the model's final norm records its output at every position
+    (lazy: it costs only what is evaluated of it); with `rows`, the head sees only the
+    positions (rows[i], cols[i]) of its [B, L] = `shape` input, as `HeadRows.select`
+    gives them (the same ops, so the same logits)."""
+    found = final_norm(model)
+    if found is None:
+        raise ValueError("the model has no final norm known to pippin")
+    parent, name = found
+    norm = getattr(parent, name)
+    out = Captured()
+    picked = (mx.array(rows), mx.array(cols)) if rows else None
+
+    def call(x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
+        out.hidden = norm(x, *args, **kwargs)
+        if picked is not None and x.ndim == 3 and tuple(x.shape[:2]) == shape:
+            return norm(x[picked[0], picked[1]][:, None, :], *args, **kwargs)
+        return out.hidden
+
+    setattr(parent, name, _Stand(call))
+    try:
+        yield out
+    finally:
+        setattr(parent, name, norm)

@@ -26,6 +26,7 @@ from mlx_lm.models.cache import (
 from pippin.kernels import (
     cpu_prefill,
     fused_layer,
+    head_rows,
     paged_attention,
     patches,
 )
@@ -126,6 +127,11 @@ class ModelRunner:
         # Models that take more than tokens per call (a vision model's image embeddings
         # and positions) say what through `step_inputs(items, tokens)`.
         self.step_inputs = getattr(model, "step_inputs", None)
+        # With `keep_hidden`, each call leaves its final norm's output at every position
+        # of every row in `hidden` ([B, L, hidden], lazy): a multi-token-prediction head
+        # reads the target's (`pippin.engine.mtp`).
+        self.keep_hidden = False
+        self.hidden: mx.array | None = None
 
     def mark_fused(self, layout: Any, rows: int) -> None:
         """Which fused kernels a batch of `rows` rows runs, once `layout.paged_kernel` says
@@ -346,7 +352,7 @@ class ModelRunner:
         lengths = [it.length for it in items]
         tables = [it.seq.table.block_ids for it in items]
         L = max(lengths)
-        compiled = self.graph is not None and L == 1
+        compiled = self.graph is not None and L == 1 and not self.keep_hidden
         B = len(items)
         tokens = np.zeros((self.graph.rows(B) if compiled else B, L), dtype=np.int32)
         lazy: list[tuple[int, mx.array, int]] = []
@@ -404,7 +410,13 @@ class ModelRunner:
             cols = [lengths[b] - 1 for b in rows]
         extra = self.step_inputs(items, inputs) if self.step_inputs is not None else {}
         with cpu_prefill.in_runner():
-            if self.head is not None and rows and L > 1:
+            if self.keep_hidden:
+                # The LM head sees the positions it would see through `self.head`.
+                sel = (rows, cols) if self.head is not None and rows and L > 1 else ([], [])
+                with head_rows.capture(self.model, *sel, (B, L)) as captured:
+                    logits = self.model(inputs, cache=caches, **extra)
+                self.hidden = captured.hidden
+            elif self.head is not None and rows and L > 1:
                 # Only the sampling positions go through the LM head.
                 with self.head.select(rows, cols, (B, L)):
                     logits = self.model(inputs, cache=caches, **extra)
