@@ -39,11 +39,10 @@ def main() -> int:
     from pippin.bench.inproc import decode_rate, in_turns, mlx_lm_batch_rate, mlx_lm_decode
 
     model, _ = load(str(args.model))
+    # Multimodal configs (Qwen3.5) keep the text model's fields in text_config.
+    vocab = getattr(model.args, "vocab_size", None) or model.args.text_config["vocab_size"]
     rng = random.Random(0)
-    prompts = [
-        [rng.randrange(model.args.vocab_size) for _ in range(args.prompt)]
-        for _ in range(args.batch)
-    ]
+    prompts = [[rng.randrange(vocab) for _ in range(args.prompt)] for _ in range(args.batch)]
 
     def mlx_lm(gen: int) -> float:
         if args.batch > 1:

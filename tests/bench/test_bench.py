@@ -32,8 +32,9 @@ from pippin.bench.report import aggregate, describe, table
 from pippin.bench.runner import BenchConfig, BenchRun, Target, arrival_gaps, run_benchmark
 from pippin.bench.scrape import parse_metrics, spec_acceptance
 from pippin.bench.servers import ServerSet, parse_spec
+from pippin.bench.sessions import make_sessions
 from pippin.bench.stats import percentile
-from pippin.bench.workload import Length, Workload, load_workload, make_sessions
+from pippin.bench.workload import Length, Workload, load_workload
 from pippin.cli.main import main
 
 TTFT, ITL, TOKENS = 0.4, 0.05, 8

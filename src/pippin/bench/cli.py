@@ -12,7 +12,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pippin import envs
-from pippin.bench.workload import BUILTIN, Length, load_workload
+from pippin.bench.workload import BUILTIN, Length, Workload, load_workload
 
 
 class _Server(argparse.Action):
@@ -56,7 +56,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         metavar="SPEC",
         help="a server to start, measure and stop: '[VAR=VALUE ...] [NAME=]KIND:MODEL "
         "[FLAGS ...]' with KIND pippin, mlx_lm, vllm_mlx or cmd, MODEL a path, a Hub id or "
-        "random:NAME (tiny-qwen3, llama-3.2-1b, llama-3.1-8b, qwen3-0.6b, qwen3-30b-a3b, "
+        "random:NAME (tiny-qwen3, tiny-qwen3.5, llama-3.2-1b, llama-3.1-8b, qwen3-0.6b, "
+        "qwen3-30b-a3b, qwen3.5-9b, "
         "gpt-oss-20b, each optionally "
         "-4bit or -8bit: random weights, built once), "
         "e.g. --serve 'pippin:random:tiny-qwen3 --max-model-len 4096' --serve "
@@ -120,6 +121,26 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     w.add_argument("--prompt-tokens", type=int, help="override: fixed prompt length")
     w.add_argument("--output-tokens", type=int, help="override: fixed output length")
     w.add_argument("--turns", type=int, help="override: turns per session")
+    w.add_argument(
+        "--system-tokens",
+        type=int,
+        metavar="N",
+        help="agent: the system prompt's tokens, tools included (default: 12000)",
+    )
+    w.add_argument(
+        "--tool-tokens",
+        type=int,
+        metavar="N",
+        help="agent: each tool result's tokens (default: 300)",
+    )
+    w.add_argument(
+        "--answer-tokens",
+        type=int,
+        dest="output_tokens",
+        metavar="N",
+        help="agent: the cap on each answer (max_tokens; the same as --output-tokens; "
+        "default: 100)",
+    )
     w.add_argument("--shared-prefix-ratio", type=float, help="override: shared prefix share")
     w.add_argument(
         "--tokenizer",
@@ -143,7 +164,17 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         action=_Flatten,
         metavar="N",
         help="closed-loop sweep: clients sending back to back, as '1 4 16' or '1,4,16' "
-        "(default: 1 4 16)",
+        "(default: 1 4 16; the agent workload: 4)",
+    )
+    mode.add_argument(
+        "--sessions",
+        type=_numbers(int),
+        nargs="+",
+        action=_Flatten,
+        dest="concurrency",
+        metavar="S",
+        help="the same as --concurrency, named for the agent workload: S sessions at once, "
+        "each a client sending its turns one after another (default there: 4)",
     )
     mode.add_argument(
         "--request-rate",
@@ -313,7 +344,8 @@ def _command() -> str:
     return "pippin bench (called from Python)"
 
 
-def run(args: argparse.Namespace) -> int:
+def workload_from_args(args: argparse.Namespace) -> Workload:
+    """The workload named by --workload with the command line's overrides."""
     from dataclasses import replace
 
     try:
@@ -326,12 +358,18 @@ def run(args: argparse.Namespace) -> int:
         "shared_prefix_ratio": args.shared_prefix_ratio,
         "prompt_tokens": Length.parse(args.prompt_tokens) if args.prompt_tokens else None,
         "output_tokens": Length.parse(args.output_tokens) if args.output_tokens else None,
+        "system_tokens": args.system_tokens,
+        "tool_tokens": Length.parse(args.tool_tokens) if args.tool_tokens else None,
         "ignore_eos": False if args.no_ignore_eos else None,
     }
     try:
-        workload = replace(workload, **{k: v for k, v in overrides.items() if v is not None})
+        return replace(workload, **{k: v for k, v in overrides.items() if v is not None})
     except ValueError as exc:
         raise SystemExit(f"pippin bench: {exc}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    workload = workload_from_args(args)
     rate = args.request_rate is not None
     entries = _entries(args)
     specs = [v for k, v in entries if k == "serve"]
@@ -404,15 +442,16 @@ def _measure(
     elif tokenizer:
         # The one measured with names itself in the report (a --tokenizer over the workload's).
         # Editing prompts count their code's tokens with it directly.
-        wpt = words_per_token(tokenizer) if workload.prompt_source == "words" else 1.0
+        wpt = words_per_token(tokenizer) if workload.prompt_source != "editing" else 1.0
         workload = replace(
             workload, tokenizer=tokenizer, tokenizer_label=label, words_per_token=wpt
         )
+    default = [4] if workload.prompt_source == "agent" else [1, 4, 16]
     cfg = BenchConfig(
         targets=_targets(args, entries, started),
         workload=workload,
         mode="rate" if rate else "concurrency",
-        levels=[float(x) for x in (args.request_rate if rate else args.concurrency or [1, 4, 16])],
+        levels=[float(x) for x in (args.request_rate if rate else args.concurrency or default)],
         num_requests=args.num_requests,
         warmup=args.warmup,
         repetitions=args.repetitions,
@@ -435,13 +474,25 @@ def _measure(
 
 
 def _report(args: argparse.Namespace, bench: Any) -> int:
-    from pippin.bench.report import aggregate, describe, markdown, table, write_csv, write_json
+    from pippin.bench.report import (
+        aggregate,
+        describe,
+        markdown,
+        table,
+        turn_rows,
+        turn_table,
+        write_csv,
+        write_json,
+    )
 
     cfg = bench.config
     rows = aggregate(bench)
     print(describe(bench))
     print()
     print(table(rows, cfg.mode, cfg.targets[0].name if len(cfg.targets) > 1 else None))
+    if cfg.workload.turns > 1:
+        print()
+        print(turn_table(turn_rows(bench), cfg.mode))
     failed = sum(r["failed"] for r in rows)
     if failed:
         errors = sorted({e for r in rows for e in r["errors"]})

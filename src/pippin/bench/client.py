@@ -35,6 +35,7 @@ class RequestResult:
     connect_retries: int = 0
     error: str | None = None
     text: str = ""  # the answer's content (multi-turn sessions send it back)
+    turn: int = 0  # its place in its session, from 0
 
     @property
     def output_tokens(self) -> int:

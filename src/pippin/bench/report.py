@@ -8,8 +8,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from pippin.bench.client import RequestResult
 from pippin.bench.runner import BenchRun, Window
-from pippin.bench.stats import FEW_SAMPLES, summarize
+from pippin.bench.stats import FEW_SAMPLES, percentile, summarize
 
 
 def aggregate(run: BenchRun) -> list[dict[str, Any]]:
@@ -32,9 +33,85 @@ def aggregate(run: BenchRun) -> list[dict[str, Any]]:
             for key in ("server_cpu", "machine_cpu"):  # shares of a core, wall-weighted
                 cpu = [(w.cpu[key], w.wall) for w in wins if w.cpu and key in w.cpu]
                 row[key] = sum(c * t for c, t in cpu) / sum(t for _, t in cpu) if cpu else None
+            if run.config.workload.turns > 1:
+                row.update(later_turns(r for w in wins for r in w.results))
             rows.append(row)
     add_ratios(rows, run.config.mode, names[0])
     return rows
+
+
+def _ttfts(results: list[RequestResult]) -> list[float]:
+    return [r.ttft for r in results if r.ok and r.ttft is not None]
+
+
+def later_turns(results: Any) -> dict[str, float | None]:
+    """TTFT of the turns after a session's first, over the first turn's median: their median
+    (`later_ttft_x`) and their worst (`later_ttft_max_x`). A server that reuses the
+    conversation's prefix answers a later turn in a fraction of the first's time."""
+    results = list(results)
+    first = percentile(_ttfts([r for r in results if r.turn == 0]), 50)
+    later = _ttfts([r for r in results if r.turn > 0])
+    if not first or not later:
+        return {"later_ttft_x": None, "later_ttft_max_x": None}
+    return {
+        "later_ttft_x": (percentile(later, 50) or 0) / first,
+        "later_ttft_max_x": max(later) / first,
+    }
+
+
+def turn_rows(run: BenchRun) -> list[dict[str, Any]]:
+    """Multi-turn sessions: one row per (level, server, turn), all repetitions pooled: TTFT
+    p50 and max, the mean prompt and cached tokens the server's usage reported
+    (`prompt_tokens_details.cached_tokens`), and the TTFT p50 over the first turn's."""
+    rows = []
+    mode = run.config.mode
+    for level in run.config.levels:
+        for t in run.config.targets:
+            results = [
+                r for w in run.windows if w.target == t.name and w.level == level for r in w.results
+            ]
+            first = percentile(_ttfts([r for r in results if r.turn == 0]), 50)
+            for turn in sorted({r.turn for r in results}):
+                these = [r for r in results if r.turn == turn]
+                ok = [r for r in these if r.ok]
+                ttfts = _ttfts(these)
+                prompt = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
+                cached = [r.cached_tokens for r in ok if r.cached_tokens is not None]
+                p50 = percentile(ttfts, 50)
+                rows.append(
+                    {
+                        "server": t.name,
+                        mode: level,
+                        "turn": turn + 1,
+                        "requests": len(these),
+                        "failed": len(these) - len(ok),
+                        "prompt_tokens_mean": sum(prompt) / len(prompt) if prompt else None,
+                        "cached_tokens_mean": sum(cached) / len(cached) if cached else None,
+                        "ttft_p50": p50,
+                        "ttft_max": max(ttfts) if ttfts else None,
+                        "ttft_x_turn1": p50 / first if p50 is not None and first else None,
+                    }
+                )
+    return rows
+
+
+def turn_table(rows: list[dict[str, Any]], mode: str) -> str:
+    """`turn_rows` as a Markdown table."""
+    level = "conc" if mode == "concurrency" else "rate"
+    cols: list[tuple[str, Any]] = [
+        (level, lambda r: f"{r[mode]:g}"),
+        ("server", lambda r: r["server"]),
+        ("turn", lambda r: str(r["turn"])),
+        ("ok", lambda r: f"{r['requests'] - r['failed']}/{r['requests']}"),
+        ("prompt tokens", lambda r: _num(r["prompt_tokens_mean"], 0)),
+        ("cached tokens", lambda r: _num(r["cached_tokens_mean"], 0)),
+        ("TTFT p50", lambda r: _ms(r["ttft_p50"])),
+        ("TTFT max", lambda r: _ms(r["ttft_max"])),
+        ("TTFT p50 / turn 1", lambda r: _num(r["ttft_x_turn1"], 3)),
+    ]
+    lines = ["| " + " | ".join(c for c, _ in cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(f(r) for _, f in cols) + " |" for r in rows]
+    return "\n".join(lines)
 
 
 def add_ratios(rows: list[dict[str, Any]], mode: str, first: str) -> None:
@@ -93,6 +170,10 @@ def table(rows: list[dict[str, Any]], mode: str, first: str | None = None) -> st
         ("e2e p99", lambda r: _pctl(r, "e2e", 99)),
         ("cache hits", lambda r: _pct(r["server_cache_hit_rate"])),
     ]
+    if any(r.get("later_ttft_x") is not None for r in rows):
+        # Turns after a session's first: TTFT median and worst over turn 1's median.
+        cols.append(("TTFT 2+ / 1", lambda r: _num(r.get("later_ttft_x"), 3)))
+        cols.append(("worst 2+ / 1", lambda r: _num(r.get("later_ttft_max_x"), 3)))
     if any(r.get("spec_acceptance") is not None for r in rows):
         cols.append(("spec kept", lambda r: _pct(r.get("spec_acceptance"))))
     if any(r.get("server_cpu") is not None for r in rows):
@@ -171,6 +252,7 @@ def to_json(run: BenchRun, rows: list[dict[str, Any]]) -> dict[str, Any]:
         "machine": run.machine,
         "servers": run.servers,
         "summary": rows,
+        "turns": turn_rows(run) if c.workload.turns > 1 else None,
         "windows": [
             {
                 "server": w.target,
@@ -189,7 +271,10 @@ def to_json(run: BenchRun, rows: list[dict[str, Any]]) -> dict[str, Any]:
 def markdown(run: BenchRun, rows: list[dict[str, Any]], command: str) -> str:
     """What docs/benchmarks.md shows for a run: the command, where and what ran, the table."""
     first = run.config.targets[0].name if len(run.config.targets) > 1 else None
-    return f"```sh\n{command}\n```\n\n{describe(run)}\n\n{table(rows, run.config.mode, first)}\n"
+    out = f"```sh\n{command}\n```\n\n{describe(run)}\n\n{table(rows, run.config.mode, first)}\n"
+    if run.config.workload.turns > 1:
+        out += f"\nPer turn:\n\n{turn_table(turn_rows(run), run.config.mode)}\n"
+    return out
 
 
 def write_json(path: Path, run: BenchRun, rows: list[dict[str, Any]]) -> None:

@@ -27,7 +27,8 @@ from pippin.bench.client import RequestResult, stream_request
 from pippin.bench.fingerprint import machine, server_info
 from pippin.bench.progress import Progress
 from pippin.bench.scrape import CacheStats, SpecStats, cache_hit_rate, scrape, spec_acceptance
-from pippin.bench.workload import Session, Workload, make_sessions
+from pippin.bench.sessions import make_sessions
+from pippin.bench.workload import Session, Workload
 
 Mode = Literal["concurrency", "rate"]
 
@@ -85,6 +86,8 @@ class BenchConfig:
     def requests_at(self, level: float) -> int:
         if self.num_requests is not None:
             return self.num_requests
+        if self.mode == "concurrency" and self.workload.prompt_source == "agent":
+            return int(level) * self.workload.turns  # a session per client, all at once
         # Enough for each client to send a few; in rate mode about ten seconds' worth.
         if self.mode == "concurrency":
             return max(8, math.ceil(self.requests_per_client * level))
@@ -136,7 +139,9 @@ class BenchRun:
     interrupted: bool = False
 
 
-def _body(t: Target, w: Workload, prompt: Any, max_tokens: int) -> dict[str, Any]:
+def _body(
+    t: Target, w: Workload, prompt: Any, max_tokens: int, tools: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": t.model,
         "stream": True,
@@ -145,6 +150,8 @@ def _body(t: Target, w: Workload, prompt: Any, max_tokens: int) -> dict[str, Any
         "temperature": w.temperature,
         ("messages" if w.api == "chat" else "prompt"): prompt,
     }
+    if tools:
+        body["tools"] = tools
     if w.ignore_eos:
         body["ignore_eos"] = True
     body.update(t.extra_body)
@@ -161,18 +168,26 @@ async def run_session(
 ) -> None:
     """The session's turns one after another, each with the conversation so far."""
     path = "/v1/chat/completions" if w.api == "chat" else "/v1/completions"
-    messages: list[dict[str, str]] = []
+    messages: list[dict[str, Any]] = []
+    if session.system is not None:
+        messages.append({"role": "system", "content": session.system})
     text = ""
-    for turn in session.turns:
+    for i, turn in enumerate(session.turns):
         if w.api == "chat":
-            messages.append({"role": "user", "content": turn.text})
+            if turn.call is not None and messages and messages[-1]["role"] == "assistant":
+                # The last answer becomes the call of a tool, whose result follows.
+                messages[-1] = {**messages[-1], "tool_calls": [turn.call]}
+                msg = {"role": "tool", "tool_call_id": turn.call["id"], "content": turn.text}
+            else:
+                msg = {"role": "user", "content": turn.text}
+            messages.append(msg)
             prompt: Any = list(messages)
         else:
             text = f"{text}\n{turn.text}" if text else turn.text
             prompt = text
-        res = await stream_request(
-            client, t.base_url + path, _body(t, w, prompt, turn.max_tokens), t.headers(), retries
-        )
+        body = _body(t, w, prompt, turn.max_tokens, session.tools)
+        res = await stream_request(client, t.base_url + path, body, t.headers(), retries)
+        res.turn = i
         done(res)
         if not res.ok:
             return  # the rest of the session would build on a missing answer

