@@ -15,6 +15,7 @@ from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 from support.engine_runs import (
     OOM,
     agrees,
+    beside_speculation,
     engine_config,
     loaded_model,
     mlx_lm_reference,
@@ -62,20 +63,7 @@ def _requests(vocab: int) -> list[tuple[str, list[int], SamplingParams]]:
     greedy = [
         SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (40, 33, 27, 36)
     ]
-    others = [
-        SamplingParams(max_tokens=30, temperature=0.9, seed=3),
-        SamplingParams(
-            max_tokens=30,
-            temperature=0.0,
-            repetition_penalty=1.3,
-            logit_bias={50: 3.0},
-            min_tokens=20,
-            logprobs=True,
-            top_logprobs=2,
-        ),
-        SamplingParams(max_tokens=45, temperature=0.0, stop_token_ids=[77, 78, 79]),
-    ]
-    params = greedy + others
+    params = greedy + beside_speculation()
     return [(f"r{i}", p, params[i]) for i, p in enumerate(prompts[: len(params)])]
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from support.engine_runs import (
     OOM,
+    beside_speculation,
     engine_config,
     faulty_forward,
     loaded_model,
@@ -207,20 +208,7 @@ def _requests(vocab: int) -> list[tuple[str, list[int], SamplingParams]]:
     penalties, bias, min_tokens and logprobs, and stop tokens."""
     prompts = random_prompts(vocab, 7, seed=9)
     greedy = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (30, 23, 37)]
-    others = [
-        SamplingParams(max_tokens=25, temperature=0.9, seed=3),
-        SamplingParams(
-            max_tokens=30,
-            temperature=0.0,
-            repetition_penalty=1.3,
-            logit_bias={50: 3.0},
-            min_tokens=20,
-            logprobs=True,
-            top_logprobs=2,
-        ),
-        SamplingParams(max_tokens=45, temperature=0.0, stop_token_ids=[77, 78, 79]),
-    ]
-    params = greedy + others
+    params = greedy + beside_speculation()
     return [(f"r{i}", prompts[i], p) for i, p in enumerate(params)]
 
 

@@ -84,6 +84,25 @@ def random_prompts(vocab: int, count: int, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(3, vocab) for _ in range(rng.randrange(3, 60))] for _ in range(count)]
 
 
+def beside_speculation(max_tokens: int = 30) -> list[SamplingParams]:
+    """Requests that run beside speculating ones: a seeded one (never speculates), one with
+    penalties, bias, min_tokens and logprobs (applied per verified position), and one with
+    stop tokens."""
+    return [
+        SamplingParams(max_tokens=max_tokens, temperature=0.9, seed=3),
+        SamplingParams(
+            max_tokens=max_tokens,
+            temperature=0.0,
+            repetition_penalty=1.3,
+            logit_bias={50: 3.0},
+            min_tokens=20,
+            logprobs=True,
+            top_logprobs=2,
+        ),
+        SamplingParams(max_tokens=max_tokens + 15, temperature=0.0, stop_token_ids=[77, 78, 79]),
+    ]
+
+
 def engine_config(**kw) -> EngineConfig:
     base = dict(num_blocks=400, block_size=4, max_model_len=512, max_num_batched_tokens=48)
     base.update(kw)

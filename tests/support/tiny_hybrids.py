@@ -22,7 +22,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
@@ -391,19 +390,7 @@ def build_tiny_hybrid(family: str, dest: Path, *, seed: int = 0, **overrides: An
     weights = _init_weights(model, text, seed)
     if text.get("tie_word_embeddings"):
         weights.pop("lm_head.weight", None)
-    mx.save_safetensors(
-        str(dest / "model.safetensors"),
-        {k: mx.array(v) for k, v in sorted(weights.items())},
-        metadata={"format": "mlx"},
-    )
-    (dest / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-    generation_config = {
-        "eos_token_id": ids[EOS_TOKEN],
-        "pad_token_id": ids[PAD_TOKEN],
-        "bos_token_id": None,
-    }
-    (dest / "generation_config.json").write_text(json.dumps(generation_config, indent=2))
-    return dest
+    return tiny_models.write_checkpoint(dest, weights, config, ids, "mlx")
 
 
 _caches: dict[Path, TinyModelCache] = {}

@@ -487,11 +487,18 @@ def build_tiny_model(arch: str, dest: Path, *, seed: int = 0, **overrides: Any) 
         # sanitize when the file has none; the other classes never build it).
         weights.pop("lm_head.weight", None)
     weights = _to_hf_layout(arch, weights, config)
+    return write_checkpoint(dest, weights, config, ids, "pt")
 
+
+def write_checkpoint(
+    dest: Path, weights: dict[str, np.ndarray], config: dict, ids: dict[str, int], fmt: str
+) -> Path:
+    """A model folder: the weights (`fmt`: "pt" for Hugging Face names, "mlx" for mlx-lm's),
+    config.json and a generation_config.json with the tiny tokenizer's end and pad ids."""
     mx.save_safetensors(
         str(dest / "model.safetensors"),
         {k: mx.array(v) for k, v in sorted(weights.items())},
-        metadata={"format": "pt"},
+        metadata={"format": fmt},
     )
     (dest / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     generation_config = {
