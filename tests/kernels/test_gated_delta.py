@@ -203,6 +203,8 @@ def _bound(model: Any) -> Any:
 
 def test_route_applied_and_undone(tiny_models: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     model = loaded_model(tiny_models("qwen3_next")).model
+    # The routing is per mlx-lm module: an earlier engine in this process may have left it.
+    patches.undo(model)
     assert _bound(model) is mlx_gd.gated_delta_update
     on = KernelConfig(cpu_prefill="1")
     patches.apply(model, on, {}, {}, None)
