@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, ValidationErro
 
 from pippin.api.errors import from_validation_error
 from pippin.serving.errors import ApiError
+from pippin.serving.model_admin import check_admin
 from pippin.serving.state import ServerState
 
 # Parsing a big body (up to the body cap) takes long enough to stall other
@@ -157,3 +158,11 @@ async def cancel_on_disconnect(receive: Any, work: Any) -> Any:
 def get_state(request: Request) -> ServerState:
     """The server's state, which every route reaches through the app."""
     return request.app.state.pippin
+
+
+def require_admin(request: Request) -> ServerState:
+    """The server's state, once the request may manage models (else the 403 of
+    `pippin.serving.model_admin.check_admin`)."""
+    state = get_state(request)
+    check_admin(state.settings, request.scope.get("state", {}).get("pippin_key"))
+    return state

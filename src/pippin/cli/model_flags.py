@@ -96,6 +96,31 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="allow a model's own Python code to run while loading (off by default)",
     )
+    g = p.add_argument_group("model management (docs/models.md)")
+    g.add_argument(
+        "--models-dir",
+        metavar="DIR",
+        action="append",
+        default=[],
+        help="a folder models and LoRA adapters may be read from by path in requests; the "
+        "first also holds the models pulled and created through the server (default: "
+        "models in pippin's cache folder, $PIPPIN_CACHE_DIR or ~/.cache/pippin). Repeatable",
+    )
+    g.add_argument(
+        "--disable-model-management",
+        action="store_true",
+        help="refuse (403) /api/pull, /api/create, /api/copy, /api/delete, /api/blobs and "
+        "the LoRA adapter routes; with --api-keys they need a key marked admin otherwise",
+    )
+    g.add_argument(
+        "--lora-modules",
+        metavar="NAME=PATH",
+        nargs="+",
+        action="extend",
+        default=[],
+        help="LoRA adapters (mlx-lm or PEFT safetensors) served as models named NAME on the "
+        "base model (vLLM's flag); requests for different adapters share batches",
+    )
 
 
 def model_specs(args: argparse.Namespace) -> tuple[str | None, list[ModelSpec]]:
@@ -127,6 +152,21 @@ def model_specs(args: argparse.Namespace) -> tuple[str | None, list[ModelSpec]]:
         )
         for i, m in enumerate(given)
     ]
+
+
+def model_management(args: argparse.Namespace) -> dict[str, object]:
+    """The ServerSettings fields of the model-management group."""
+    modules = []
+    for item in args.lora_modules:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise SystemExit(f"pippin serve: --lora-modules {item!r}: expected NAME=PATH")
+        modules.append((name, path))
+    return {
+        "models_dirs": list(args.models_dir),
+        "model_management": not args.disable_model_management,
+        "lora_modules": modules,
+    }
 
 
 def model_routing(args: argparse.Namespace) -> tuple[list[tuple[str, str]], int | None]:

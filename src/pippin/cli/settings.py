@@ -17,7 +17,7 @@ from pippin.cli.embed_flags import embed_settings
 from pippin.cli.engine_flags import engine_config, engine_process
 from pippin.cli.mcp_flags import mcp_settings
 from pippin.cli.media_flags import limits_from_args
-from pippin.cli.model_flags import model_routing, model_specs
+from pippin.cli.model_flags import model_management, model_routing, model_specs
 from pippin.cli.server_flags import cors_settings, metrics_on
 
 if TYPE_CHECKING:
@@ -64,4 +64,5 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         media=limits_from_args(args),
         tts_model=args.tts_model,
         tts_names=list(args.tts_served_model_name or []),
+        **model_management(args),  # type: ignore[arg-type]
     )

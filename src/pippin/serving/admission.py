@@ -42,6 +42,8 @@ class ApiKey:
     requests_per_minute: int | None = None
     concurrent_requests: int | None = None
     tokens_per_minute: int | None = None
+    # May manage models (pull, create, copy, delete, LoRA adapters): `admin: true`.
+    admin: bool = False
 
     @property
     def salt(self) -> str:
@@ -53,7 +55,7 @@ _LIMITS = ("requests_per_minute", "concurrent_requests", "tokens_per_minute")
 
 
 def load_keys(path: str | Path) -> list[ApiKey]:
-    """Keys from a JSON or YAML file: a list of ``{key, name?, requests_per_minute?,
+    """Keys from a JSON or YAML file: a list of ``{key, name?, admin?, requests_per_minute?,
     concurrent_requests?, tokens_per_minute?}``, or ``{"keys": [...]}``."""
     import yaml  # YAML is a superset of JSON: one parser reads both
 
@@ -73,7 +75,7 @@ def load_keys(path: str | Path) -> list[ApiKey]:
         where = f"key {i + 1}"
         if not isinstance(e, dict) or not isinstance(e.get("key"), str) or not e["key"]:
             raise KeyFileError(f"{where}: needs a non-empty string 'key'")
-        unknown = set(e) - {"key", "name", *_LIMITS}
+        unknown = set(e) - {"key", "name", "admin", *_LIMITS}
         if unknown:
             raise KeyFileError(f"{where}: unknown field(s) {sorted(unknown)}")
         limits: dict[str, int | None] = {}
@@ -82,7 +84,11 @@ def load_keys(path: str | Path) -> list[ApiKey]:
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise KeyFileError(f"{where}: {name} must be a positive integer")
             limits[name] = v
-        keys.append(ApiKey(str(e.get("name") or f"key-{i + 1}"), e["key"], **limits))
+        admin = e.get("admin", False)
+        if not isinstance(admin, bool):
+            raise KeyFileError(f"{where}: admin must be true or false")
+        name = str(e.get("name") or f"key-{i + 1}")
+        keys.append(ApiKey(name, e["key"], admin=admin, **limits))
     if len({k.secret for k in keys}) != len(keys):
         raise KeyFileError("the API keys file holds the same key twice")
     if len({k.name for k in keys}) != len(keys):

@@ -88,6 +88,21 @@ class ServerSettings:
     # --tts-model: a text-to-speech model for /v1/audio/speech (mlx-audio), and its names.
     tts_model: str | None = None
     tts_names: list[str] = field(default_factory=list)
+    # --models-dir (repeatable): the first holds the models pulled and created through the
+    # server (`pippin.store.library`); paths a request names (a create's source, a LoRA
+    # adapter) must lie inside one of them. Empty: the default library folder only.
+    models_dirs: list[str] = field(default_factory=list)
+    # --disable-model-management: /api/pull, /api/create, /api/copy, /api/delete,
+    # /api/blobs and the LoRA routes answer 403.
+    model_management: bool = True
+    # --lora-modules NAME=PATH (vLLM's flag): adapters served as models on their base.
+    lora_modules: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def library_dir(self) -> str:
+        from pippin.store.library import default_root
+
+        return self.models_dirs[0] if self.models_dirs else str(default_root())
 
     def model_specs(self) -> list[ModelSpec]:
         """The chat models: ``models``, else the one model (loaded at start-up)."""
