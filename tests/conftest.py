@@ -49,6 +49,52 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.e2e)
 
 
+# The files that take longest (seconds on CI's 2 cores, one at a time), longest first.
+# Under `--dist loadfile` (.ci/run) a worker runs a whole file, and xdist queues the files
+# by their number of tests, so a long file of few tests (the soak, Claude Code's runs)
+# started in the last minutes while the other worker ran out of files and idled. Sent
+# first, whatever is left at the end is small files, which even the two workers out. Only
+# the order changes; a file missing here is queued as before.
+SLOW_FILES = (
+    "tests/bench/test_soak.py",  # 116
+    "tests/e2e/test_claude_code.py",  # 104
+    "tests/api/test_api_mcp.py",  # 87
+    "tests/api/test_reliability.py",  # 78
+    "tests/api/test_api_tools_qwen.py",  # 76
+    "tests/kernels/test_cuda_kernels_compile.py",  # 66
+    "tests/bench/test_bench.py",  # 52
+    "tests/store/test_model_store.py",  # 51
+    "tests/engine/test_hybrid_speculation.py",  # 49
+    "tests/engine/test_engine_process.py",  # 43
+    "tests/bench/test_bench_models.py",  # 41
+    "tests/audio/test_api_transcriptions.py",  # 40
+    "tests/api/test_api_tensor_parallel.py",  # 40
+    "tests/api/test_api_embeddings.py",  # 39
+    "tests/engine/test_mtp.py",  # 36
+    "tests/engine/test_draft_model.py",  # 34
+    "tests/api/test_api_generic_tools.py",  # 31
+    "tests/api/test_api_rerank.py",  # 30
+)
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # a hook of pytest-xdist
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile` with the files of `SLOW_FILES` handed out first."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SlowFilesFirst(LoadFileScheduling):
+        def _assign_work_unit(self, node: Any) -> None:
+            for path in SLOW_FILES:
+                if path in self.workqueue:
+                    self.workqueue.move_to_end(path, last=False)
+                    break
+            super()._assign_work_unit(node)
+
+    return SlowFilesFirst(config, log)
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> TinyModelFactory:
     """``tiny_models(arch, *, seed=0, **config_overrides) -> Path``, each built once.

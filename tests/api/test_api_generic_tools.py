@@ -14,6 +14,7 @@ import anthropic
 import jsonschema
 import openai
 import pytest
+from support.asked import Asks, Batch, Got
 from support.server_utils import Server, run_server
 
 pytestmark = pytest.mark.skipif(
@@ -49,6 +50,8 @@ TOOLS: list[dict[str, Any]] = [
 ]
 QUESTION = [{"role": "user", "content": "What is the weather like in Paris?"}]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
+# Every test's requests at once, before the tests check them (support/asked.py).
+BATCH = Batch()
 
 
 @pytest.fixture(scope="module")
@@ -67,17 +70,41 @@ def model(client: openai.OpenAI) -> str:
     return client.models.list().data[0].id
 
 
-def test_tools_reach_a_template_without_tools(client: openai.OpenAI, model: str) -> None:
-    kw: dict[str, Any] = {"model": model, "messages": QUESTION, "max_tokens": 5}
-    bare = client.chat.completions.create(**kw).usage.prompt_tokens
-    r = client.chat.completions.create(tools=TOOLS, **kw)
+@pytest.fixture(scope="module")
+def answers(request: pytest.FixtureRequest, server: Server, model: str) -> dict[str, Any]:
+    return BATCH.ask(request, server, model)
+
+
+@pytest.fixture
+def mine(request: pytest.FixtureRequest, answers: dict[str, Any]) -> Got:
+    """This test's answers by part name; raises what the request raised."""
+    return BATCH.mine(answers, request)
+
+
+def _bare_kw(model: str) -> dict[str, Any]:
+    return {"model": model, "messages": QUESTION, "max_tokens": 5}
+
+
+@BATCH.first("test_tools_reach_a_template_without_tools")
+def _(server: Server, model: str) -> Asks:
+    client = server.client()
+    return {
+        "bare": lambda: client.chat.completions.create(**_bare_kw(model)),
+        "tools": lambda: client.chat.completions.create(tools=TOOLS, **_bare_kw(model)),
+    }
+
+
+def test_tools_reach_a_template_without_tools(mine: Got) -> None:
+    bare = mine("bare").usage.prompt_tokens
+    r = mine("tools")
     # The functions and the instruction are in the prompt (the template has no tools).
     assert r.usage.prompt_tokens > bare + 100
     assert r.choices[0].finish_reason in ("length", "stop", "tool_calls")
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_named_tool_choice_openai(client: openai.OpenAI, model: str, stream: bool) -> None:
+@BATCH.first("test_named_tool_choice_openai")
+def _(server: Server, model: str, stream: bool) -> Asks:
+    client = server.client()
     kw: dict[str, Any] = {
         "model": model,
         "messages": QUESTION,
@@ -87,13 +114,20 @@ def test_named_tool_choice_openai(client: openai.OpenAI, model: str, stream: boo
         "max_tokens": 60,
     }
     if stream:
-        chunks = list(client.chat.completions.create(stream=True, **kw))
+        return {"chunks": lambda: list(client.chat.completions.create(stream=True, **kw))}
+    return {"r": lambda: client.chat.completions.create(**kw)}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_named_tool_choice_openai(mine: Got, stream: bool) -> None:
+    if stream:
+        chunks = mine("chunks")
         deltas = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
         name = deltas[0].function.name
         args = "".join(d.function.arguments or "" for d in deltas)
         reason = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
     else:
-        r = client.chat.completions.create(**kw)
+        r = mine("r")
         (call,) = r.choices[0].message.tool_calls
         name, args, reason = call.function.name, call.function.arguments, r.choices[0].finish_reason
         assert not r.choices[0].message.content  # none of the markup leaks
@@ -101,32 +135,53 @@ def test_named_tool_choice_openai(client: openai.OpenAI, model: str, stream: boo
     jsonschema.validate(json.loads(args), PARAMS)
 
 
-def test_required_tool_choice_and_a_round_trip(client: openai.OpenAI, model: str) -> None:
-    r = client.chat.completions.create(
-        model=model,
-        messages=QUESTION,
-        tools=TOOLS,
-        tool_choice="required",
-        parallel_tool_calls=False,
-        temperature=0,
-        max_tokens=60,
-    )
+@BATCH.first("test_required_tool_choice_and_a_round_trip")
+def _(server: Server, model: str) -> Asks:
+    client = server.client()
+    return {
+        "r": lambda: client.chat.completions.create(
+            model=model,
+            messages=QUESTION,
+            tools=TOOLS,
+            tool_choice="required",
+            parallel_tool_calls=False,
+            temperature=0,
+            max_tokens=60,
+        )
+    }
+
+
+@BATCH.then("test_required_tool_choice_and_a_round_trip")
+def _(server: Server, model: str, got: Got) -> Asks:
+    r = got("r")
     (call,) = r.choices[0].message.tool_calls
-    assert call.function.name in ("get_weather", "get_time")
-    json.loads(call.function.arguments)
     # The call and its result go back as text the template can show.
     messages: list[Any] = [
         *QUESTION,
         r.choices[0].message.model_dump(exclude_none=True),
         {"role": "tool", "tool_call_id": call.id, "content": '{"sky": "sunny", "c": 31}'},
     ]
-    again = client.chat.completions.create(
-        model=model, messages=messages, tools=TOOLS, temperature=0, max_tokens=20
-    )
-    assert again.usage.prompt_tokens > r.usage.prompt_tokens
+    client = server.client()
+    return {
+        "again": lambda: client.chat.completions.create(
+            model=model, messages=messages, tools=TOOLS, temperature=0, max_tokens=20
+        )
+    }
 
 
-def test_anthropic_tools_and_thinking(server: Server, model: str) -> None:
+def test_required_tool_choice_and_a_round_trip(mine: Got) -> None:
+    r = mine("r")
+    (call,) = r.choices[0].message.tool_calls
+    assert call.function.name in ("get_weather", "get_time")
+    json.loads(call.function.arguments)
+    assert mine("again").usage.prompt_tokens > r.usage.prompt_tokens
+
+
+THINKINGS = [{"type": "enabled", "budget_tokens": 1024}, {"type": "adaptive"}]
+
+
+@BATCH.first("test_anthropic_tools_and_thinking")
+def _(server: Server, model: str) -> Asks:
     a = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
     tools = [
         {
@@ -144,25 +199,36 @@ def test_anthropic_tools_and_thinking(server: Server, model: str) -> None:
         "tools": tools,
         **greedy,
     }
-    named = a.messages.create(tool_choice={"type": "tool", "name": "get_weather"}, **kw)
-    (use,) = [b for b in named.content if b.type == "tool_use"]
-    assert use.name == "get_weather" and named.stop_reason == "tool_use"
-    jsonschema.validate(use.input, PARAMS)
-    forced = a.messages.create(tool_choice={"type": "any", "disable_parallel_tool_use": True}, **kw)
-    assert [b.type for b in forced.content] == ["tool_use"], forced
-    # Claude Code sends `thinking` on every request: a model that cannot think answers
-    # without thinking, as the hosted API does.
-    for thinking in (
-        {"type": "enabled", "budget_tokens": 1024},
-        {"type": "adaptive"},
-    ):
-        m = a.messages.create(
+    asks: Asks = {
+        "named": lambda: a.messages.create(
+            tool_choice={"type": "tool", "name": "get_weather"}, **kw
+        ),
+        "forced": lambda: a.messages.create(
+            tool_choice={"type": "any", "disable_parallel_tool_use": True}, **kw
+        ),
+    }
+    for i, thinking in enumerate(THINKINGS):
+        asks[f"thinking {i}"] = lambda thinking=thinking: a.messages.create(
             model=model,
             max_tokens=2000,
             messages=[{"role": "user", "content": "What is the capital of France?"}],
             thinking=thinking,
             **greedy,
         )
+    return asks
+
+
+def test_anthropic_tools_and_thinking(mine: Got) -> None:
+    named = mine("named")
+    (use,) = [b for b in named.content if b.type == "tool_use"]
+    assert use.name == "get_weather" and named.stop_reason == "tool_use"
+    jsonschema.validate(use.input, PARAMS)
+    forced = mine("forced")
+    assert [b.type for b in forced.content] == ["tool_use"], forced
+    # Claude Code sends `thinking` on every request: a model that cannot think answers
+    # without thinking, as the hosted API does.
+    for i in range(len(THINKINGS)):
+        m = mine(f"thinking {i}")
         assert [b.type for b in m.content] == ["text"] and "Paris" in m.content[0].text
 
 

@@ -8,10 +8,11 @@ import importlib.util
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
-from support.server_utils import Server, run_server
+from support.server_utils import Server, at_once, run_server
 
 ollama = pytest.importorskip("ollama")
 
@@ -73,30 +74,35 @@ def test_chat_paris(client: ollama.Client, model: str) -> None:
 def test_chat_streams_by_default_and_matches(
     server: Server, client: ollama.Client, model: str
 ) -> None:
-    whole = client.chat(model=model, messages=QUESTION, options=GREEDY).message.content
-    parts = list(client.chat(model=model, messages=QUESTION, options=GREEDY, stream=True))
+    # Without "stream" in the body Ollama streams: NDJSON lines (`r`). All three at once.
+    body = {"model": model, "messages": QUESTION, "options": GREEDY}
+
+    def ndjson() -> Any:
+        with server.http() as h:
+            return h.post("/api/chat", json=body)
+
+    whole, parts, r = at_once(
+        lambda: client.chat(model=model, messages=QUESTION, options=GREEDY).message.content,
+        lambda: list(client.chat(model=model, messages=QUESTION, options=GREEDY, stream=True)),
+        ndjson,
+    )
     assert len(parts) > 2 and all(not p.done for p in parts[:-1])
     assert "".join(p.message.content or "" for p in parts) == whole
     _final_fields(parts[-1])
-    # Without "stream" in the body Ollama streams: NDJSON lines.
-    body = {"model": model, "messages": QUESTION, "options": GREEDY}
-    with server.http() as h:
-        r = h.post("/api/chat", json=body)
     assert r.headers["content-type"].startswith("application/x-ndjson")
     lines = [json.loads(x) for x in r.text.splitlines()]
     assert len(lines) > 2 and lines[-1]["done"] is True
 
 
 def test_generate(client: ollama.Client, model: str) -> None:
-    r = client.generate(model=model, prompt="What is the capital of France?", options=GREEDY)
+    prompt = "What is the capital of France?"
+    r, parts = at_once(
+        lambda: client.generate(model=model, prompt=prompt, options=GREEDY),
+        lambda: list(client.generate(model=model, prompt=prompt, options=GREEDY, stream=True)),
+    )
     assert "Paris" in r.response
     _final_fields(r)
     assert r.context and len(r.context) == r.prompt_eval_count + r.eval_count
-    parts = list(
-        client.generate(
-            model=model, prompt="What is the capital of France?", options=GREEDY, stream=True
-        )
-    )
     assert "".join(p.response for p in parts) == r.response
     assert parts[-1].context == r.context
 
@@ -148,7 +154,8 @@ def test_format_json_schema(client: ollama.Client, model: str) -> None:
         "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
         "required": ["city", "country"],
     }
-    for stream in (False, True):
+
+    def chat(stream: bool) -> str:
         out = client.chat(
             model=model,
             messages=QUESTION,
@@ -156,14 +163,20 @@ def test_format_json_schema(client: ollama.Client, model: str) -> None:
             options={"temperature": 0, "num_predict": 60},
             stream=stream,
         )
-        text = out.message.content if not stream else "".join(p.message.content for p in out)
-        jsonschema.validate(json.loads(text), schema)
-    r = client.generate(
-        model=model,
-        prompt="Name a city as JSON.",
-        format="json",
-        options={"temperature": 0, "num_predict": 60},
+        return out.message.content if not stream else "".join(p.message.content for p in out)
+
+    *texts, r = at_once(
+        lambda: chat(stream=False),
+        lambda: chat(stream=True),
+        lambda: client.generate(
+            model=model,
+            prompt="Name a city as JSON.",
+            format="json",
+            options={"temperature": 0, "num_predict": 60},
+        ),
     )
+    for text in texts:
+        jsonschema.validate(json.loads(text), schema)
     assert isinstance(json.loads(r.response), dict)
 
 

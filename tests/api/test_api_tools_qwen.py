@@ -5,21 +5,27 @@ the result back as a `tool` message and answers with it; streamed and not. The R
 API's function-call loop and its stream adding up to the response run here too (one server
 of the real model rather than one more in test_api_responses.py).
 
-Requests that do not depend on each other are sent together (`at_once`): the server batches
-them, and on a CPU a batch's decode step costs about one request's.
+Requests that do not depend on each other are sent together: the server batches them, and
+on a CPU a batch's decode step costs about one request's. So every test's requests
+(`@BATCH.first`) go out at once before the tests run, each test's next turns
+(`@BATCH.then`) as soon as its first answers are in (support/asked.py); each test then
+checks its own (`mine("part")` raises what that request raised).
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import openai
 import pytest
-from support.server_utils import Server, at_once, run_server
+from support.asked import Asks, Batch, Got
+from support.server_utils import Server, run_server
 
 TOOLS: list[dict[str, Any]] = [
     {
@@ -37,6 +43,8 @@ TOOLS: list[dict[str, Any]] = [
 ]
 QUESTION = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
 
+BATCH = Batch()
+
 
 @pytest.fixture(scope="module")
 def server(qwen_gguf: Path) -> Iterator[Server]:
@@ -49,24 +57,40 @@ def client(server: Server) -> openai.OpenAI:
     return server.client()
 
 
+@pytest.fixture(scope="module")
+def answers(request: pytest.FixtureRequest, server: Server) -> dict[str, Any]:
+    return BATCH.ask(request, server)
+
+
+@pytest.fixture
+def mine(request: pytest.FixtureRequest, answers: dict[str, Any]) -> Got:
+    """This test's answers by part name; raises what the request raised."""
+    return BATCH.mine(answers, request)
+
+
 def _model(client: openai.OpenAI) -> str:
     return client.models.list().data[0].id
 
 
-def test_tool_call_round_trip(client: openai.OpenAI) -> None:
-    model = _model(client)
-    r = client.chat.completions.create(
-        model=model, messages=QUESTION, tools=TOOLS, temperature=0, max_tokens=100
-    )
-    choice = r.choices[0]
-    assert choice.finish_reason == "tool_calls"
-    (call,) = choice.message.tool_calls
-    assert call.type == "function" and call.function.name == "get_weather"
-    assert call.id.startswith("call_")
-    assert "paris" in json.loads(call.function.arguments)["city"].lower()
-    assert not choice.message.content  # no part of the <tool_call> markup leaks
+def _anthropic(server: Server) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
 
-    messages: list[Any] = [
+
+def _weather_chat(client: openai.OpenAI, **kw: Any) -> Any:
+    return client.chat.completions.create(
+        model=_model(client), messages=QUESTION, tools=TOOLS, temperature=0, **kw
+    )
+
+
+@BATCH.first("test_tool_call_round_trip")
+def _(server: Server) -> Asks:
+    return {"first": lambda: _weather_chat(server.client(), max_tokens=100)}
+
+
+def _round_trip_messages(first: Any) -> list[Any]:
+    choice = first.choices[0]
+    (call,) = choice.message.tool_calls
+    return [
         *QUESTION,
         choice.message.model_dump(exclude_none=True),
         {
@@ -75,33 +99,53 @@ def test_tool_call_round_trip(client: openai.OpenAI) -> None:
             "content": json.dumps({"city": "Paris", "temperature_c": 31, "sky": "sunny"}),
         },
     ]
+
+
+@BATCH.then("test_tool_call_round_trip")
+def _(server: Server, got: Got) -> Asks:
+    messages = _round_trip_messages(got("first"))
+    client = server.client()
     # With the tools still shown, this 0.5B model repeats its call before answering;
     # tool_choice "none" asks for the answer (the tools are then not shown at all).
-    answer = client.chat.completions.create(
-        model=model,
-        messages=messages,
-        tools=TOOLS,
-        tool_choice="none",
-        temperature=0,
-        max_tokens=60,
-    )
+    return {
+        "answer": lambda: client.chat.completions.create(
+            model=_model(client),
+            messages=messages,
+            tools=TOOLS,
+            tool_choice="none",
+            temperature=0,
+            max_tokens=60,
+        )
+    }
+
+
+def test_tool_call_round_trip(mine: Got) -> None:
+    r = mine("first")
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather"
+    assert call.id.startswith("call_")
+    assert "paris" in json.loads(call.function.arguments)["city"].lower()
+    assert not choice.message.content  # no part of the <tool_call> markup leaks
+
+    answer = mine("answer")
     final = answer.choices[0]
     assert final.finish_reason == "stop" and not final.message.tool_calls
     assert "31" in final.message.content  # the tool's result reached the model
 
 
-def test_tool_call_streamed(client: openai.OpenAI) -> None:
-    kw: dict[str, Any] = {
-        "model": _model(client),
-        "messages": QUESTION,
-        "tools": TOOLS,
-        "temperature": 0,
-        "max_tokens": 100,
+@BATCH.first("test_tool_call_streamed")
+def _(server: Server) -> Asks:
+    client = server.client()
+    return {
+        "chunks": lambda: list(_weather_chat(client, max_tokens=100, stream=True)),
+        "whole": lambda: _weather_chat(client, max_tokens=100),
     }
-    chunks, r = at_once(
-        lambda: list(client.chat.completions.create(stream=True, **kw)),
-        lambda: client.chat.completions.create(**kw),
-    )
+
+
+def test_tool_call_streamed(mine: Got) -> None:
+    chunks, r = mine("chunks"), mine("whole")
     content = ""
     calls: dict[int, dict[str, str]] = {}
     arg_deltas = 0
@@ -126,15 +170,13 @@ def test_tool_call_streamed(client: openai.OpenAI) -> None:
     assert r.choices[0].message.tool_calls[0].function.arguments == calls[0]["args"]
 
 
-def test_tool_choice_none_gives_text(client: openai.OpenAI) -> None:
-    r = client.chat.completions.create(
-        model=_model(client),
-        messages=QUESTION,
-        tools=TOOLS,
-        tool_choice="none",
-        temperature=0,
-        max_tokens=30,
-    )
+@BATCH.first("test_tool_choice_none_gives_text")
+def _(server: Server) -> Asks:
+    return {"r": lambda: _weather_chat(server.client(), tool_choice="none", max_tokens=30)}
+
+
+def test_tool_choice_none_gives_text(mine: Got) -> None:
+    r = mine("r")
     assert r.choices[0].finish_reason in ("stop", "length")
     assert not r.choices[0].message.tool_calls
 
@@ -147,31 +189,34 @@ ANTHROPIC_TOOLS = [
     }
     for t in TOOLS
 ]
+ANTHROPIC_KW: dict[str, Any] = {
+    "model": "claude-local",
+    "max_tokens": 100,
+    "tools": ANTHROPIC_TOOLS,
+}
 
 
-def test_anthropic_tool_loop(server: Server) -> None:
-    import anthropic
-
-    client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
-    kw: dict[str, Any] = {"model": "claude-local", "max_tokens": 100, "tools": ANTHROPIC_TOOLS}
+@BATCH.first("test_anthropic_tool_loop")
+def _(server: Server) -> Asks:
+    client = _anthropic(server)
+    kw = ANTHROPIC_KW
 
     def stream() -> tuple[list[Any], Any]:
         with client.messages.stream(messages=QUESTION, extra_body={"temperature": 0}, **kw) as s:
             return [e for e in s if e.type == "content_block_delta"], s.get_final_message()
 
-    first, (deltas, streamed) = at_once(
-        lambda: client.messages.create(messages=QUESTION, extra_body={"temperature": 0}, **kw),
-        stream,
-    )
-    assert first.stop_reason == "tool_use"
+    return {
+        "first": lambda: client.messages.create(
+            messages=QUESTION, extra_body={"temperature": 0}, **kw
+        ),
+        "streamed": stream,
+    }
+
+
+@BATCH.then("test_anthropic_tool_loop")
+def _(server: Server, got: Got) -> Asks:
+    first = got("first")
     (use,) = [b for b in first.content if b.type == "tool_use"]
-    assert use.name == "get_weather" and use.id.startswith("toolu_")
-    assert "paris" in use.input["city"].lower()
-
-    # Streamed: the same call, its input built from input_json_delta events.
-    assert any(e.delta.type == "input_json_delta" for e in deltas)
-    assert [b.input for b in streamed.content if b.type == "tool_use"] == [use.input]
-
     history = [
         *QUESTION,
         {"role": "assistant", "content": [b.model_dump() for b in first.content]},
@@ -186,9 +231,29 @@ def test_anthropic_tool_loop(server: Server) -> None:
             ],
         },
     ]
-    answer = client.messages.create(
-        messages=history, tool_choice={"type": "none"}, extra_body={"temperature": 0}, **kw
-    )
+    client = _anthropic(server)
+    return {
+        "answer": lambda: client.messages.create(
+            messages=history,
+            tool_choice={"type": "none"},
+            extra_body={"temperature": 0},
+            **ANTHROPIC_KW,
+        )
+    }
+
+
+def test_anthropic_tool_loop(mine: Got) -> None:
+    first, (deltas, streamed) = mine("first"), mine("streamed")
+    assert first.stop_reason == "tool_use"
+    (use,) = [b for b in first.content if b.type == "tool_use"]
+    assert use.name == "get_weather" and use.id.startswith("toolu_")
+    assert "paris" in use.input["city"].lower()
+
+    # Streamed: the same call, its input built from input_json_delta events.
+    assert any(e.delta.type == "input_json_delta" for e in deltas)
+    assert [b.input for b in streamed.content if b.type == "tool_use"] == [use.input]
+
+    answer = mine("answer")
     assert answer.stop_reason == "end_turn"
     assert "31" in "".join(b.text for b in answer.content if b.type == "text")
     # The second turn starts with the first one's prompt: its KV is reused.
@@ -199,6 +264,7 @@ def test_anthropic_tool_loop(server: Server) -> None:
 
 RESPONSES_TOOL: dict[str, Any] = {"type": "function", **TOOLS[0]["function"]}
 QUESTION_TEXT = QUESTION[0]["content"]
+WEATHER_RESULT = json.dumps({"city": "Paris", "temperature_c": 31, "sky": "sunny"})
 
 
 def text_of(response: Any) -> str:
@@ -207,10 +273,67 @@ def text_of(response: Any) -> str:
     )
 
 
-def test_responses_function_call_loop(client: openai.OpenAI) -> None:
-    model = _model(client)
-    kw: dict[str, Any] = {"model": model, "tools": [RESPONSES_TOOL], "temperature": 0}
-    first = client.responses.create(input=QUESTION_TEXT, max_output_tokens=100, **kw)
+def _loop_kw(client: openai.OpenAI) -> dict[str, Any]:
+    return {"model": _model(client), "tools": [RESPONSES_TOOL], "temperature": 0}
+
+
+@BATCH.first("test_responses_function_call_loop")
+def _(server: Server) -> Asks:
+    client = server.client()
+    return {
+        "first": lambda: client.responses.create(
+            input=QUESTION_TEXT, max_output_tokens=100, **_loop_kw(client)
+        )
+    }
+
+
+@BATCH.then("test_responses_function_call_loop")
+def _(server: Server, got: Got) -> Asks:
+    client = server.client()
+    first = got("first")
+    (call,) = [i for i in first.output if i.type == "function_call"]
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": WEATHER_RESULT}
+    return {
+        "second": lambda: client.responses.create(
+            input=[output], previous_response_id=first.id, max_output_tokens=60, **_loop_kw(client)
+        ),
+        # The call's result as chat completions renders it.
+        "chat": lambda: client.chat.completions.create(
+            model=_model(client),
+            messages=[
+                {"role": "user", "content": QUESTION_TEXT},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {
+                            "id": call.call_id,
+                            "type": "function",
+                            "function": {"name": call.name, "arguments": call.arguments},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": call.call_id, "content": WEATHER_RESULT},
+            ],
+            tools=TOOLS,  # RESPONSES_TOOL in chat's shape
+            max_tokens=1,
+        ),
+        # Stateless, the items sent back by hand.
+        "by_hand": lambda: client.responses.create(
+            input=[
+                {"role": "user", "content": QUESTION_TEXT},
+                call.model_dump(by_alias=True),
+                output,
+            ],
+            store=False,
+            max_output_tokens=1,
+            **_loop_kw(client),
+        ),
+    }
+
+
+def test_responses_function_call_loop(mine: Got) -> None:
+    first = mine("first")
     assert first.status == "completed"
     calls = [i for i in first.output if i.type == "function_call"]
     assert [i.type for i in first.output] == ["function_call"]  # no empty message beside it
@@ -220,44 +343,14 @@ def test_responses_function_call_loop(client: openai.OpenAI) -> None:
     assert "paris" in json.loads(call.arguments)["city"].lower()
     assert first.tools[0].name == "get_weather"
 
-    result = json.dumps({"city": "Paris", "temperature_c": 31, "sky": "sunny"})
-    output = {"type": "function_call_output", "call_id": call.call_id, "output": result}
-    second = client.responses.create(
-        input=[output], previous_response_id=first.id, max_output_tokens=60, **kw
-    )
+    second = mine("second")
     assert second.status in ("completed", "incomplete") and second.output
     for item in second.output:
         assert item.type in ("message", "function_call")
     # The call's result reached the prompt exactly as chat completions renders it.
-    chat = client.chat.completions.create(
-        model=model,
-        messages=[
-            {"role": "user", "content": QUESTION_TEXT},
-            {
-                "role": "assistant",
-                "content": "",
-                "tool_calls": [
-                    {
-                        "id": call.call_id,
-                        "type": "function",
-                        "function": {"name": call.name, "arguments": call.arguments},
-                    }
-                ],
-            },
-            {"role": "tool", "tool_call_id": call.call_id, "content": result},
-        ],
-        tools=TOOLS,  # RESPONSES_TOOL in chat's shape
-        max_tokens=1,
-    )
-    assert second.usage.input_tokens == chat.usage.prompt_tokens
+    assert second.usage.input_tokens == mine("chat").usage.prompt_tokens
     # Stateless, the items sent back by hand give the same prompt.
-    by_hand = client.responses.create(
-        input=[{"role": "user", "content": QUESTION_TEXT}, call.model_dump(by_alias=True), output],
-        store=False,
-        max_output_tokens=1,
-        **kw,
-    )
-    assert by_hand.usage.input_tokens == second.usage.input_tokens
+    assert mine("by_hand").usage.input_tokens == second.usage.input_tokens
 
 
 def _plain(r: Any) -> dict[str, Any]:
@@ -282,19 +375,32 @@ def _comparable(r: Any) -> dict[str, Any]:
     return body
 
 
-@pytest.mark.parametrize("tools", [False, True])
-def test_responses_stream_adds_up(client: openai.OpenAI, tools: bool) -> None:
+def _adds_up_kw(client: openai.OpenAI, tools: bool) -> dict[str, Any]:
     kw: dict[str, Any] = {"model": _model(client), "temperature": 0, "max_output_tokens": 60}
     if tools:
         kw.update(input=QUESTION_TEXT, tools=[RESPONSES_TOOL])
     else:
         kw["input"] = "What is the capital of France? Answer in one sentence."
+    return kw
+
+
+@BATCH.first("test_responses_stream_adds_up")
+def _(server: Server, tools: bool) -> Asks:
+    client = server.client()
 
     def stream() -> tuple[list[Any], Any]:
-        with client.responses.stream(**kw) as s:
+        with client.responses.stream(**_adds_up_kw(client, tools)) as s:
             return list(s), s.get_final_response()
 
-    whole, (events, final) = at_once(lambda: client.responses.create(**kw), stream)
+    return {
+        "whole": lambda: client.responses.create(**_adds_up_kw(client, tools)),
+        "stream": stream,
+    }
+
+
+@pytest.mark.parametrize("tools", [False, True])
+def test_responses_stream_adds_up(client: openai.OpenAI, mine: Got, tools: bool) -> None:
+    whole, (events, final) = mine("whole"), mine("stream")
     assert whole.status == "completed"
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert _comparable(final) == _comparable(whole)
@@ -343,38 +449,45 @@ def _chat_stream(client: openai.OpenAI, **kw: Any) -> tuple[str, dict[int, list[
     return content, calls, finish
 
 
+@BATCH.first("test_forced_call_chat")
+def _(server: Server, choice: Any, temperature: int) -> Asks:
+    client = server.client()
+
+    def kw() -> dict[str, Any]:
+        return {
+            "model": _model(client),
+            "tools": TOOLS,
+            "tool_choice": choice,
+            "parallel_tool_calls": False,
+            "max_tokens": 60,
+            **_sampling(temperature),
+        }
+
+    asks: Asks = {
+        str(i): lambda p=prompt: client.chat.completions.create(
+            messages=[{"role": "user", "content": p}], **kw()
+        )
+        for i, prompt in enumerate(PROMPTS)
+    }
+    # Streamed: the same call as the first (greedy, or the same seed).
+    messages = [{"role": "user", "content": PROMPTS[0]}]
+    asks["streamed"] = lambda: _chat_stream(client, messages=messages, **kw())
+    return asks
+
+
 @pytest.mark.parametrize("temperature", [0, 1])
 @pytest.mark.parametrize("choice", ["required", NAMED], ids=["required", "named"])
-def test_forced_call_chat(client: openai.OpenAI, choice: Any, temperature: int) -> None:
+def test_forced_call_chat(mine: Got, choice: Any, temperature: int) -> None:
     """Forced calls were `<tool_call><|im_end|>`: `content: "<tool_call>"`, no call."""
-    kw: dict[str, Any] = {
-        "model": _model(client),
-        "tools": TOOLS,
-        "tool_choice": choice,
-        "parallel_tool_calls": False,
-        "max_tokens": 60,
-        **_sampling(temperature),
-    }
-    # Streamed (the last): the same call as the first (greedy, or the same seed).
-    messages = [{"role": "user", "content": PROMPTS[0]}]
-    *answers, streamed = at_once(
-        *[
-            lambda p=prompt: client.chat.completions.create(
-                messages=[{"role": "user", "content": p}], **kw
-            )
-            for prompt in PROMPTS
-        ],
-        lambda: _chat_stream(client, messages=messages, **kw),
-    )
     calls = []
-    for prompt, r in zip(PROMPTS, answers, strict=True):
-        ch = r.choices[0]
+    for i, prompt in enumerate(PROMPTS):
+        ch = mine(str(i)).choices[0]
         assert ch.finish_reason == "tool_calls" and ch.message.content is None
         (call,) = ch.message.tool_calls
         args = json.loads(call.function.arguments)
         _check_city(call.function.name, args, prompt, not temperature)
         calls.append([call.function.name, call.function.arguments])
-    assert streamed == ("", {0: calls[0]}, "tool_calls")
+    assert mine("streamed") == ("", {0: calls[0]}, "tool_calls")
 
 
 ANTHROPIC_FORCED = [
@@ -383,12 +496,9 @@ ANTHROPIC_FORCED = [
 ]
 
 
-@pytest.mark.parametrize("temperature", [0, 1])
-@pytest.mark.parametrize("choice", ANTHROPIC_FORCED, ids=["any", "tool"])
-def test_forced_call_anthropic(server: Server, choice: dict[str, Any], temperature: int) -> None:
-    import anthropic
-
-    client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+@BATCH.first("test_forced_call_anthropic")
+def _(server: Server, choice: dict[str, Any], temperature: int) -> Asks:
+    client = _anthropic(server)
     # No seed in this API: sampled answers are only checked for what the grammar ensures.
     sampling = {"temperature": temperature, "top_p": 0.9} if temperature else {"temperature": 0}
     kw: dict[str, Any] = {
@@ -403,19 +513,27 @@ def test_forced_call_anthropic(server: Server, choice: dict[str, Any], temperatu
         with client.messages.stream(messages=[{"role": "user", "content": PROMPTS[0]}], **kw) as s:
             return s.get_final_message()
 
-    *answers, streamed = at_once(
-        *[
-            lambda p=prompt: client.messages.create(messages=[{"role": "user", "content": p}], **kw)
-            for prompt in PROMPTS
-        ],
-        stream,
-    )
+    asks: Asks = {
+        str(i): lambda p=prompt: client.messages.create(
+            messages=[{"role": "user", "content": p}], **kw
+        )
+        for i, prompt in enumerate(PROMPTS)
+    }
+    asks["streamed"] = stream
+    return asks
+
+
+@pytest.mark.parametrize("temperature", [0, 1])
+@pytest.mark.parametrize("choice", ANTHROPIC_FORCED, ids=["any", "tool"])
+def test_forced_call_anthropic(mine: Got, choice: dict[str, Any], temperature: int) -> None:
     inputs = []
-    for prompt, m in zip(PROMPTS, answers, strict=True):
+    for i, prompt in enumerate(PROMPTS):
+        m = mine(str(i))
         assert m.stop_reason == "tool_use"
         assert [b.type for b in m.content] == ["tool_use"]
         _check_city(m.content[0].name, m.content[0].input, prompt, not temperature)
         inputs.append(m.content[0].input)
+    streamed = mine("streamed")
     assert streamed.stop_reason == "tool_use"
     assert [b.type for b in streamed.content] == ["tool_use"]
     _check_city(streamed.content[0].name, streamed.content[0].input, PROMPTS[0], not temperature)
@@ -423,35 +541,46 @@ def test_forced_call_anthropic(server: Server, choice: dict[str, Any], temperatu
         assert streamed.content[0].input == inputs[0]
 
 
+@BATCH.first("test_forced_call_responses")
+def _(server: Server, choice: Any, temperature: int) -> Asks:
+    client = server.client()
+    tools: Any = [{"type": "function", **TOOLS[0]["function"]}]
+    # No seed in this API either.
+    sampling = {"temperature": temperature, "top_p": 0.9} if temperature else {"temperature": 0}
+
+    def kw() -> dict[str, Any]:
+        return {
+            "model": _model(client),
+            "tools": tools,
+            "tool_choice": choice,
+            "parallel_tool_calls": False,
+            "max_output_tokens": 60,
+            "store": False,
+            **sampling,
+        }
+
+    asks: Asks = {
+        str(i): lambda p=prompt: client.responses.create(input=p, **kw())
+        for i, prompt in enumerate(PROMPTS)
+    }
+    asks["events"] = lambda: list(client.responses.create(input=PROMPTS[0], stream=True, **kw()))
+    return asks
+
+
 @pytest.mark.parametrize("temperature", [0, 1])
 @pytest.mark.parametrize(
     "choice", ["required", {"type": "function", "name": "get_weather"}], ids=["required", "named"]
 )
-def test_forced_call_responses(client: openai.OpenAI, choice: Any, temperature: int) -> None:
-    tools: Any = [{"type": "function", **TOOLS[0]["function"]}]
-    # No seed in this API either.
-    sampling = {"temperature": temperature, "top_p": 0.9} if temperature else {"temperature": 0}
-    kw: dict[str, Any] = {
-        "model": _model(client),
-        "tools": tools,
-        "tool_choice": choice,
-        "parallel_tool_calls": False,
-        "max_output_tokens": 60,
-        "store": False,
-        **sampling,
-    }
-    *answers, events = at_once(
-        *[lambda p=prompt: client.responses.create(input=p, **kw) for prompt in PROMPTS],
-        lambda: list(client.responses.create(input=PROMPTS[0], stream=True, **kw)),
-    )
+def test_forced_call_responses(mine: Got, choice: Any, temperature: int) -> None:
     arguments = []
-    for prompt, r in zip(PROMPTS, answers, strict=True):
+    for i, prompt in enumerate(PROMPTS):
+        r = mine(str(i))
         assert r.status == "completed"
         assert [o.type for o in r.output] == ["function_call"]
         call = r.output[0]
         _check_city(call.name, json.loads(call.arguments), prompt, not temperature)
         arguments.append(call.arguments)
-    done = events[-1]
+    done = mine("events")[-1]
     assert done.type == "response.completed"
     assert [o.type for o in done.response.output] == ["function_call"]
     streamed = done.response.output[0]
@@ -460,10 +589,8 @@ def test_forced_call_responses(client: openai.OpenAI, choice: Any, temperature: 
         assert streamed.arguments == arguments[0]
 
 
-def test_forced_calls_in_one_batch(server: Server) -> None:
-    """Forced and free requests at once: each forced row's mask is for its own next token
-    whatever else runs in the step (masks are computed while the device runs it)."""
-
+@BATCH.first("test_forced_calls_in_one_batch")
+def _(server: Server) -> Asks:
     async def run() -> list[Any]:
         client = server.async_client()
         model = (await client.models.list()).data[0].id
@@ -484,7 +611,13 @@ def test_forced_calls_in_one_batch(server: Server) -> None:
             )
         return list(await asyncio.gather(*jobs))
 
-    for i, r in enumerate(asyncio.run(run())):
+    return {"all": lambda: asyncio.run(run())}
+
+
+def test_forced_calls_in_one_batch(mine: Got) -> None:
+    """Forced and free requests at once: each forced row's mask is for its own next token
+    whatever else runs in the step (masks are computed while the device runs it)."""
+    for i, r in enumerate(mine("all")):
         if i % 3 == 2:
             continue  # "auto": whatever the model likes
         ch = r.choices[0]
@@ -500,23 +633,34 @@ CUT_TOKENS = 16
 CALL_HEAD = '<tool_call>\n{"name": "get_weather", "arguments": {'
 
 
-def test_cut_call_chat(client: openai.OpenAI) -> None:
-    kw: dict[str, Any] = {
-        "model": _model(client),
-        "messages": QUESTION,
-        "tools": TOOLS,
-        "tool_choice": NAMED,
-        "temperature": 0,
-        "max_tokens": CUT_TOKENS,
-    }
+@BATCH.first("test_cut_call_chat")
+def _(server: Server) -> Asks:
+    client = server.client()
+
+    def kw() -> dict[str, Any]:
+        return {
+            "model": _model(client),
+            "messages": QUESTION,
+            "tools": TOOLS,
+            "tool_choice": NAMED,
+            "temperature": 0,
+            "max_tokens": CUT_TOKENS,
+        }
+
     # Several calls (parallel): those that ended are calls, the one cut off is text.
-    several = kw | {"tool_choice": "required", "max_tokens": 35}
-    r, (content, calls, finish), r2, streamed2 = at_once(
-        lambda: client.chat.completions.create(**kw),
-        lambda: _chat_stream(client, **kw),
-        lambda: client.chat.completions.create(**several),
-        lambda: _chat_stream(client, **several),
-    )
+    def several() -> dict[str, Any]:
+        return kw() | {"tool_choice": "required", "max_tokens": 35}
+
+    return {
+        "r": lambda: client.chat.completions.create(**kw()),
+        "streamed": lambda: _chat_stream(client, **kw()),
+        "r2": lambda: client.chat.completions.create(**several()),
+        "streamed2": lambda: _chat_stream(client, **several()),
+    }
+
+
+def test_cut_call_chat(mine: Got) -> None:
+    r, (content, calls, finish), r2 = mine("r"), mine("streamed"), mine("r2")
     ch = r.choices[0]
     # As OpenAI: cut off, the content is what was generated; no call that did not end.
     assert ch.finish_reason == "length" and not ch.message.tool_calls
@@ -536,7 +680,7 @@ def test_cut_call_chat(client: openai.OpenAI) -> None:
     assert ended and all(json.loads(a) for _, a in ended)
     assert "paris" in json.loads(ended[0][1])["city"].lower()
     assert "<tool_call>" in ch.message.content
-    content, calls, finish = streamed2
+    content, calls, finish = mine("streamed2")
     assert finish == "length" and len(calls) == len(ended) + 1
     assert [calls[i] for i in range(len(ended))] == [list(c) for c in ended]
     name, args = calls[len(ended)]
@@ -545,10 +689,9 @@ def test_cut_call_chat(client: openai.OpenAI) -> None:
         json.loads(args)
 
 
-def test_cut_call_anthropic(server: Server) -> None:
-    import anthropic
-
-    client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+@BATCH.first("test_cut_call_anthropic")
+def _(server: Server) -> Asks:
+    client = _anthropic(server)
     kw: dict[str, Any] = {
         "model": "claude-local",
         "max_tokens": CUT_TOKENS,
@@ -562,7 +705,11 @@ def test_cut_call_anthropic(server: Server) -> None:
         with client.messages.stream(**kw) as s:
             return list(s), s.get_final_message()
 
-    m, (events, streamed) = at_once(lambda: client.messages.create(**kw), stream)
+    return {"m": lambda: client.messages.create(**kw), "stream": stream}
+
+
+def test_cut_call_anthropic(mine: Got) -> None:
+    m, (events, streamed) = mine("m"), mine("stream")
     assert m.stop_reason == "max_tokens"
     assert [b.type for b in m.content] == ["text"]
     assert m.content[0].text.startswith(CALL_HEAD)
@@ -574,20 +721,29 @@ def test_cut_call_anthropic(server: Server) -> None:
     assert m.content[0].text.split('"arguments": ', 1)[1].startswith(sent)
 
 
-def test_cut_call_responses(client: openai.OpenAI) -> None:
-    kw: dict[str, Any] = {
-        "model": _model(client),
-        "input": QUESTION[0]["content"],
-        "tools": [{"type": "function", **TOOLS[0]["function"]}],
-        "tool_choice": {"type": "function", "name": "get_weather"},
-        "max_output_tokens": CUT_TOKENS,
-        "temperature": 0,
-        "store": False,
+@BATCH.first("test_cut_call_responses")
+def _(server: Server) -> Asks:
+    client = server.client()
+
+    def kw() -> dict[str, Any]:
+        return {
+            "model": _model(client),
+            "input": QUESTION[0]["content"],
+            "tools": [{"type": "function", **TOOLS[0]["function"]}],
+            "tool_choice": {"type": "function", "name": "get_weather"},
+            "max_output_tokens": CUT_TOKENS,
+            "temperature": 0,
+            "store": False,
+        }
+
+    return {
+        "r": lambda: client.responses.create(**kw()),
+        "events": lambda: list(client.responses.create(stream=True, **kw())),
     }
-    r, events = at_once(
-        lambda: client.responses.create(**kw),
-        lambda: list(client.responses.create(stream=True, **kw)),
-    )
+
+
+def test_cut_call_responses(mine: Got) -> None:
+    r, events = mine("r"), mine("events")
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
     assert [o.type for o in r.output] == ["message"]
     text = r.output[0].content[0].text
@@ -600,19 +756,54 @@ def test_cut_call_responses(client: openai.OpenAI) -> None:
     assert text.split('"arguments": ', 1)[1].startswith(item.arguments)
 
 
-def test_ollama_tool_call_round_trip(server: Server) -> None:
-    """The same through Ollama's /api/chat and its `ollama` client: arguments as an
-    object, the result back as a `tool` message with `tool_name`."""
+OLLAMA_OPTIONS = {"temperature": 0, "num_predict": 100}
+
+
+def _ollama(server: Server) -> tuple[Any, str]:
+    """Ollama's own client and the model it lists."""
     ollama = pytest.importorskip("ollama")
     client = ollama.Client(host=server.url, timeout=300)
-    model = client.list().models[0].model
-    opts = {"temperature": 0, "num_predict": 100}
-    r, streamed = at_once(
-        lambda: client.chat(model=model, messages=QUESTION, tools=TOOLS, options=opts),
-        lambda: list(
-            client.chat(model=model, messages=QUESTION, tools=TOOLS, options=opts, stream=True)
-        ),
-    )
+    return client, client.list().models[0].model
+
+
+@BATCH.first("test_ollama_tool_call_round_trip")
+def _(server: Server) -> Asks:
+    if importlib.util.find_spec("ollama") is None:
+        return {}  # the test skips
+
+    def chat(**kw: Any) -> Any:
+        client, model = _ollama(server)
+        return client.chat(
+            model=model, messages=QUESTION, tools=TOOLS, options=OLLAMA_OPTIONS, **kw
+        )
+
+    return {"r": chat, "streamed": lambda: list(chat(stream=True))}
+
+
+@BATCH.then("test_ollama_tool_call_round_trip")
+def _(server: Server, got: Got) -> Asks:
+    messages: list[Any] = [
+        *QUESTION,
+        got("r").message,
+        {
+            "role": "tool",
+            "tool_name": "get_weather",
+            "content": '{"temperature_c": 31, "sky": "sunny"}',
+        },
+    ]
+
+    def answer() -> Any:
+        client, model = _ollama(server)
+        return client.chat(model=model, messages=messages, options=OLLAMA_OPTIONS)
+
+    return {"answer": answer}
+
+
+def test_ollama_tool_call_round_trip(mine: Got) -> None:
+    """The same through Ollama's /api/chat and its `ollama` client: arguments as an
+    object, the result back as a `tool` message with `tool_name`."""
+    pytest.importorskip("ollama")
+    r, streamed = mine("r"), mine("streamed")
     (call,) = r.message.tool_calls
     assert (
         call.function.name == "get_weather" and "paris" in call.function.arguments["city"].lower()
@@ -621,17 +812,7 @@ def test_ollama_tool_call_round_trip(server: Server) -> None:
     calls = [c for p in streamed for c in p.message.tool_calls or []]
     assert [c.function.model_dump() for c in calls] == [call.function.model_dump()]
     assert streamed[-1].done
-    messages: list[Any] = [
-        *QUESTION,
-        r.message,
-        {
-            "role": "tool",
-            "tool_name": "get_weather",
-            "content": '{"temperature_c": 31, "sky": "sunny"}',
-        },
-    ]
-    answer = client.chat(model=model, messages=messages, options=opts)
-    assert "31" in answer.message.content
+    assert "31" in mine("answer").message.content
 
 
 # --- Claude Code's request: the prompt it renders is chat completions' ---------------------
@@ -698,40 +879,50 @@ def _answer_of_message(r: Any) -> tuple[str, list[tuple[str, Any]]]:
     return text, [(b.name, b.input) for b in r.content if b.type == "tool_use"]
 
 
-def test_claude_codes_request_renders_as_chat_completions(
-    server: Server, client: openai.OpenAI
-) -> None:
+@BATCH.first("test_claude_codes_request_renders_as_chat_completions")
+def _(server: Server) -> Asks:
+    client = server.client()
+    return {
+        "chat": lambda: client.chat.completions.create(
+            model="default",
+            messages=[
+                {"role": "system", "content": f"{CC_AGENT}\n\n{CC_SYSTEM}"},
+                {"role": "user", "content": f"Say hello.\n\n{CC_ENV}"},
+            ],
+            tools=[
+                {
+                    "type": "function",
+                    "function": {
+                        "name": t["name"],
+                        "description": t["description"],
+                        "parameters": t["input_schema"],
+                    },
+                }
+                for t in CC_TOOLS
+            ],
+            temperature=0,
+            max_tokens=24,
+        )
+    }
+
+
+@BATCH.then("test_claude_codes_request_renders_as_chat_completions")
+def _(server: Server, got: Got) -> Asks:
+    # After the chat request has ended: its KV blocks are in the cache.
+    body = claude_code_request("1c9")
+    return {
+        "message": lambda: _anthropic(server).messages.create(**body, extra_body={"temperature": 0})
+    }
+
+
+def test_claude_codes_request_renders_as_chat_completions(mine: Got) -> None:
     """The same conversation through /v1/chat/completions (system prompt, question and
     tools in OpenAI's shape) and through /v1/messages as Claude Code sends it: the same
     prompt tokens (as many, and every full KV block of the second found in the cache the
     first left) and so the same greedy answer. The hosted API drops the attribution
     block; system blocks are joined with a blank line; a system message right after the
     question joins it."""
-    import anthropic
-
-    chat = client.chat.completions.create(
-        model="default",
-        messages=[
-            {"role": "system", "content": f"{CC_AGENT}\n\n{CC_SYSTEM}"},
-            {"role": "user", "content": f"Say hello.\n\n{CC_ENV}"},
-        ],
-        tools=[
-            {
-                "type": "function",
-                "function": {
-                    "name": t["name"],
-                    "description": t["description"],
-                    "parameters": t["input_schema"],
-                },
-            }
-            for t in CC_TOOLS
-        ],
-        temperature=0,
-        max_tokens=24,
-    )
-    messages = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
-    body = claude_code_request("1c9")
-    message = messages.messages.create(**body, extra_body={"temperature": 0})
+    chat, message = mine("chat"), mine("message")
     usage, prompt = message.usage, chat.usage.prompt_tokens
     assert usage.input_tokens + usage.cache_read_input_tokens == prompt
     block = 16  # the KV block size: all but the last, partial block come from the cache
@@ -739,17 +930,17 @@ def test_claude_codes_request_renders_as_chat_completions(
     assert _answer_of_message(message) == _answer_of_chat(chat)
 
 
-def test_claude_codes_next_turn_extends_its_prompt(server: Server) -> None:
-    """Claude Code's second request (the first answer and its result appended) renders
-    the first one's prompt unchanged at its start, so its KV is all reused: the
-    environment stays where the first prompt had it, and a conversation with another
-    attribution fingerprint shares the system prompt and tools."""
-    import anthropic
+@BATCH.first("test_claude_codes_next_turn_extends_its_prompt")
+def _(server: Server) -> Asks:
+    body = claude_code_request("462")
+    return {
+        "first": lambda: _anthropic(server).messages.create(**body, extra_body={"temperature": 0})
+    }
 
-    messages = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
-    first_body = claude_code_request("462")
-    first = messages.messages.create(**first_body, extra_body={"temperature": 0})
-    first_prompt = first.usage.input_tokens + first.usage.cache_read_input_tokens
+
+@BATCH.then("test_claude_codes_next_turn_extends_its_prompt")
+def _(server: Server, got: Got) -> Asks:
+    first = got("first")
     reply: list[dict[str, Any]] = [
         {"type": "tool_result", "tool_use_id": b.id, "content": "Error: no such file"}
         for b in first.content
@@ -760,8 +951,22 @@ def test_claude_codes_next_turn_extends_its_prompt(server: Server) -> None:
         {"role": "assistant", "content": [b.model_dump() for b in first.content]},
         {"role": "user", "content": reply},
     ]
-    second = messages.messages.create(**second_body, extra_body={"temperature": 0})
-    assert second.usage.cache_read_input_tokens >= first_prompt - 16
+    other_body = claude_code_request("34c")
+    messages = _anthropic(server).messages
+    return {
+        "second": lambda: messages.create(**second_body, extra_body={"temperature": 0}),
+        # Another conversation (another fingerprint), after the first has ended.
+        "other": lambda: messages.create(**other_body, extra_body={"temperature": 0}),
+    }
+
+
+def test_claude_codes_next_turn_extends_its_prompt(mine: Got) -> None:
+    """Claude Code's second request (the first answer and its result appended) renders
+    the first one's prompt unchanged at its start, so its KV is all reused: the
+    environment stays where the first prompt had it, and a conversation with another
+    attribution fingerprint shares the system prompt and tools."""
+    first = mine("first")
+    first_prompt = first.usage.input_tokens + first.usage.cache_read_input_tokens
+    assert mine("second").usage.cache_read_input_tokens >= first_prompt - 16
     # Another conversation (another fingerprint) reads the same prompt from the cache.
-    other = messages.messages.create(**claude_code_request("34c"), extra_body={"temperature": 0})
-    assert other.usage.cache_read_input_tokens >= first_prompt - 16
+    assert mine("other").usage.cache_read_input_tokens >= first_prompt - 16
