@@ -32,6 +32,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 from support.errors import api_of_path, assert_api_error
+from support.fake_hub import fake_hub
 from support.server_utils import Server, run_server
 
 from pippin.server.app import create_app
@@ -43,12 +44,25 @@ STATUSES: Counter[str] = Counter()
 
 
 @pytest.fixture(scope="module")
-def server(tiny_models: Callable[..., Path]) -> Iterator[Server]:
-    # A short context keeps every generation short, whatever max_tokens the fuzzer sends.
-    with run_server(
-        str(tiny_models("llama")), "--served-model-name", "tiny", "--max-model-len", "128"
-    ) as s:
-        yield s
+def server(
+    tiny_models: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    # The model-management routes write to a library of the test's own, and pull from an
+    # empty fake hub (every name a quick 404, never the real Hub).
+    library = tmp_path_factory.mktemp("fuzz-library")
+    with fake_hub() as hub, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_ENDPOINT", hub.url)
+        # A short context keeps every generation short, whatever max_tokens the fuzzer sends.
+        with run_server(
+            str(tiny_models("llama")),
+            "--served-model-name",
+            "tiny",
+            "--max-model-len",
+            "128",
+            "--models-dir",
+            str(library),
+        ) as s:
+            yield s
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -196,10 +196,10 @@ def test_logprobs(client: ollama.Client, model: str) -> None:
 def test_errors_in_ollamas_format(server: Server, client: ollama.Client, model: str) -> None:
     with pytest.raises(ollama.ResponseError) as e:
         client.chat(model="nope", messages=QUESTION)
-    # Not Ollama's "try pulling it first": there is no /api/pull. What there is instead.
+    # Ollama's advice to pull (/api/pull takes Hugging Face names), and what is served.
     assert e.value.status_code == 404 and e.value.error.startswith('model "nope" not found')
-    assert f"serves: {model}" in e.value.error and "pippin serve" in e.value.error
-    assert "pull" not in e.value.error
+    assert "try pulling it first" in e.value.error and "hf.co/" in e.value.error
+    assert f"serves: {model}" in e.value.error
     with pytest.raises(ollama.ResponseError) as e:
         client.chat(model=model, messages=QUESTION, think=True)
     assert e.value.status_code == 400 and "does not support thinking" in e.value.error

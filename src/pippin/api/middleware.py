@@ -247,7 +247,12 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        max_bytes = self.per_path.get(scope.get("path", ""), self.max_bytes)
+        path = scope.get("path", "")
+        # A key ending in "/" caps every path under it (the blob uploads of /api/blobs/).
+        max_bytes = next(
+            (cap for p, cap in self.per_path.items() if p.endswith("/") and path.startswith(p)),
+            self.per_path.get(path, self.max_bytes),
+        )
         length = Headers(scope=scope).get("content-length")
         if length is not None and (not length.isdigit() or int(length) > max_bytes):
             await error_response(_too_large(max_bytes), scope["path"])(scope, receive, send)

@@ -1,4 +1,5 @@
-"""`pippin`'s parser, its subcommands (serve, bench, bench-serve) and `main`."""
+"""`pippin`'s parser, its subcommands (serve, bench, bench-serve, pull, ls, rm, ps) and
+`main`."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from pippin.cli.engine_flags import add_engine_flags
 from pippin.cli.mcp_flags import add_mcp_flags
 from pippin.cli.media_flags import add_media_flags
 from pippin.cli.model_flags import add_model_flags
+from pippin.cli.models_cmds import add_models_parsers
+from pippin.cli.pull import add_pull_parser, pull_command
 from pippin.cli.serve import serve
 from pippin.cli.server_flags import add_server_flags
 
@@ -42,7 +45,8 @@ the bundled SmolLM2-135M-Instruct). Routes:
               GET and DELETE /v1/responses/{id}
   Anthropic   /v1/messages, /v1/messages/count_tokens
   Ollama      /api/chat, /api/generate, /api/embed, /api/embeddings, /api/tags,
-              /api/show, /api/ps, /api/version
+              /api/show, /api/ps, /api/version; /api/pull, /api/create, /api/copy,
+              /api/delete, /api/blobs (model management; /api/push is refused)
   web page    / (live metrics and a chat playground)
   operations  /health, /version, /metrics (Prometheus), /v1/engine/stats,
               /openapi.json, GET /v1/cache/stats and DELETE /v1/cache (the prefix
@@ -126,6 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--output.",
     )
     add_bench_serve_args(bench_serve)
+    add_pull_parser(sub)
+    add_models_parsers(sub)
     return parser
 
 
@@ -143,5 +149,10 @@ def main(argv: list[str] | None = None) -> int:
         from pippin.bench.cli import from_bench_serve, run
 
         return run(from_bench_serve(args) if args.command == "bench-serve" else args)
+    if args.command == "pull":
+        return pull_command(args)
+    command = getattr(args, "models_command", None)
+    if command is not None:
+        return command(args)
     parser.print_help(sys.stderr)
     return 2

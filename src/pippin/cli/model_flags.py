@@ -158,6 +158,9 @@ def model_management(args: argparse.Namespace) -> dict[str, object]:
     """The ServerSettings fields of the model-management group."""
     modules = []
     for item in args.lora_modules:
+        if item.lstrip().startswith("{"):
+            modules.append(("", item))  # vLLM's JSON form: `serving.adapters.parse_module`
+            continue
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
             raise SystemExit(f"pippin serve: --lora-modules {item!r}: expected NAME=PATH")

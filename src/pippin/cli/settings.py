@@ -39,6 +39,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         model_aliases=aliases,
         memory_budget=budget,
         model_load_timeout=args.model_load_timeout,
+        idle_ttl=args.idle_ttl,
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
         served_model_names=list(args.served_model_name or []),

@@ -4,9 +4,9 @@ Block 0 is reserved as the null block: padding positions write into it and
 gathers of unused table entries read from it, so it is never handed out.
 
 Block keys are 128-bit BLAKE2b digests, stable across processes, so the SSD tier
-can find a block again after a restart. A request's `cache_salt` is folded into
-the key of its first block (the table's `root`), so requests with different salts
-never share KV.
+can find a block again after a restart. A request's `cache_salt` and LoRA adapter
+are folded into the key of its first block (the table's `root`), so requests with
+different salts or adapters never share KV.
 """
 
 from __future__ import annotations
@@ -30,11 +30,20 @@ def chain_hash(parent: int | None, token_ids: Seq[int]) -> int:
     return int.from_bytes(h.digest(), "little")
 
 
-def salt_root(salt: str | None) -> int | None:
-    """The parent key of a salted sequence's first block (None without a salt)."""
-    if salt is None:
-        return None
-    return int.from_bytes(hashlib.blake2b(salt.encode(), digest_size=16).digest(), "little")
+def salt_root(salt: str | None, lora: str | None = None) -> int | None:
+    """The parent key of a salted sequence's first block (None without a salt or a
+    LoRA adapter's key). The adapter's is hashed in a domain of its own (BLAKE2b's
+    `person`), so that no cache salt a client sends can stand for it."""
+    root = None
+    if salt is not None:
+        digest = hashlib.blake2b(salt.encode(), digest_size=16).digest()
+        root = int.from_bytes(digest, "little")
+    if lora is None:
+        return root
+    h = hashlib.blake2b(digest_size=16, person=b"pippin-lora")
+    h.update(b"-" if root is None else root.to_bytes(16, "little"))
+    h.update(lora.encode())
+    return int.from_bytes(h.digest(), "little")
 
 
 @dataclass

@@ -66,3 +66,19 @@ class EngineClient(Protocol):
     async def clear_cache(self, tier: str | None = None) -> dict[str, int]:
         """Drop the prefix cache's unreferenced blocks from ``tier`` ("memory", "ssd",
         or both when None), between two steps; returns what was dropped."""
+
+    @property
+    def loras(self) -> dict[str, str]:
+        """The LoRA adapters loaded, name → path (as `add_lora` was given them)."""
+
+    async def add_lora(self, name: str, path: str) -> dict[str, Any]:
+        """Load the LoRA adapter folder at ``path`` (mlx-lm or PEFT) between two steps;
+        requests whose ``SamplingParams.lora`` is ``name`` then run with it, in batches
+        with any others. The same name and adapter again is a no-op. Raises
+        ``EngineError`` (one line) for an adapter the model cannot take. An engine
+        process that restarts loads its adapters again."""
+
+    async def remove_lora(self, name: str) -> None:
+        """Stop serving ``name`` between two steps. Raises ``EngineError`` while a
+        request (waiting or running) uses it, or if it is not loaded; nothing changes
+        then."""

@@ -9,6 +9,7 @@ import itertools
 import logging
 import traceback
 from dataclasses import dataclass, field
+from typing import Any
 
 import mlx.core as mx
 
@@ -34,6 +35,7 @@ from pippin.engine.types import (
 )
 from pippin.runner.model_runner import ModelRunner
 from pippin.runner.paged_cache import bytes_per_block
+from pippin.store import lora as lora_files
 from pippin.store.loaded import LoadedModel
 from pippin.vision.encoder import VisionEncoder
 from pippin.vision.inputs import SeqMedia
@@ -238,6 +240,12 @@ class EngineCore:
             Sequence(next(self._seq_ids), request_id, i, list(prompt_ids), params)
             for i in range(max(params.n, 1))
         ]
+        if params.lora is not None:
+            found = self.runner.lora.slot(params.lora) if self.runner.lora else None
+            if found is None:
+                raise EngineError(f"the LoRA adapter '{params.lora}' is not loaded")
+            for s in seqs:
+                s.lora, s.lora_key = found.slot, found.key
         if params.mm is not None:
             for s in seqs:
                 s.media = SeqMedia.create(params.mm, s.prompt_ids)
@@ -249,6 +257,31 @@ class EngineCore:
         for s in seqs:
             self.outputs.init(s)
             self.scheduler.add(s)
+
+    # -- LoRA adapters (between steps) -------------------------------------
+    def add_lora(self, name: str, path: str) -> dict[str, Any]:
+        """Serve the adapter at `path` as `name` (again: a no-op); EngineError if the
+        model cannot take it."""
+        if self.config.tensor_parallel is not None:
+            raise EngineError("LoRA adapters are not served with tensor parallelism")
+        if self.loaded.vision is not None:
+            raise EngineError("LoRA adapters are not served on vision models")
+        try:
+            loaded = self.runner.add_lora(name, lora_files.read(path))
+        except lora_files.LoraError as e:
+            raise EngineError(f"the LoRA adapter '{name}': {e}") from None
+        adapter = loaded.adapter
+        return {"slot": loaded.slot, "rank": adapter.rank, "modules": len(adapter.modules)}
+
+    def remove_lora(self, name: str) -> None:
+        """Stop serving `name`; EngineError while a request runs with it."""
+        lora = self.runner.lora
+        if lora is None or lora.slot(name) is None:
+            raise EngineError(f"the LoRA adapter '{name}' is not loaded")
+        users = sum(1 for r in self.requests.values() if r.seqs[0].params.lora == name)
+        if users:
+            raise EngineError(f"the LoRA adapter '{name}' is in use by {users} request(s)")
+        self.runner.remove_lora(name)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         req = self.requests.pop(request_id, None)

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from pippin.engine.config import EngineConfig
-from pippin.engine.loop import EngineLoop
+from pippin.engine.loop import EngineLoop, LoraRecord
 from pippin.engine.observer import EngineObserver
 from pippin.engine.streams import OutputStreams, set_exception, set_result
 from pippin.engine.types import EngineError, RequestOutput, SamplingParams
@@ -32,6 +32,7 @@ class InprocClient:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = threading.Event()
+        self._loras = LoraRecord(self._call)
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -88,6 +89,16 @@ class InprocClient:
 
     async def clear_cache(self, tier: str | None = None) -> dict[str, int]:
         return await self._call("clear_cache", tier)
+
+    @property
+    def loras(self) -> dict[str, str]:
+        return dict(self._loras.paths)
+
+    async def add_lora(self, name: str, path: str) -> dict[str, Any]:
+        return await self._loras.add(name, path)
+
+    async def remove_lora(self, name: str) -> None:
+        await self._loras.remove(name)
 
     async def _call(self, name: str, *args: Any) -> Any:
         if not self.ready:

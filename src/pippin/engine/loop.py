@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import queue
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import mlx.core as mx
@@ -34,10 +34,30 @@ _PROMOTION_WAIT_S = 0.05
 CALLS: dict[str, Callable[..., Any]] = {
     "cache_stats": lambda core: core.tiers.stats(),
     "clear_cache": lambda core, tier: core.tiers.clear(tier),
+    "add_lora": lambda core, name, path: core.add_lora(name, path),
+    "remove_lora": lambda core, name: core.remove_lora(name),
 }
 
 # reply(ok, value): a call's result, or its error message when not ok.
 Reply = Callable[[bool, Any], None]
+
+
+class LoraRecord:
+    """A client's LoRA adapters (name → path) as its engine confirmed them, loaded and
+    removed through the client's `call(name, *args)` of `CALLS`."""
+
+    def __init__(self, call: Callable[..., Awaitable[Any]]) -> None:
+        self.call = call
+        self.paths: dict[str, str] = {}
+
+    async def add(self, name: str, path: str) -> dict[str, Any]:
+        info = await self.call("add_lora", name, path)
+        self.paths[name] = path
+        return info
+
+    async def remove(self, name: str) -> None:
+        await self.call("remove_lora", name)
+        self.paths.pop(name, None)
 
 
 class EngineLoop:

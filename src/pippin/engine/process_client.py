@@ -34,7 +34,7 @@ from typing import Any
 
 from pippin.engine.config import EngineConfig
 from pippin.engine.core import check_prompt
-from pippin.engine.loop import EngineLoop
+from pippin.engine.loop import EngineLoop, LoraRecord
 from pippin.engine.observer import EngineObserver
 from pippin.engine.streams import OutputStreams
 from pippin.engine.types import EngineError, RequestOutput, SamplingParams
@@ -129,6 +129,8 @@ class ProcessClient:
         # to start, it stays down (/health 503). One that starts resets the count.
         self.restarts = 0
         self._restart: asyncio.Task[None] | None = None
+        # LoRA adapters loaded, name → path: an engine process that restarts loads them again.
+        self._loras = LoraRecord(self._call)
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -208,6 +210,23 @@ class ProcessClient:
     async def clear_cache(self, tier: str | None = None) -> dict[str, int]:
         return await self._call("clear_cache", tier)
 
+    @property
+    def loras(self) -> dict[str, str]:
+        return dict(self._loras.paths)
+
+    async def add_lora(self, name: str, path: str) -> dict[str, Any]:
+        return await self._loras.add(name, path)
+
+    async def remove_lora(self, name: str) -> None:
+        await self._loras.remove(name)
+
+    async def _reload_loras(self, wanted: dict[str, str]) -> None:
+        for name, path in wanted.items():
+            try:
+                await self._loras.add(name, path)
+            except EngineError as e:  # its files changed or went: it is no longer served
+                log.error("the LoRA adapter '%s' could not be loaded again: %s", name, e)
+
     async def _call(self, name: str, *args: Any) -> Any:
         if not self.ready:
             raise EngineError("the engine is not running")
@@ -271,6 +290,10 @@ class ProcessClient:
 
     async def _restart_engine(self) -> None:
         failures = 0
+        # The new process has none of the adapters until they are loaded again: meanwhile
+        # `loras` does not list them, so a request for one loads it itself (the engine
+        # takes the same adapter twice as once).
+        wanted, self._loras.paths = self._loras.paths, {}
         while not self._stopped and failures < MAX_RESTARTS:
             await asyncio.sleep(RESTART_BACKOFF_S * 2**failures)
             log.info("restarting the engine process (attempt %d)", failures + 1)
@@ -282,6 +305,7 @@ class ProcessClient:
                 continue
             self.restarts += 1
             log.info("the engine process is back (%d restart(s) so far)", self.restarts)
+            await self._reload_loras(wanted)
             return
         if failures:
             log.error("the engine process stays down after %d failed restarts", failures)

@@ -74,7 +74,7 @@ class Scheduler:
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
-        seq.table.root = salt_root(seq.params.cache_salt)
+        seq.table.root = salt_root(seq.params.cache_salt, seq.lora_key)
         self.waiting.append(seq)
         if self.tiers is not None:
             self.tiers.prefetch(seq)

@@ -92,6 +92,10 @@ class Sequence:
     boundaries: list[Any] = field(default_factory=list)
     # Images in the prompt (vision models): their keys and encoder outputs.
     media: SeqMedia | None = None
+    # Its LoRA adapter's slot in the runner (0: none) and key (name and content digest,
+    # which salts its blocks' keys: adapters never share KV).
+    lora: int = 0
+    lora_key: str | None = None
 
     @property
     def all_ids(self) -> list[int]:

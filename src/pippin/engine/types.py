@@ -47,6 +47,9 @@ class SamplingParams:
     cache_salt: str | None = None
     # A vision model's images in the prompt (their spans, pixels, content keys).
     mm: MultiModal | None = None
+    # The LoRA adapter the request runs with, by the name it was loaded under
+    # (`EngineClient.add_lora`); None: the base model alone.
+    lora: str | None = None
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,9 @@ class RunSequence(Protocol):
     # A vision model's images (pippin.vision.inputs.SeqMedia), read by the model's
     # `step_inputs`; None for text.
     media: Any
+    # Its LoRA adapter's slot in the runner's `LoraSet` (0: the base model alone); read
+    # only once an adapter is loaded.
+    lora: int
 
     def ids(self, start: int, end: int) -> list[int]: ...
 

@@ -40,6 +40,8 @@ class Runner(Protocol):
     paged_kernel: bool
     kernels: KernelConfig
 
+    lora: Any  # pippin.runner.lora.LoraSet | None
+
     def mark_fused(self, layout: Any, rows: int) -> None: ...
 
     def _view(self, pool: LayerPool, layout: Any) -> Any: ...
@@ -78,6 +80,13 @@ class DecodeGraph:
         self.counts = [len(runner.pools[i].parts) for i in self.order]  # arrays per layer
         self.kernel = runner.paged_kernel
         self._fn = mx.compile(self._step)
+        # Calls with LoRA rows: their slots are one more input ([Bp] uint32). A trace of
+        # its own, so that calls without adapters skip the LoRA term altogether.
+        self._fn_lora = mx.compile(self._lora_step)
+
+    def _lora_step(self, lora: mx.array, *args: Any) -> tuple[mx.array, ...]:
+        with self.runner.lora.traced(lora):
+            return self._step(*args)
 
     def _step(
         self, tokens: mx.array, tables: mx.array, offsets: mx.array, slots: mx.array, *parts: Any
@@ -95,9 +104,15 @@ class DecodeGraph:
         logits = r.model(tokens, cache=caches)
         return (logits[:, 0], *(p for i in self.order for p in pools[i].parts))
 
-    def forward(self, tokens: mx.array, starts: list[int], tables: list[list[int]]) -> mx.array:
+    def forward(
+        self,
+        tokens: mx.array,
+        starts: list[int],
+        tables: list[list[int]],
+        lora: list[int] | None = None,
+    ) -> mx.array:
         """Logits [B, vocab] of one decode step; `tokens` is [Bp, 1] already padded to
-        `self.rows(B)` rows."""
+        `self.rows(B)` rows; `lora`: each row's adapter slot, if any row has one."""
         r = self.runner
         bs = r.block_size
         B = len(starts)
@@ -110,9 +125,13 @@ class DecodeGraph:
         parts = [p for i in self.order for p in r.pools[i].parts]
         for i in self.order:
             r.pools[i].parts = []  # the compiled scatters may then update the pools in place
-        out = self._fn(
-            tokens, mx.array(tab), mx.array(offsets), mx.array(slots.reshape(-1)), *parts
-        )
+        args = (tokens, mx.array(tab), mx.array(offsets), mx.array(slots.reshape(-1)), *parts)
+        if lora is not None:
+            rows = np.zeros(Bp, dtype=np.uint32)
+            rows[:B] = lora
+            out = self._fn_lora(mx.array(rows), *args)
+        else:
+            out = self._fn(*args)
         del parts
         for i, p in self._by_layer(out[1:]).items():
             r.pools[i].parts = p

@@ -7,6 +7,7 @@ keep it per sequence and have it stacked into a batch for each call.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 from typing import Any
@@ -33,6 +34,7 @@ from pippin.kernels import (
 from pippin.kernels.config import KernelConfig
 from pippin.runner import decode_graph, recurrent_state
 from pippin.runner.batch import RunItem, equal_length_groups, length_groups
+from pippin.runner.lora import Loaded, LoraSet
 from pippin.runner.paged_cache import (
     BatchLayout,
     LayerPool,
@@ -42,6 +44,7 @@ from pippin.runner.paged_cache import (
     bytes_per_block,
 )
 from pippin.runner.recurrent_state import StateRow
+from pippin.store.lora import Adapter
 
 
 def machine_memory() -> int:
@@ -132,6 +135,38 @@ class ModelRunner:
         # reads the target's (`pippin.engine.mtp`).
         self.keep_hidden = False
         self.hidden: mx.array | None = None
+        # LoRA adapters applied per row (`pippin.runner.lora`), once the first is added.
+        self.lora: LoraSet | None = None
+
+    def add_lora(self, name: str, adapter: Adapter) -> Loaded:
+        """Serve `adapter` as `name` (its slot; `LoraError` if the model cannot take it)."""
+        if self.lora is None:
+            floats = [v for _, v in tree_flatten(self.model.parameters())]
+            dtype = next((v.dtype for v in floats if mx.issubdtype(v.dtype, mx.floating)), None)
+            self.lora = LoraSet(self.model, dtype or mx.float32)
+            # The fused CUDA attention block and layers read the projections' weights
+            # themselves, past the LoRA layers: adapters need mlx-lm's own calls.
+            self.fused_attention = self.fused_layer = False
+        loaded = self.lora.add(name, adapter)
+        self._retrace()
+        return loaded
+
+    def remove_lora(self, name: str) -> None:
+        assert self.lora is not None
+        self.lora.remove(name)
+        self._retrace()
+
+    def _retrace(self) -> None:
+        # Compiled traces hold the layers' stacks as constants: new stacks, new traces.
+        if self.graph is not None:
+            self.graph = decode_graph.DecodeGraph(self)
+
+    def lora_slots(self, items: list[RunItem]) -> list[int] | None:
+        """Each row's adapter slot (0: none); None when no row has one."""
+        if self.lora is None:
+            return None
+        slots = [it.seq.lora for it in items]
+        return slots if any(slots) else None
 
     def mark_fused(self, layout: Any, rows: int) -> None:
         """Which fused kernels a batch of `rows` rows runs, once `layout.paged_kernel` says
@@ -382,9 +417,10 @@ class ModelRunner:
         inputs = self.share_inputs(inputs)
         rows = [b for b, it in enumerate(items) if it.samples]
 
+        lora = self.lora_slots(items)
         if compiled:
             assert self.graph is not None
-            logits = self.graph.forward(inputs, starts, tables)
+            logits = self.graph.forward(inputs, starts, tables, lora)
             if not rows:
                 return None
             return logits if len(rows) == B else logits[mx.array(rows)]
@@ -409,7 +445,7 @@ class ModelRunner:
         else:
             cols = [lengths[b] - 1 for b in rows]
         extra = self.step_inputs(items, inputs) if self.step_inputs is not None else {}
-        with cpu_prefill.in_runner():
+        with cpu_prefill.in_runner(), self._lora_rows(lora, B):
             if self.keep_hidden:
                 # The LM head sees the positions it would see through `self.head`.
                 sel = (rows, cols) if self.head is not None and rows and L > 1 else ([], [])
@@ -437,6 +473,11 @@ class ModelRunner:
         if logits.shape[:2] == (len(rows), 1) and self.head is not None:
             return logits[:, 0]
         return logits[mx.array(rows), mx.array(cols)]
+
+    def _lora_rows(self, slots: list[int] | None, rows: int) -> Any:
+        if slots is None or self.lora is None:
+            return contextlib.nullcontext()
+        return self.lora.use(slots, rows)
 
     def _stack_state(self, layer: int, items: list[RunItem]) -> ArraysCache:
         entries = [None if it.seq.recurrent is None else it.seq.recurrent[layer] for it in items]

@@ -11,10 +11,13 @@ from pippin.api.anthropic import messages as anthropic_messages
 from pippin.api.errors import install_error_handlers
 from pippin.api.ollama import chat as ollama_chat
 from pippin.api.ollama import embed as ollama_embed
+from pippin.api.ollama import manage as ollama_manage
 from pippin.api.ollama import models as ollama_models
+from pippin.api.ollama import pull as ollama_pull
 from pippin.api.openai import chat as openai_chat
 from pippin.api.openai import completions as openai_completions
 from pippin.api.openai import embeddings as openai_embeddings
+from pippin.api.openai import lora as openai_lora
 from pippin.api.openai import models as openai_models
 from pippin.api.openai import responses as openai_responses
 from pippin.api.openai import speech as openai_speech
@@ -50,6 +53,7 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
     install_openapi(app)
     routers = (
         openai_models.router,
+        openai_lora.router,
         status.router,
         openai_chat.router,
         openai_completions.router,
@@ -62,6 +66,8 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
         ollama_chat.router,
         ollama_embed.router,
         ollama_models.router,
+        ollama_pull.router,
+        ollama_manage.router,
         cache_control.router,
         mcp_routes.router,
         web_router,

@@ -20,6 +20,7 @@ from pippin.api.middleware import (
     LeaseMiddleware,
     key_check,
 )
+from pippin.api.ollama.blobs import BLOB_MAX_BYTES, BLOBS
 from pippin.obs.http import ObservabilityMiddleware
 from pippin.serving.settings import MIB
 from pippin.serving.state import ServerState
@@ -34,12 +35,13 @@ def add_middleware_stack(app: FastAPI, state: ServerState, routes: Sequence[Base
     app.add_middleware(AdmissionMiddleware, admission=state.admission)
     # Audio uploads have their own cap (--stt-max-bytes), plus room for the other fields.
     audio_cap = max(settings.max_request_body_bytes, settings.stt.max_bytes + MIB)
+    per_path = {p: audio_cap for p in ("/v1/audio/transcriptions", "/v1/audio/translations")}
+    if not settings.stt.enabled:
+        per_path = {}
+    if settings.model_management:
+        per_path[BLOBS] = BLOB_MAX_BYTES  # model files (admin keys only, see the route)
     app.add_middleware(
-        BodyLimitMiddleware,
-        max_bytes=settings.max_request_body_bytes,
-        per_path={p: audio_cap for p in ("/v1/audio/transcriptions", "/v1/audio/translations")}
-        if settings.stt.enabled
-        else None,
+        BodyLimitMiddleware, max_bytes=settings.max_request_body_bytes, per_path=per_path
     )
     app.add_middleware(
         ApiKeyMiddleware,

@@ -20,8 +20,9 @@ BUILTIN_DEFAULTS: dict[str, Any] = {
     "presence_penalty": 0.0,
     "frequency_penalty": 0.0,
 }
-# Keys a model's generation_config or the server's overrides may set.
-DEFAULTABLE = frozenset(BUILTIN_DEFAULTS) | {"max_tokens"}
+# Keys a model's generation_config or the server's overrides may set; a library model's
+# parameters may also set stop strings and a seed (Ollama's PARAMETER stop / seed).
+DEFAULTABLE = frozenset(BUILTIN_DEFAULTS) | {"max_tokens", "stop", "seed"}
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,22 @@ class LiveModel:
     fingerprint: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
     observer: ServerObserver = field(default_factory=lambda: ServerObserver(None))
+    # A library model's SYSTEM and MESSAGE (Ollama's Modelfile), see `with_preset`.
+    system: str | None = None
+    preset: list[dict[str, Any]] = field(default_factory=list)
+
+    def with_preset(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """A request's messages as the model's template sees them: after the model's own
+        conversation, with the model's system prompt first unless the request has one
+        (Ollama's order, the request's system message kept first)."""
+        if not self.system and not self.preset:
+            return messages
+        head: list[dict[str, Any]] = []
+        if messages and messages[0].get("role") == "system":
+            head, messages = [messages[0]], messages[1:]
+        elif self.system:
+            head = [{"role": "system", "content": self.system}]
+        return [*head, *self.preset, *messages]
 
     def sampling_defaults(self) -> dict[str, Any]:
         """What a request that leaves them out samples with (max_tokens aside)."""

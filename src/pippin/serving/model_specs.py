@@ -86,6 +86,10 @@ class ModelSpec:
     idle_ttl: float | None = None
     default: bool = False
     preload: bool = False
+    # Ollama's SYSTEM and MESSAGE (library models, `pippin.serving.library_models`): the
+    # system prompt of a request that brings none, and a conversation put before its own.
+    system: str | None = None
+    messages: list[dict[str, Any]] = field(default_factory=list)
 
 
 def parse_size(text: str) -> int:

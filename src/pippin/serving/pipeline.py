@@ -55,6 +55,7 @@ async def render_media_prompt(
     Images and videos (`media` collected their parts) are loaded, checked against the
     limits and expanded by the model's processor into the prompt's tokens and the
     engine's `MultiModal`."""
+    messages = live.with_preset(messages)  # a library model's SYSTEM and MESSAGE
     if generic_tools_for(live, tools):
         assert tools is not None
         messages, tools = generic_tools.with_tools(messages, tools), None

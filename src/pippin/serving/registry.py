@@ -22,6 +22,13 @@ there is no other path to an engine. The API for routes:
 - ``await ModelRegistry.unload(name)``: unload now if idle, else as soon as it is idle
   (never a pinned model; the model loaded at start-up of `pippin serve MODEL` is not
   pinned, and loads again on its next request).
+- The library's models (``--models-dir``, `pippin.store.library`) are entries too, added
+  as their manifests appear (a pull, a create, a copy, another process) and served on
+  demand under their own names (``name:tag``, and ``name`` for ``name:latest``); names
+  given on the command line win. `ModelRegistry.add` adds any other entry at run time.
+- ``await ModelRegistry.forget(entry, on_gone)``: the entry's names stop resolving at
+  once; once no request holds it, it is unloaded and ``on_gone`` runs (in a worker
+  thread), e.g. its files are deleted (`delete_stored`).
 
 Loading runs in a worker thread (and the engine on its own thread or process), so the event
 loop and the other models' streams never wait for it; loads run one at a time.
@@ -36,7 +43,7 @@ import fnmatch
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -45,8 +52,10 @@ from typing import TYPE_CHECKING, Any
 
 from pippin.obs.observer import ServerObserver
 from pippin.serving.errors import ApiError, server_error
+from pippin.serving.library_models import spec_from_stored
 from pippin.serving.live_model import LiveModel
 from pippin.serving.model_specs import ModelSpec, SpecError
+from pippin.store.library import ModelLibrary, StoredModel
 
 if TYPE_CHECKING:
     from pippin.engine.client import EngineClient
@@ -61,6 +70,7 @@ DEFAULT_NAME = "default"
 # Claude Code asks for its own model names (claude-sonnet-4-5, claude-haiku-...).
 BUILTIN_PATTERNS = (("claude*", DEFAULT_NAME),)
 REAP_INTERVAL_S = 0.25
+LIBRARY_SETTLE_NS = 100_000_000  # the library's folder is read again while this fresh
 RETRY_AFTER_S = 5
 
 # The entries the current HTTP request holds; released by `LeaseMiddleware` once the
@@ -86,6 +96,16 @@ class ModelEntry:
     memory_bytes: int = 0  # weights + KV pool, measured at its last load
     error: str | None = None  # why its last load failed
     task: asyncio.Task[None] | None = None
+    # What added it at run time (`ModelRegistry.add`): a library model's `StoredModel`;
+    # None for the models of the command line.
+    origin: Any = None
+    # Forgotten (`ModelRegistry.forget`): resolves no more; unloaded once idle, then this.
+    on_gone: Callable[[], None] | None = None
+
+    @property
+    def stored(self) -> StoredModel | None:
+        """The library model it serves, if it is one."""
+        return self.origin if isinstance(self.origin, StoredModel) else None
 
     @property
     def name(self) -> str:
@@ -155,6 +175,10 @@ class ModelRegistry:
         self.entries_: list[ModelEntry] = []
         self._by_name: dict[str, ModelEntry] = {}
         self._build(specs)
+        self.library = ModelLibrary(settings.library_dir)
+        self._library_seen: int | None = None  # manifests folder's mtime at the last sync
+        self._retiring: list[ModelEntry] = []  # forgotten or replaced, still in use
+        self._deleting: set[str] = set()  # library names whose deletion waits for a request
 
     # --- names ---------------------------------------------------------------
     def _build(self, specs: list[ModelSpec]) -> None:
@@ -190,12 +214,63 @@ class ModelRegistry:
             self.patterns.append((pattern, entry))
 
     def entries(self) -> list[ModelEntry]:
-        """Every model, in the order given."""
+        """Every model: the command line's in the order given, then the library's."""
+        self.sync_library()
         return list(self.entries_)
+
+    def add(self, spec: ModelSpec, served: list[str], names: list[str], origin: Any) -> ModelEntry:
+        """An entry added at run time, under ``served`` (listed) and ``names`` (more names
+        that resolve to it); a name another model has is left to that one."""
+        entry = ModelEntry(spec, list(served), [], origin=origin)
+        for name in dict.fromkeys([*served, *names]):
+            if name not in self._by_name:
+                self._by_name[name] = entry
+                entry.names.append(name)
+        self.entries_.append(entry)
+        return entry
+
+    def _drop(self, entry: ModelEntry) -> None:
+        """Take ``entry`` out of the names and listings; it unloads once idle."""
+        for name in entry.names:
+            if self._by_name.get(name) is entry:
+                del self._by_name[name]
+        if entry in self.entries_:
+            self.entries_.remove(entry)
+            self._retiring.append(entry)
+
+    def sync_library(self, *, force: bool = False) -> None:
+        """Entries for the library's models as its manifests are now: new ones added,
+        removed or replaced ones dropped (unloaded once idle). Reads the folder only when
+        it changed (or ``force``)."""
+        try:
+            seen: int | None = (self.library.root / "manifests").stat().st_mtime_ns
+        except OSError:
+            seen = None
+        # A folder changed moments ago may change again within the clock's tick, unseen.
+        settled = seen is None or time.time_ns() - seen > LIBRARY_SETTLE_NS
+        if seen == self._library_seen and settled and not force:
+            return
+        self._library_seen = seen
+        stored = {m.name: m for m in self.library.list() if m.name not in self._deleting}
+        for entry in [e for e in self.entries_ if e.stored is not None]:
+            assert entry.stored is not None
+            now = stored.get(entry.stored.name)
+            if now is None or now.to_json() != entry.stored.to_json():
+                self._drop(entry)
+            else:
+                del stored[now.name]
+        for model in stored.values():
+            if model.name in self._by_name:
+                continue  # the command line's model of that name wins
+            short = model.name.removesuffix(":latest")
+            self.add(spec_from_stored(model, self.settings.idle_ttl), [model.name], [short], model)
 
     def resolve(self, name: str) -> ModelEntry:
         """The model ``name`` means (404 `ApiError` if none). Never loads."""
         entry = self._by_name.get(name)
+        if entry is None:
+            self.sync_library()  # a model pulled or created since (cheap when none was)
+            entry = self._by_name.get(name)
         if entry is None and name == DEFAULT_NAME:
             entry = self.default
         if entry is None:
@@ -257,6 +332,42 @@ class ModelRegistry:
                 if entry.state == LOADED and entry.active == 0 and entry.engine_idle():
                     await self._unload(entry)
 
+    async def forget(self, entry: ModelEntry, on_gone: Callable[[], None] | None = None) -> None:
+        """``entry``'s names stop resolving now (new requests get a 404); once no request
+        holds it (a stream from it ends as usual) it is unloaded, then ``on_gone`` runs in
+        a worker thread. Done before returning when nothing holds it."""
+        entry.on_gone = on_gone
+        self._drop(entry)
+        if entry.active == 0 and entry.task is None and entry.engine_idle():
+            await self._retire(entry)
+
+    async def delete_stored(self, entry: ModelEntry) -> None:
+        """Delete a library model: `forget` it, then remove its name from the library and
+        its files unless another name shares them."""
+        stored = entry.stored
+        assert stored is not None
+        self._deleting.add(stored.name)
+
+        def remove() -> None:
+            # Unless the name was made anew meanwhile (a create after the delete).
+            now = self.library.get(stored.name)
+            if now is not None and now.created == stored.created:
+                self.library.remove(stored.name)
+            self._deleting.discard(stored.name)
+            self._library_seen = None
+
+        await self.forget(entry, remove)
+
+    async def _retire(self, entry: ModelEntry) -> None:
+        if entry not in self._retiring:
+            return  # retired already
+        self._retiring.remove(entry)
+        async with self._lock:
+            if entry.state == LOADED:
+                await self._unload(entry)
+        if entry.on_gone is not None:
+            await asyncio.to_thread(entry.on_gone)
+
     async def _wait_loaded(self, entry: ModelEntry) -> None:
         if entry.task is None:
             entry.state, entry.error = LOADING, None
@@ -294,7 +405,7 @@ class ModelRegistry:
     async def stop(self) -> None:
         if self._reaper is not None:
             self._reaper.cancel()
-        for entry in self.entries_:
+        for entry in [*self.entries_, *self._retiring]:
             if entry.task is not None:
                 entry.task.cancel()
             if entry.live is not None and entry.live.engine is not None:
@@ -324,6 +435,12 @@ class ModelRegistry:
     async def _reap(self) -> None:
         while True:
             await asyncio.sleep(REAP_INTERVAL_S)
+            for entry in list(self._retiring):
+                if entry.active == 0 and entry.task is None and entry.engine_idle():
+                    try:
+                        await self._retire(entry)
+                    except Exception as e:  # the reaper goes on for the other models
+                        log.error("model '%s' could not be removed: %s", entry.name, e)
             now = time.monotonic()
             for entry in self.entries_:
                 ttl = entry.ttl
@@ -454,6 +571,7 @@ class ModelRegistry:
             tool_call_parser=spec.tool_call_parser,
             reasoning_parser=spec.reasoning_parser,
         )
+        live.system, live.preset = spec.system, list(spec.messages)
         return live
 
 

@@ -137,7 +137,8 @@ def build_sampling_params(
         # The nucleus of mass 0 is the single most likely token: greedy.
         temperature, top_p = 0.0, 1.0
     top_k = int(pick("top_k"))
-    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    stop = defaults.get("stop") if req.stop is None else req.stop
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
     min_tokens = req.min_tokens or 0
     if min_tokens > max_tokens:
         raise bad_request(
@@ -155,7 +156,7 @@ def build_sampling_params(
         presence_penalty=float(pick("presence_penalty")),
         frequency_penalty=float(pick("frequency_penalty")),
         logit_bias=_logit_bias(req.logit_bias, limits),
-        seed=req.seed,
+        seed=defaults.get("seed") if req.seed is None else req.seed,
         logprobs=req.logprobs,
         top_logprobs=req.top_logprobs if req.logprobs else 0,
         # An empty stop string would end every answer before it starts.

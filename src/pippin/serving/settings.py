@@ -80,6 +80,8 @@ class ServerSettings:
     model_aliases: list[tuple[str, str]] = field(default_factory=list)
     # --memory-budget: bytes the loaded chat models may take (weights + KV pools).
     memory_budget: int | None = None
+    # --idle-ttl: seconds an on-demand model (a library model too) stays loaded idle.
+    idle_ttl: float | None = None
     # --model-load-timeout: how long a request waits for its model to load.
     model_load_timeout: float = 300.0
     # --limit-mm-per-prompt, --allowed-local-media-path and friends: what images and

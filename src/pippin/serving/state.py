@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from pippin.engine.client import EngineClient
 from pippin.obs.metrics import Metrics
+from pippin.serving.adapters import Adapters
 from pippin.serving.admission import Admission
 from pippin.serving.errors import ApiError, server_error
 from pippin.serving.live_model import LiveModel
@@ -49,6 +50,11 @@ class ServerState:
     # The speech-to-text worker (pippin.audio.stt.SttWorker), with --stt-model.
     stt: Any = None
     extra_names: dict[str, list[str]] = field(default_factory=dict)
+    # The LoRA adapters served as models on a base chat model (pippin.serving.adapters).
+    adapters: Adapters = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.adapters = Adapters(self.settings)
 
     def engine_stats(self) -> dict[str, dict[str, int]]:
         return self.registry.engine_stats() if self.registry is not None else {}
@@ -77,8 +83,10 @@ class ServerState:
 
 def check_model(state: ServerState, name: str, names: list[str] | None = None) -> None:
     """404 unless ``name`` is one of ``names`` (default: a chat model's, see
-    `ModelRegistry.resolve`)."""
+    `ModelRegistry.resolve`, or a LoRA adapter's)."""
     if names is None:
+        if state.adapters.get(name) is not None:
+            return
         assert state.registry is not None
         state.registry.resolve(name)
         return
@@ -93,8 +101,13 @@ def check_model(state: ServerState, name: str, names: list[str] | None = None) -
 
 async def use_model(state: ServerState, name: str, *, keep_alive: float | None = None) -> LiveModel:
     """The chat model ``name`` means, loaded (`ModelRegistry.acquire`: 404, or 503 while
-    it loads too long)."""
+    it loads too long). A LoRA adapter's name gives its base model, whose engine runs
+    the request with the adapter (`Adapters.acquire`): every route comes through here,
+    so adapters are resolved before the registry."""
     assert state.registry is not None
+    adapter = state.adapters.get(name)
+    if adapter is not None:
+        return await state.adapters.acquire(state.registry, adapter, keep_alive=keep_alive)
     return await state.registry.acquire(name, keep_alive=keep_alive)
 
 

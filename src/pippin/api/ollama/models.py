@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from datetime import datetime, timezone
 from typing import Any
 
 from fastapi import APIRouter, Request
 
 from pippin.api.common import get_state, parse_request
+from pippin.api.ollama.modelfile import write_modelfile
 from pippin.api.ollama.protocol import ShowRequest
-from pippin.api.ollama.served import Listed, expires_at, find, listed, running
+from pippin.api.ollama.served import Listed, config_on_disk, expires_at, find, listed, running
 from pippin.api.openapi import ollama_route
 from pippin.serving.live_model import LiveModel
 from pippin.serving.media import takes_images
 from pippin.serving.state import ServerState
+from pippin.store.library import StoredModel
 
 router = APIRouter()
 
@@ -23,7 +26,15 @@ router = APIRouter()
 OLLAMA_VERSION = "0.12.6"
 
 
+def _stored(m: Listed) -> StoredModel | None:
+    """The library model behind a listed name, if it is one."""
+    return m.entry.stored if m.entry is not None else None
+
+
 def _digest(m: Listed) -> str:
+    stored = _stored(m)
+    if stored is not None:
+        return stored.digest
     return hashlib.sha256(f"{m.name}|{m.source}".encode()).hexdigest()
 
 
@@ -32,16 +43,23 @@ def _live(m: Listed) -> LiveModel | None:
     return m.entry.live if m.entry is not None else None
 
 
+def _quantization(config: dict[str, Any]) -> str:
+    q = config.get("quantization") or {}
+    return f"Q{q['bits']}" if isinstance(q, dict) and "bits" in q else ""
+
+
 def _details(m: Listed) -> dict[str, Any]:
+    stored = _stored(m)
     fmt = "gguf" if m.source.endswith(".gguf") else "safetensors"
     quant = ""
     live = _live(m)
     if live is not None and live.loaded is not None:
-        q = live.loaded.config.get("quantization") or {}
-        quant = f"Q{q['bits']}" if isinstance(q, dict) and "bits" in q else live.loaded.dtype
+        quant = _quantization(live.loaded.config) or live.loaded.dtype
+    elif stored is not None and stored.format == "safetensors":
+        quant = _quantization(config_on_disk(str(stored.path)))
     return {
-        "parent_model": "",
-        "format": fmt,
+        "parent_model": (stored.parent or "") if stored is not None else "",
+        "format": stored.format if stored is not None else fmt,
         "family": m.family,
         "families": [m.family] if m.family else None,
         "parameter_size": "",
@@ -50,11 +68,12 @@ def _details(m: Listed) -> dict[str, Any]:
 
 
 def _entry(m: Listed, state: ServerState) -> dict[str, Any]:
+    stored = _stored(m)
     return {
         "name": m.name,
         "model": m.name,
-        "modified_at": _iso(state.created),
-        "size": m.size,
+        "modified_at": _iso(stored.created if stored is not None else state.created),
+        "size": stored.size if stored is not None else m.size,
         "digest": _digest(m),
         "details": _details(m),
     }
@@ -118,6 +137,9 @@ async def show(request: Request) -> dict[str, Any]:
                 info[f"{m.family}.{key}"] = cfg[key]
     if m.context_length:
         info[f"{m.family or 'general'}.context_length"] = m.context_length
+    stored = _stored(m)
+    if stored is not None:
+        return _show_stored(stored, m, live, info)
     params = ""
     if live is not None:
         params = "\n".join(
@@ -132,6 +154,32 @@ async def show(request: Request) -> dict[str, Any]:
         "capabilities": _capabilities(m, live),
         "modified_at": _iso(state.created),
     }
+
+
+def _show_stored(
+    stored: StoredModel, m: Listed, live: LiveModel | None, info: dict[str, Any]
+) -> dict[str, Any]:
+    """/api/show of a library model: its own settings, as Ollama shows a Modelfile's."""
+    settings = stored.settings
+    params = []
+    for key, value in (settings.get("parameters") or {}).items():
+        for v in value if isinstance(value, list) else [value]:
+            params.append(f"{key:<30} {json.dumps(v) if isinstance(v, str) else v}")
+    out = {
+        "modelfile": write_modelfile(stored.name, settings),
+        "parameters": "\n".join(params),
+        "template": settings.get("template") or (live.template_source if live else ""),
+        "system": settings.get("system") or "",
+        "details": _details(m),
+        "model_info": info,
+        "capabilities": _capabilities(m, live),
+        "modified_at": _iso(stored.created),
+    }
+    if settings.get("license"):
+        out["license"] = "\n".join(settings["license"])
+    if settings.get("messages"):
+        out["messages"] = settings["messages"]
+    return out
 
 
 @router.get("/api/version", **ollama_route())

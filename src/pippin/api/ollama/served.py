@@ -21,7 +21,7 @@ from pippin.api.ollama.protocol import KeepAlive, keep_alive_seconds
 from pippin.serving.errors import ApiError
 from pippin.serving.live_model import LiveModel
 from pippin.serving.registry import LOADED, ModelEntry, ModelRegistry
-from pippin.serving.state import ServerState, require_engine
+from pippin.serving.state import ServerState, require_engine, use_model
 
 # What /api/ps reports for a model that stays loaded: far in the future, as Ollama does
 # for `keep_alive: -1`.
@@ -29,14 +29,13 @@ FOREVER = datetime(2318, 1, 1, tzinfo=timezone.utc)
 
 
 def not_found(state: ServerState, name: str) -> ApiError:
-    """Ollama's 404, without its advice to pull (pippin has no /api/pull): what this server
-    serves instead, and how a model is added."""
+    """Ollama's 404, with what this server serves instead and how a model is added."""
     names = ", ".join(dict.fromkeys(m.name for m in listed(state))) or "none"
     return ApiError(
         404,
-        f'model "{name}" not found; this server serves: {names} (GET /api/tags lists them). '
-        "Models are added when the server starts: pippin serve MODEL, --model again for "
-        "more, or --models FILE.",
+        f'model "{name}" not found, try pulling it first (ollama pull / POST /api/pull '
+        f"takes Hugging Face names such as hf.co/ORG/REPO:Q4_K_M); this server serves: "
+        f"{names} (GET /api/tags lists them).",
         param="model",
     )
 
@@ -78,6 +77,9 @@ def chat_name(state: ServerState, name: str) -> str:
     `:latest`); 400 for an embedding model, 404 for an unknown one. Loads nothing."""
     if not name:
         raise ApiError(400, "model is required", param="model")
+    lora = next((c for c in _candidates(name) if state.adapters.get(c) is not None), None)
+    if lora is not None:  # a LoRA adapter on a chat model (`serving.adapters`)
+        return lora
     found = _chat(state, name)
     if found is None:
         if resolve(state, name, "embedding") is not None:
@@ -112,10 +114,16 @@ async def chat_model(state: ServerState, name: str, keep_alive: KeepAlive) -> Li
     sent; `keep_alive` becomes its idle time from now on (0: unloaded once idle)."""
     seconds = registry_keep_alive(keep_alive)
     resolved = chat_name(state, name)
-    refuse_unpinning(state, resolved, seconds)
-    live = await _registry(state).acquire(resolved, keep_alive=seconds)
+    refuse_unpinning(state, _base(state, resolved), seconds)
+    live = await use_model(state, resolved, keep_alive=seconds)
     require_engine(live)
     return live
+
+
+def _base(state: ServerState, name: str) -> str:
+    """The chat model a resolved name loads: a LoRA adapter's base, else itself."""
+    adapter = state.adapters.get(name)
+    return name if adapter is None else state.adapters.base_name(_registry(state), adapter)
 
 
 async def load_or_unload(state: ServerState, name: str, keep_alive: KeepAlive) -> bool:
@@ -123,11 +131,12 @@ async def load_or_unload(state: ServerState, name: str, keep_alive: KeepAlive) -
     `keep_alive` 0 to unload it. True when it unloads."""
     seconds = registry_keep_alive(keep_alive)
     resolved = chat_name(state, name)
-    refuse_unpinning(state, resolved, seconds)
+    base = _base(state, resolved)  # an adapter's: its base model loads and unloads
+    refuse_unpinning(state, base, seconds)
     if seconds == 0:
-        await _registry(state).unload(resolved)
+        await _registry(state).unload(base)
         return True
-    await _registry(state).acquire(resolved, keep_alive=seconds)
+    await use_model(state, resolved, keep_alive=seconds)
     return False
 
 
@@ -149,7 +158,7 @@ def _chat_listed(entry: ModelEntry) -> list[Listed]:
         source, config = loaded.source, loaded.config
         ctx = live.engine.max_model_len if live.engine is not None else None
     else:
-        source, config = entry.spec.model or "", _config_on_disk(entry.spec.model)
+        source, config = entry.spec.model or "", config_on_disk(entry.spec.model)
         ctx = entry.spec.max_model_len
     family = str(config.get("model_type", ""))
     size = _weights_bytes(source)
@@ -211,7 +220,7 @@ def _weights_bytes(source: str) -> int:
     return 0
 
 
-def _config_on_disk(source: str | None) -> dict[str, object]:
+def config_on_disk(source: str | None) -> dict[str, object]:
     """A model folder's config.json, read without loading the model ({} if none)."""
     path = Path(source) / "config.json" if source else None
     if path is None or not path.is_file():

@@ -2,7 +2,9 @@
 
 Every chat model of the registry is listed under each of its served names and aliases,
 loaded or not, with its ``state`` (loaded, loading, unloaded) and, once loaded, its
-memory, context length and sampling defaults; then the embedding and rerank models.
+memory, context length and sampling defaults; then the LoRA adapters (as vLLM lists
+them: ``root`` their folder, ``parent`` their base model); then the embedding and rerank
+models.
 """
 
 from __future__ import annotations
@@ -45,6 +47,20 @@ def _chat_card(state: ServerState, entry: ModelEntry, name: str) -> dict[str, An
     return card
 
 
+def _lora_card(state: ServerState, name: str) -> dict[str, Any]:
+    adapter = state.adapters.by_name[name]
+    assert state.registry is not None
+    return {
+        "id": name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "pippin",
+        "root": adapter.path,
+        "parent": state.adapters.base_name(state.registry, adapter),
+        "capabilities": ["chat"],
+    }
+
+
 def _extra_card(state: ServerState, name: str) -> dict[str, Any]:
     card: dict[str, Any] = {
         "id": name,
@@ -66,8 +82,9 @@ def _extra_card(state: ServerState, name: str) -> dict[str, Any]:
 def _cards(state: ServerState) -> list[dict[str, Any]]:
     reg = state.registry
     chat = [_chat_card(state, e, n) for e in reg.entries() for n in e.served_names] if reg else []
+    loras = [_lora_card(state, n) for n in state.adapters.by_name]
     extra = [_extra_card(state, n) for names in state.extra_names.values() for n in names]
-    return chat + extra
+    return chat + loras + extra
 
 
 @router.get("/v1/models", **openai_route())
@@ -81,6 +98,8 @@ async def retrieve_model(model_id: str, request: Request) -> dict[str, Any]:
     extra = [n for names in state.extra_names.values() for n in names]
     if model_id in extra:
         return _extra_card(state, model_id)
+    if state.adapters.get(model_id) is not None:
+        return _lora_card(state, model_id)
     check_model(state, model_id)
     assert state.registry is not None
     return _chat_card(state, state.registry.resolve(model_id), model_id)
