@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pippin.api.ollama.protocol import keep_alive_seconds, sampling_options
+from pippin.api.ollama.protocol import context_option, keep_alive_seconds, sampling_options
 from pippin.serving.errors import ApiError
 
 
@@ -23,11 +23,12 @@ def test_options_map_to_sampling_fields() -> None:
             "stop": ["\n\n"],
             "num_predict": 12,
             # llama.cpp load options and ones Ollama dropped: accepted, no effect
-            "num_ctx": 8192,
             "num_gpu": 99,
+            "rope_frequency_base": 10000.0,
             "mirostat": 2,
             "typical_p": 1.0,
-            "not_an_option": 1,
+            # Read by `context_option`.
+            "num_ctx": 8192,
         }
     )
     assert fields == {
@@ -46,6 +47,8 @@ def test_options_map_to_sampling_fields() -> None:
     assert sampling_options({"num_predict": -2}) == ({}, None)
     assert sampling_options({"seed": -1}) == ({}, None)  # Ollama's random seed
     assert sampling_options({"repeat_last_n": 0})[0] == {"repetition_penalty": 1.0}
+    assert context_option({"num_ctx": 4096}) == 4096
+    assert context_option({"num_ctx": None}) is None and context_option(None) is None
 
 
 @pytest.mark.parametrize(
@@ -60,6 +63,9 @@ def test_options_map_to_sampling_fields() -> None:
         ({"repeat_penalty": 1.2, "repeat_last_n": 64}, "repeat_last_n"),
         ({"temperature": 3}, "temperature"),
         ({"top_p": 1.5}, "top_p"),
+        ({"num_ctx": 0}, "num_ctx"),
+        ({"num_ctx": "big"}, "num_ctx"),
+        ({"temprature": 0.5}, "temprature"),  # no Ollama version has it: a typo
     ],
 )
 def test_bad_options_are_400s_naming_the_option(options: dict, named: str) -> None:

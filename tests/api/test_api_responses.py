@@ -365,7 +365,7 @@ def test_reasoning_streamed_and_sent_back(thinking: openai.OpenAI) -> None:
             "prompt_cache_options.prewarm",
         ),
         ({"top_logprobs": 3}, "top_logprobs"),
-        ({"background": True}, "background"),
+        ({"background": True, "store": False}, "background"),
         ({"conversation": "conv_1"}, "conversation"),
         ({"prompt": {"id": "pmpt_1"}}, "prompt"),
         ({"stream_options": {"include_obfuscation": True}}, "stream_options"),

@@ -21,6 +21,7 @@ from pippin.api.ollama.protocol import (
     GenerateFields,
     GenerateRequest,
     Message,
+    context_option,
     sampling_options,
 )
 from pippin.api.ollama.served import (
@@ -30,6 +31,7 @@ from pippin.api.ollama.served import (
     registry_keep_alive,
 )
 from pippin.api.openapi import ollama_route
+from pippin.chat.fim import fim_format, fim_prompt
 from pippin.chat.tool_parsers.base import ParsedDelta, collect_calls
 from pippin.serving.errors import bad_request
 from pippin.serving.job import ChatJob, PreparedJob, Rendered, prepare, render
@@ -156,10 +158,13 @@ class OllamaRun:
     render: TokenRenderer
     chat: bool  # /api/chat's message objects, else /api/generate's `response`
     started: int  # perf_counter_ns at the request's arrival
+    load_ns: int = 0  # finding the model, loading it if it was not
+    eval_start: int | None = None  # the prompt handed to the engine
     first_ns: int | None = None
     output_ids: list[int] = field(default_factory=list)
 
     async def _steps(self, whole: bool) -> AsyncIterator[ParsedStep]:
+        self.eval_start = time.perf_counter_ns()
         async with closing(self.prepared.loop.events(whole)) as events:
             async for ev in events:
                 if isinstance(ev, ParsedStep):
@@ -195,13 +200,14 @@ class OllamaRun:
         first = self.first_ns or end
         reason = last.finish_reason if last else "stop"
         prompt_ids = self.prepared.prompt_ids
+        # Disjoint spans of [arrival, end], so the total is at least their sum.
         body |= {
             "done": True,
             "done_reason": "length" if reason == "length" else "stop",
             "total_duration": end - self.started,
-            "load_duration": 0,  # the model was loaded already
+            "load_duration": self.load_ns,
             "prompt_eval_count": len(prompt_ids),
-            "prompt_eval_duration": first - self.started,
+            "prompt_eval_duration": first - (self.eval_start or first),
             "eval_count": len(self.output_ids),
             "eval_duration": end - first,
         }
@@ -327,15 +333,41 @@ async def _opened(request: Request, cls: type[RequestT]) -> tuple[int, RequestT,
     return started, req, state
 
 
-async def _model(state: ServerState, req: ChatRequest | GenerateRequest) -> tuple[LiveModel, str]:
-    """The chat model a request names, loaded (its `keep_alive` from now on), with its
-    name in answers."""
+@dataclass
+class _Model:
+    live: LiveModel
+    name: str  # as answers name it
+    load_ns: int  # the time it took to find it, or to load it
+
+
+async def _model(state: ServerState, req: ChatRequest | GenerateRequest) -> _Model:
+    """The chat model a request names, loaded (its `keep_alive` from now on)."""
+    t0 = time.perf_counter_ns()
     live = await chat_model(state, req.model, req.keep_alive)
-    return live, chat_name(state, req.model)
+    return _Model(live, chat_name(state, req.model), time.perf_counter_ns() - t0)
 
 
-def _run(live: LiveModel, prepared: PreparedJob, name: str, chat: bool, started: int) -> OllamaRun:
-    return OllamaRun(prepared, name, live.token_renderer, chat, started)
+def fit_context(job: ChatJob, num_ctx: int | None, prompt_len: int, live: LiveModel) -> None:
+    """`options.num_ctx` below the served context caps this request's: a prompt longer
+    than it is refused naming it (Ollama would cut the prompt), and the answer stops
+    (`done_reason: "length"`) where prompt and answer fill it (Ollama would shift)."""
+    limits = live.limits
+    assert limits is not None
+    if num_ctx is None or num_ctx >= limits.max_model_len:
+        return
+    room = num_ctx - prompt_len
+    if room < 1:
+        raise bad_request(
+            f"the prompt ({prompt_len} tokens) does not fit num_ctx ({num_ctx})",
+            param="options.num_ctx",
+        )
+    bounds = (job.max_tokens, limits.max_tokens_cap, live.defaults.get("max_tokens"))
+    job.max_tokens = min([room, *(b for b in bounds if b is not None and b > 0)])
+
+
+def _run(m: _Model, prepared: PreparedJob, chat: bool, started: int) -> OllamaRun:
+    live = m.live
+    return OllamaRun(prepared, m.name, live.token_renderer, chat, started, load_ns=m.load_ns)
 
 
 @router.post("/api/chat", response_model=None, **ollama_route(ChatRequest, stream=True))
@@ -343,38 +375,73 @@ async def chat(request: Request) -> Any:
     started, req, server = await _opened(request, ChatRequest)
     if not req.messages:
         return await loaded_answer(server, req.model, True, req.keep_alive)
-    live, name = await _model(server, req)
+    m = await _model(server, req)
+    live, name = m.live, m.name
     media = MediaParts()
     messages = template_messages(req.messages, media)
     check_vision(live, media, name)
     tools = [t.model_dump(exclude_none=True) for t in req.tools or []] or None
     job = ollama_job(req, messages, media, tools, think_kwargs(live, req.think, name), chat=True)
-    run = _run(live, await prepare(live, job), name, True, started)
+    rendered = await render(live, job)
+    fit_context(job, context_option(req.options), len(rendered.ids), live)
+    run = _run(m, await prepare(live, job, rendered), True, started)
     return await answer(request, run, req.stream)
+
+
+def _fim_job(req: GenerateRequest, m: _Model, context: list[int]) -> tuple[ChatJob, Rendered]:
+    """`suffix`: the prompt and the suffix in the model's fill-in-the-middle tokens, no
+    template (a model without them: Ollama's 400)."""
+    live = m.live
+    assert live.loaded is not None
+    tokenizer = live.loaded.tokenizer
+    fmt = fim_format(tokenizer)
+    if fmt is None:
+        raise bad_request(f'"{m.name}" does not support insert', param="suffix")
+    for field_name in ("system", "images", "think"):
+        if getattr(req, field_name):
+            raise bad_request(f"{field_name} cannot be sent with suffix", param=field_name)
+    job = ollama_job(req, [], None, None, {}, chat=False)
+    # After a `context`, no BOS (as `raw`).
+    fim = fim_prompt(tokenizer, fmt, req.prompt or "", req.suffix or "", bos=not context)
+    job.sampling.stop_token_ids = fim.stop_token_ids
+    return job, Rendered(context + fim.ids)
 
 
 @router.post("/api/generate", response_model=None, **ollama_route(GenerateRequest, stream=True))
 async def generate(request: Request) -> Any:
     started, req, server = await _opened(request, GenerateRequest)
-    name = chat_name(server, req.model)
     if req.images and req.raw:
         # A raw prompt has no template to place the images in.
         raise bad_request("images cannot be sent with a raw prompt", param="images")
-    if req.suffix:
-        raise bad_request(f'"{name}" does not support insert', param="suffix")
     if req.template:
         raise bad_request(
             "template is not supported by this server: the model's own chat template is used",
             param="template",
         )
-    if not req.prompt and not req.context:
+    if not req.prompt and not req.context and not req.suffix:
         return await loaded_answer(server, req.model, False, req.keep_alive)
-    live, name = await _model(server, req)
+    m = await _model(server, req)
+    live, name = m.live, m.name
     assert live.limits is not None and live.loaded is not None
     context = list(req.context or [])
     bad = next((t for t in context if not 0 <= t < live.limits.vocab_size), None)
     if bad is not None:
         raise bad_request(f"invalid token {bad} in context", param="context")
+    if req.suffix:
+        job, rendered = await asyncio.to_thread(_fim_job, req, m, context)
+    else:
+        job, rendered = await _plain_job(req, live, name, context)
+    fit_context(job, context_option(req.options), len(rendered.ids), live)
+    run = _run(m, await prepare(live, job, rendered), False, started)
+    return await answer(request, run, req.stream)
+
+
+async def _plain_job(
+    req: GenerateRequest, live: LiveModel, name: str, context: list[int]
+) -> tuple[ChatJob, Rendered]:
+    """The prompt as one user turn of the model's template (after `system`), or as
+    written (`raw`), after the `context` ids."""
+    assert live.loaded is not None
     kwargs = think_kwargs(live, req.think, name)
     prompt = req.prompt or ""
     media = MediaParts()
@@ -394,5 +461,4 @@ async def generate(request: Request) -> Any:
     else:
         rendered = await render(live, job)
     rendered.ids = context + rendered.ids
-    run = _run(live, await prepare(live, job, rendered), name, False, started)
-    return await answer(request, run, req.stream)
+    return job, rendered

@@ -1,22 +1,20 @@
 """Ollama's request bodies, and its `options` and `keep_alive` as pippin takes them.
 
-Ollama's server (Go) ignores fields it does not know and logs options it does not know;
-these models do the same, so clients written for any Ollama version work. Every field
-Ollama defines is read here: honoured, or refused with a 400 that names it (see
-docs/api-compatibility.md, "Ollama").
+Ollama's server (Go) ignores fields it does not know; these models do the same, so
+clients written for any Ollama version work. Every field Ollama defines is read here:
+honoured, or refused with a 400 that names it (see docs/api-compatibility.md, "Ollama").
+An option no Ollama version defines is refused by name (Ollama only logs it): a typo in
+`options` would otherwise change nothing without a word.
 """
 
 from __future__ import annotations
 
-import logging
 import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from pippin.serving.errors import bad_request
-
-log = logging.getLogger(__name__)
 
 
 class Lenient(BaseModel):
@@ -127,11 +125,11 @@ SAMPLING = {
 }
 # Set up when Ollama loads a model (llama.cpp's threads, GPU layers, mmap, batch size):
 # pippin's own flags decide these, so they are accepted and have no effect, as Ollama
-# leaves them when the model is already loaded with other values.
+# leaves them when the model is already loaded with other values. (`num_ctx` is not
+# here: it caps the request's context, `context_option`.)
 LOAD_TIME = frozenset(
     {
         "numa",
-        "num_ctx",
         "num_batch",
         "num_gpu",
         "main_gpu",
@@ -144,6 +142,10 @@ LOAD_TIME = frozenset(
         "embedding_only",
         "num_thread",
         "num_keep",  # what a context shift keeps; pippin never shifts (it refuses)
+        # Load-time options of older Ollama versions, which older clients still send.
+        "num_gqa",
+        "rope_frequency_base",
+        "rope_frequency_scale",
     }
 )
 # Sampling options today's Ollama no longer implements (its engines ignore them).
@@ -179,6 +181,8 @@ def sampling_options(options: dict[str, Any] | None) -> tuple[dict[str, Any], in
             out[key] = _number(opts, key, int)
         elif key in SAMPLING:
             out[SAMPLING[key]] = _number(opts, key, float)
+        elif key == "num_ctx":
+            context_option(opts)
         elif key == "num_predict":
             n = _number(opts, key, int)
             if n < -2 or n == 0:
@@ -205,7 +209,7 @@ def sampling_options(options: dict[str, Any] | None) -> tuple[dict[str, Any], in
                     param="options.repeat_last_n",
                 )
         else:
-            log.warning("invalid option provided: %s", key)  # as Ollama: logged, ignored
+            raise bad_request(f'invalid option provided: "{key}"', param=f"options.{key}")
     if "temperature" in out and not 0 <= out["temperature"] <= 2:
         raise bad_request('option "temperature" must be in [0, 2]', param="options.temperature")
     if "top_p" in out and not 0 <= out["top_p"] <= 1:
@@ -217,6 +221,16 @@ def sampling_options(options: dict[str, Any] | None) -> tuple[dict[str, Any], in
     if "seed" in out and out["seed"] < 0:
         del out["seed"]  # Ollama's -1: a random seed
     return out, num_predict
+
+
+def context_option(options: dict[str, Any] | None) -> int | None:
+    """`num_ctx`: the context this request may fill (prompt and answer), None if not set."""
+    if not options or options.get("num_ctx") is None:
+        return None
+    n = _number(options, "num_ctx", int)
+    if n < 1:
+        raise bad_request('option "num_ctx" must be >= 1', param="options.num_ctx")
+    return n
 
 
 # --- keep_alive ----------------------------------------------------------------

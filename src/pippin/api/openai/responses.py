@@ -7,6 +7,9 @@ output items and the stream's events. The non-streamed answer is the last event 
 same run, so a streamed response always adds up to the non-streamed one.
 
 Stored responses live in memory (`ResponseStore`, least recently used first out).
+Streamed and background responses run as tasks apart from their request
+(`responses_live`), so that they can be cancelled and background ones polled; the routes
+of stored responses (GET, DELETE, cancel, input items) are in `responses_objects`.
 """
 
 from __future__ import annotations
@@ -25,13 +28,10 @@ from pippin.api.common import (
     SSE_HEADERS,
     cancel_on_disconnect,
     get_state,
-    obfuscation,
     parse_request,
-    typed_sse,
 )
 from pippin.api.openai.responses_input import (
     Conversation,
-    check_includes,
     current_turn_only,
     echo_tools,
     listed_tool,
@@ -43,25 +43,26 @@ from pippin.api.openai.responses_input import (
     template_messages,
     template_tools,
 )
+from pippin.api.openai.responses_live import LiveResponse, get_live
+from pippin.api.openai.responses_objects import router as objects_router
+from pippin.api.openai.responses_objects import with_ids
 from pippin.api.openai.responses_output import OutputItems, new_id
 from pippin.api.openai.responses_protocol import (
     InputItem,
     MessageItem,
     ResponsesRequest,
 )
-from pippin.api.openai.responses_store import ResponseStore, StoredResponse, get_store, not_found
+from pippin.api.openai.responses_store import ResponseStore, StoredResponse, get_store
 from pippin.api.openapi import openai_route
 from pippin.serving.errors import (
     ApiError,
     bad_request,
-    unsupported_param,
     unsupported_value,
 )
 from pippin.serving.job import ChatJob, PreparedJob, prepare
 from pippin.serving.live_model import LiveModel
 from pippin.serving.sampling import Sampling
 from pippin.serving.state import ServerState, check_model, use_model
-from pippin.serving.streams import guarded
 from pippin.serving.tool_loop import (
     ApprovalNeeded,
     CallFinished,
@@ -69,6 +70,7 @@ from pippin.serving.tool_loop import (
 )
 
 router = APIRouter()
+router.include_router(objects_router)
 
 _ITEM_ADAPTER: TypeAdapter[Any] = TypeAdapter(InputItem)
 
@@ -96,7 +98,7 @@ class ResponseRun:
     # The conversation before this response's output (stored with it when asked to).
     conversation: list[Any]
     store: ResponseStore | None
-    obfuscate: bool = False
+    background: bool = False
     created_at: int = field(default_factory=lambda: int(time.time()))
     usage: dict[str, Any] | None = None
     output: OutputItems | None = None
@@ -114,7 +116,7 @@ class ResponseRun:
             "object": "response",
             "created_at": self.created_at,
             "status": status,
-            "background": False,
+            "background": self.background,
             "completed_at": int(time.time()) if status == "completed" else None,
             "error": None,
             "incomplete_details": None,
@@ -129,7 +131,11 @@ class ResponseRun:
         `whole`: only the last is answered (a call cut off comes back as text).
 
         Engine failures raise (as ApiError)."""
-        yield {"type": "response.created", "response": self.body("in_progress")}
+        if self.background:  # as OpenAI: queued first
+            yield {"type": "response.created", "response": self.body("queued")}
+            yield {"type": "response.queued", "response": self.body("queued")}
+        else:
+            yield {"type": "response.created", "response": self.body("in_progress")}
         yield {"type": "response.in_progress", "response": self.body("in_progress")}
         loop = self.prepared.loop
         out = self.output = OutputItems(loop)
@@ -160,43 +166,31 @@ class ResponseRun:
             body = self.body("incomplete", incomplete_details={"reason": "max_output_tokens"})
         else:
             body = self.body("completed")
-        self._save(body)
+        self.save(body)
         yield {"type": f"response.{body['status']}", "response": body}
 
-    def _save(self, body: dict[str, Any]) -> None:
+    def cancelled(self) -> list[dict[str, Any]]:
+        """The events that end a run stopped by `cancel` (its open item cut short); the
+        cancelled response is stored. The stream's event types (the SDK's) have none for
+        a cancelled response: it ends with `response.incomplete`, whose response says
+        `cancelled`."""
+        events = self.output.close("incomplete") if self.output is not None else []
+        body = self.body("cancelled")
+        self.save(body)
+        return [*events, {"type": "response.incomplete", "response": body}]
+
+    def save(self, body: dict[str, Any]) -> None:
         if self.store is None:
             return
         items = [_ITEM_ADAPTER.validate_python(i, strict=True) for i in body["output"]]
-        self.store.put(self.id, StoredResponse(body, [*self.conversation, *items]))
+        stored = StoredResponse(body, [*self.conversation, *items], len(self.conversation))
+        self.store.put(self.id, stored)
 
     async def collect(self) -> dict[str, Any]:
         last: dict[str, Any] = {}
         async for event in self.events(whole=True):
             last = event
         return last["response"]
-
-    def stream(self) -> AsyncIterator[str]:
-        """Server-sent events with `event:` lines and sequence numbers; a failure midway
-        ends the stream with `response.failed`."""
-        seq = 0
-
-        def frame(event: dict[str, Any]) -> str:
-            nonlocal seq
-            event["sequence_number"] = seq
-            seq += 1
-            if self.obfuscate and event["type"].endswith(".delta"):
-                event["obfuscation"] = obfuscation()
-            return typed_sse(event)
-
-        async def framed() -> AsyncIterator[str]:
-            async for event in self.events():
-                yield frame(event)
-
-        def failed(err: ApiError) -> str:
-            error = {"code": "server_error", "message": err.message}
-            return frame({"type": "response.failed", "response": self.body("failed", error=error)})
-
-        return guarded(framed(), failed)
 
 
 # --- routes ------------------------------------------------------------------------
@@ -299,7 +293,7 @@ def response_job(
         media=conv.media,
         tools=tools,
         mcp=mcp,
-        sampling=Sampling(temperature=req.temperature, top_p=req.top_p),
+        sampling=Sampling(temperature=req.temperature, top_p=req.top_p, priority=req.priority),
         max_tokens=req.max_output_tokens,
         max_tokens_param="max_output_tokens",
         messages_param="input",
@@ -324,9 +318,9 @@ async def create_response(request: Request) -> Any:
     run = ResponseRun(
         await prepare(live, job),
         echo=_echo(req, live),
-        conversation=conversation,
+        conversation=with_ids(conversation),
         store=store if req.store is not False else None,
-        obfuscate=bool(req.stream_options and req.stream_options.include_obfuscation),
+        background=bool(req.background),
     )
     if job.mcp is not None:
         # As OpenAI: a server's tools are listed once in a conversation.
@@ -335,27 +329,14 @@ async def create_response(request: Request) -> Any:
             for label in job.mcp.servers
             if label not in conv.listed
         ]
-    if req.stream:
-        return StreamingResponse(run.stream(), media_type="text/event-stream", headers=SSE_HEADERS)
-    return JSONResponse(await cancel_on_disconnect(request.receive, run.collect()))
-
-
-@router.get("/v1/responses/{response_id}", **openai_route())
-async def retrieve_response(
-    response_id: str, request: Request, stream: bool | None = None
-) -> dict[str, Any]:
-    if stream:
-        raise unsupported_param("stream", "Stored responses cannot be streamed again.")
-    query = request.query_params
-    check_includes([*query.getlist("include"), *query.getlist("include[]")])
-    stored = get_store(request).get(response_id)
-    if stored is None:
-        raise not_found(response_id)
-    return stored.body
-
-
-@router.delete("/v1/responses/{response_id}", **openai_route())
-async def delete_response(response_id: str, request: Request) -> dict[str, Any]:
-    if not get_store(request).delete(response_id):
-        raise not_found(response_id)
-    return {"id": response_id, "object": "response.deleted", "deleted": True}
+    if not (req.stream or req.background):
+        return JSONResponse(await cancel_on_disconnect(request.receive, run.collect()))
+    running = LiveResponse(run, background=run.background)
+    # A background run not streamed ends as `collect`'s (a call cut off as text).
+    get_live(request).start(running, whole=not req.stream)
+    if not req.stream:
+        return JSONResponse(run.body("queued"))
+    obfuscate = bool(req.stream_options and req.stream_options.include_obfuscation)
+    return StreamingResponse(
+        running.sse(obfuscate=obfuscate), media_type="text/event-stream", headers=SSE_HEADERS
+    )

@@ -79,10 +79,16 @@ def current_turn_only(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def reject_unsupported(req: ResponsesRequest) -> None:
     """Fields of the API reference that pippin cannot honour (yet) -> 400 by name."""
-    if req.background:
-        raise unsupported_value("background", "Background responses are not supported.")
+    if req.background and req.store is False:
+        # As OpenAI: a background response is polled, so it must be stored.
+        raise bad_request(
+            "Background responses must be stored: 'background': true cannot be used with "
+            "'store': false.",
+            param="background",
+            code="invalid_value",
+        )
     for name, why in (
-        ("background_options", "Background responses are not supported."),
+        ("background_options", "Background options are not supported."),
         ("conversation", "Conversations are not available; use 'previous_response_id'."),
         ("prompt", "Reusable prompts are not available."),
         ("context_management", "Context management is not available."),

@@ -1,11 +1,13 @@
 """Stored responses: in memory, bounded by count, least recently used first out; what
-`previous_response_id` and item references read, and GET and DELETE serve."""
+`previous_response_id` and item references read, and the routes of `responses_objects`
+serve."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Request
 
@@ -29,6 +31,8 @@ class StoredResponse:
     # The conversation up to and including this response's output (instructions aside:
     # as OpenAI, they are not carried over to the next response).
     conversation: list[Any]
+    # How many of those items came before the output: the response's input items.
+    inputs: int = 0
 
 
 class ResponseStore:
@@ -62,12 +66,21 @@ class ResponseStore:
         return None
 
 
-def get_store(request: Request) -> ResponseStore:
+T = TypeVar("T")
+
+
+def app_object(request: Request, name: str, make: Callable[[], T]) -> T:
+    """The app's one `name` object, made on first use."""
     app_state = request.app.state
-    store = getattr(app_state, "responses_store", None)
-    if store is None:
-        store = app_state.responses_store = ResponseStore()
-    return store
+    obj = getattr(app_state, name, None)
+    if obj is None:
+        obj = make()
+        setattr(app_state, name, obj)
+    return obj
+
+
+def get_store(request: Request) -> ResponseStore:
+    return app_object(request, "responses_store", ResponseStore)
 
 
 def not_found(response_id: str, param: str | None = None) -> ApiError:
