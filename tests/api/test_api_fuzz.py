@@ -99,7 +99,8 @@ def no_server_error(ctx: Any, response: Any, case: Any) -> bool | None:
 # The document the server serves, built without a model (test_openapi_is_what_is_served
 # holds the two equal).
 DOC = create_app(ServerSettings(), load_model=False).openapi()
-schema = schemathesis.openapi.from_dict(DOC)
+# POST /sleep would leave the server asleep, every later generation a 503 (test_api_sleep).
+schema = schemathesis.openapi.from_dict(DOC).exclude(path="/sleep")
 schema.config.generation.update(max_examples=int(os.environ.get("PIPPIN_FUZZ_EXAMPLES", "12")))
 schema.config.phases.coverage.enabled = os.environ.get("PIPPIN_FUZZ_COVERAGE") == "1"
 

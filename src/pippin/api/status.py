@@ -25,6 +25,9 @@ async def health(request: Request) -> JSONResponse:
     embed_ok = state.embed is None or state.embed.ready
     if state.admission.draining:  # SIGTERM: a load balancer should move on
         return JSONResponse({"status": "draining"}, status_code=503)
+    if state.registry is not None and state.registry.sleep_level:
+        # Up, as vLLM's /health is while asleep; generation requests get 503 meanwhile.
+        return JSONResponse({"status": "sleeping"})
     if models_ok and embed_ok:
         return JSONResponse({"status": "ok"})
     return JSONResponse({"status": "unavailable"}, status_code=503)

@@ -10,6 +10,7 @@ from pippin.argtypes import non_negative_int, positive_float, positive_int
 from pippin.engine.config import BACKENDS as TP_BACKENDS
 from pippin.engine.config import (
     BATCHED_TOKENS_CUDA,
+    SCHEDULING_POLICIES,
     STREAM_BATCH,
     STREAM_INTERVAL_S,
     EngineConfig,
@@ -101,6 +102,16 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=EngineConfig.max_num_seqs,
         help="most sequences decoded together in one batch (default: %(default)s)",
+    )
+    e.add_argument(
+        "--scheduling-policy",
+        choices=SCHEDULING_POLICIES,
+        default=EngineConfig.scheduling_policy,
+        help="the order requests are served in: fcfs (first come, first served; a request "
+        "with a non-zero 'priority' gets 400) or priority (by each request's 'priority', "
+        "lower first, then arrival; a waiting request that finds no KV blocks or batch "
+        "slot preempts running ones of a larger value, which resume where they were) "
+        "(vLLM's flag) (default: %(default)s)",
     )
     e.add_argument(
         "--max-model-len",
@@ -363,6 +374,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     _check_draft_model(args.speculative_config)
     return EngineConfig(
         max_num_seqs=args.max_num_seqs,
+        scheduling_policy=args.scheduling_policy,
         max_model_len=args.max_model_len,
         # 0 is vllm-mlx's "chunked prefill off"; pippin always chunks, at the default size.
         max_num_batched_tokens=args.prefill_step_size or default_batched_tokens(),

@@ -50,7 +50,8 @@ the bundled SmolLM2-135M-Instruct). Routes:
   web page    / (live metrics and a chat playground)
   operations  /health, /version, /metrics (Prometheus), /v1/engine/stats,
               /openapi.json, GET /v1/cache/stats and DELETE /v1/cache (the prefix
-              cache), /v1/mcp/servers"""
+              cache), /v1/mcp/servers; POST /sleep, POST /wake_up, GET /is_sleeping
+              (vLLM's sleep mode)"""
 
 
 class _StoreOnce(argparse._StoreAction):

@@ -13,7 +13,10 @@ from typing import Any, Protocol
 
 from pippin.engine.types import EngineError, RequestOutput, SamplingParams
 
-__all__ = ["EngineClient", "EngineError"]
+__all__ = ["SLEEP_TAGS", "EngineClient", "EngineError"]
+
+# What sleep mode puts to sleep and wakes (vLLM's tags of /wake_up).
+SLEEP_TAGS = frozenset({"weights", "kv_cache"})
 
 
 class EngineClient(Protocol):
@@ -82,3 +85,13 @@ class EngineClient(Protocol):
         """Stop serving ``name`` between two steps. Raises ``EngineError`` while a
         request (waiting or running) uses it, or if it is not loaded; nothing changes
         then."""
+
+    async def sleep(self, tags: frozenset[str], abort: bool) -> None:
+        """Put ``tags`` to sleep between two steps (`pippin.engine.sleep`): "kv_cache"
+        frees the KV pool (the prefix cache in memory empties), "weights" moves the
+        weights to host memory on a GPU. With ``abort`` the running requests end first
+        (their streams with an ``error``); without, ``EngineError`` while any runs.
+        Requests are refused until `wake_up` has brought every tag back."""
+
+    async def wake_up(self, tags: frozenset[str]) -> None:
+        """Bring ``tags`` back from sleep (a tag awake already is a no-op)."""

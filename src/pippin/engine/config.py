@@ -43,6 +43,9 @@ class TPConfig:
         return "nccl" if mx.cuda.is_available() else "ring"
 
 
+# --scheduling-policy: vLLM's two (`pippin.engine.scheduler`).
+SCHEDULING_POLICIES = ("fcfs", "priority")
+
 # The proposal methods of vLLM's `--speculative-config` that pippin runs; "mtp": the
 # checkpoint's own multi-token-prediction layers (`pippin.engine.mtp`).
 SPEC_METHODS = ("ngram", "draft_model", "mtp")
@@ -165,6 +168,9 @@ class EngineConfig:
     # --request-timeout: a request still running (queued or generating) this long after
     # it was submitted is ended with an error and its blocks freed (None: no limit).
     request_timeout_s: float | None = None
+    # --scheduling-policy: "fcfs" (arrival order) or "priority" (`SamplingParams.priority`
+    # orders the queues and lets urgent requests preempt others; `pippin.engine.scheduler`).
+    scheduling_policy: str = "fcfs"
     # Speculative decoding (--speculative-config; None: off).
     speculative: SpeculativeConfig | None = None
     # The kernels and pippin's changes to mlx-lm's model code (`pippin.kernels.patches`);

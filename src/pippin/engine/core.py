@@ -13,6 +13,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from pippin.engine import prompt_logprobs
 from pippin.engine.block_manager import BlockManager
 from pippin.engine.cache_tiers import CacheTiers
 from pippin.engine.config import MIN_BUFFER_CACHE, EngineConfig, SpeculativeConfig
@@ -157,10 +158,12 @@ class EngineCore:
             self.max_model_len,
             tiers=self.tiers,
             snapshots=self.snapshots,
+            policy=config.scheduling_policy,
         )
         # The step launched last and not yet turned into outputs: its sequences, and
         # its sampled rows in groups (the unconstrained ones, then the constrained ones).
         self._inflight: tuple[list[ScheduledSeq], list[Sampled]] | None = None
+        self._scores: list[mx.array] = []  # the last `_forward`'s prompt logprobs
         self.eos_ids = set(loaded.eos_token_ids)
         self.grammar = GrammarMasks(self.eos_ids)
         self.outputs = OutputProcessor(loaded.tokenizer, self.eos_ids, self.max_model_len)
@@ -173,6 +176,9 @@ class EngineCore:
         # Outputs of a step that raised after finishing the one in flight (see `step`).
         self._unsent: list[RequestOutput] = []
         self.failed_steps = {"out_of_memory": 0, "other": 0}
+        # Sleep mode (`pippin.engine.sleep`): what sleeps, and the weights on the host.
+        self.asleep: frozenset[str] = frozenset()
+        self.host_weights: list[Any] | None = None
         self.spec: Speculator | None = None
         if config.speculative is not None:
             self.spec = Speculator(config.speculative, draft)
@@ -227,12 +233,16 @@ class EngineCore:
 
     # -- requests ---------------------------------------------------------
     def check(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        if self.asleep:
+            raise EngineError("the engine is asleep")
         check_prompt(prompt_ids, self.max_model_len)
         if params.mm is not None:
             if self.vision is None:
                 raise EngineError("this model does not take images")
             if any(im.end > len(prompt_ids) for im in params.mm.images):
                 raise EngineError("an image's tokens lie outside the prompt")
+        if params.prompt_logprobs is not None and self.config.tensor_parallel is not None:
+            raise EngineError("prompt logprobs are not served with tensor parallelism")
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         self.check(prompt_ids, params)
@@ -394,11 +404,18 @@ class EngineCore:
         if sched.empty:
             return outs + self._finish_inflight()
         self.steps += 1
-        if spec is not None and self._inflight is None and spec.propose(self, sched.decodes):
+        # A step that scores prompt positions runs through `_forward`, never speculating.
+        scoring = any(it.seq.scores_prompt for it in sched.prefills)
+        if (
+            spec is not None
+            and not scoring
+            and self._inflight is None
+            and spec.propose(self, sched.decodes)
+        ):
             return outs + spec.step(self, sched)
         everything, sampling, logits_parts = self._forward(sched)
         sampled: list[Sampled] = []
-        to_eval: list = self.runner.arrays_to_eval(everything)
+        to_eval: list = self.runner.arrays_to_eval(everything) + self._scores
         constrained: tuple[mx.array, list[ScheduledSeq]] | None = None
         if sampling:
             logits = logits_parts[0] if len(logits_parts) == 1 else mx.concatenate(logits_parts)
@@ -433,7 +450,8 @@ class EngineCore:
         self, sched: SchedulerOutput
     ) -> tuple[list[ScheduledSeq], list[ScheduledSeq], list[mx.array]]:
         """Launch the step's model calls (decodes, then batches of prefill chunks): every
-        row, the rows that sample, and their logits, one array per call."""
+        row, the rows that sample, and their logits, one array per call. The prompt
+        logprobs' arrays, to evaluate with the step, are left in `_scores`."""
         groups: list[list[ScheduledSeq]] = []
         if sched.decodes:
             groups.append(sched.decodes)
@@ -442,8 +460,14 @@ class EngineCore:
             self.vision.prepare(sched.prefills)  # the tower's step: images these chunks reach
         sampling: list[ScheduledSeq] = []
         logits_parts: list[mx.array] = []
+        scores: list[mx.array] = []
+        self._scores = scores
         for g, items in enumerate(groups):
-            logits = self.runner.forward(items)
+            score = prompt_logprobs.positions(items)
+            logits = self.runner.forward(items, score) if score else self.runner.forward(items)
+            if score:
+                assert self.runner.scored is not None
+                scores += prompt_logprobs.record(items, score, self.runner.scored)
             if self.spec is not None:
                 self.spec.saw(items, self.runner.hidden)
             if self.snapshots is not None:
@@ -456,16 +480,18 @@ class EngineCore:
                 # this call's gathers, which still read them, MLX could not update the
                 # pools in place and would copy every pool whole; launching this call
                 # first keeps the writes in place (and overlaps building the next).
-                mx.async_eval(logits_parts, self.runner.arrays_to_eval(items))
+                mx.async_eval(logits_parts, scores, self.runner.arrays_to_eval(items))
         return [it for g in groups for it in g], sampling, logits_parts
 
     def _needs_sync(self) -> bool:
         # Penalties read the previous token's value, which the step in flight still holds;
-        # so does a reasoning budget about to be spent (the model may end it itself).
+        # so do bad words of several tokens, and a reasoning budget about to be spent (the
+        # model may end it itself).
         return any(
             s.params.repetition_penalty != 1.0
             or s.params.presence_penalty
             or s.params.frequency_penalty
+            or any(len(w) > 1 for w in s.params.bad_words_ids)
             or (s.params.thinking is not None and _budget_near(s))
             for s in self.scheduler.running
         )
@@ -515,11 +541,14 @@ class EngineCore:
 
     def _collect(self, sampling: list[ScheduledSeq]) -> list[RequestOutput]:
         by_req: dict[str, list[CompletionOutput]] = {}
+        prompt_lps: dict[str, list[TokenLogprob | None]] = {}
         for it in sampling:
             seq = it.seq
             req = self.requests.get(seq.request_id)
             if req is None or seq.index in req.done:
                 continue
+            if seq.scores_prompt:
+                prompt_lps[seq.request_id] = prompt_logprobs.take(seq)
             text = self.outputs.take_text(seq)
             token_ids, logprobs = seq.unsent.take()
             out = CompletionOutput(
@@ -542,9 +571,9 @@ class EngineCore:
             finished = len(req.done) == len(req.seqs)
             if finished:
                 del self.requests[rid]
-            results.append(
-                RequestOutput(rid, outs, req.prompt_tokens, req.seqs[0].num_cached, finished)
-            )
+            out = RequestOutput(rid, outs, req.prompt_tokens, req.seqs[0].num_cached, finished)
+            out.prompt_logprobs = prompt_lps.get(rid)
+            results.append(out)
         return results
 
     def stats(self) -> dict[str, int]:
@@ -565,6 +594,7 @@ class EngineCore:
             "mlx_cache_bytes": mx.get_cache_memory(),
             "weight_bytes": self.weight_bytes,
             "kv_bytes": self.kv_bytes,
+            "sleeping": int(bool(self.asleep)),
             **(self.snapshots.stats() if self.snapshots is not None else {}),
             **(self.vision.stats() if self.vision is not None else {}),
             **(self.spec.stats() if self.spec is not None else {}),

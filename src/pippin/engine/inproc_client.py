@@ -100,6 +100,12 @@ class InprocClient:
     async def remove_lora(self, name: str) -> None:
         await self._loras.remove(name)
 
+    async def sleep(self, tags: frozenset[str], abort: bool) -> None:
+        await self._call("sleep", tags, abort)
+
+    async def wake_up(self, tags: frozenset[str]) -> None:
+        await self._call("wake_up", tags)
+
     async def _call(self, name: str, *args: Any) -> Any:
         if not self.ready:
             raise EngineError("the engine is not running")

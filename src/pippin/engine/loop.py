@@ -13,10 +13,12 @@ import logging
 import queue
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 
+from pippin.engine import sleep
 from pippin.engine.config import STREAM_BATCH, STREAM_INTERVAL_S, EngineConfig
 from pippin.engine.core import EngineCore, step_error
 from pippin.engine.observer import EngineObserver
@@ -29,6 +31,15 @@ log = logging.getLogger(__name__)
 # reader wakes it sooner).
 _PROMOTION_WAIT_S = 0.05
 
+
+@dataclass
+class WithOutputs:
+    """A call's result, and the outputs of requests it ended (delivered as any others)."""
+
+    value: Any
+    outputs: list[RequestOutput]
+
+
 # What a client may run on the engine thread between steps, by name (an engine process
 # gets them by name over its pipe).
 CALLS: dict[str, Callable[..., Any]] = {
@@ -36,6 +47,8 @@ CALLS: dict[str, Callable[..., Any]] = {
     "clear_cache": lambda core, tier: core.tiers.clear(tier),
     "add_lora": lambda core, name, path: core.add_lora(name, path),
     "remove_lora": lambda core, name: core.remove_lora(name),
+    "sleep": lambda core, tags, abort: WithOutputs(*sleep.put_to_sleep(core, tags, abort)),
+    "wake_up": lambda core, tags: sleep.wake(core, tags),
 }
 
 # reply(ok, value): a call's result, or its error message when not ok.
@@ -182,6 +195,9 @@ class EngineLoop:
                 except Exception as e:
                     reply(False, f"{type(e).__name__}: {e}")
                 else:
+                    if isinstance(result, WithOutputs):
+                        outs.extend(result.outputs)
+                        result = result.value
                     reply(True, result)
         # Ends (aborts, refusals) are never held back: they go out now, after anything
         # held back for their requests.

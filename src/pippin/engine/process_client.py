@@ -220,6 +220,13 @@ class ProcessClient:
     async def remove_lora(self, name: str) -> None:
         await self._loras.remove(name)
 
+    async def sleep(self, tags: frozenset[str], abort: bool) -> None:
+        # Its stats travel with outputs; none come while it sleeps.
+        self._stats = await self._call("sleep", tags, abort)
+
+    async def wake_up(self, tags: frozenset[str]) -> None:
+        self._stats = await self._call("wake_up", tags)
+
     async def _reload_loras(self, wanted: dict[str, str]) -> None:
         for name, path in wanted.items():
             try:

@@ -49,6 +49,10 @@ def _scatter_rows(
                 add_r.append(r)
                 add_c.append(tok)
                 add_v.append(NEG_INF)
+        for tok in _banned(p.bad_words_ids, s.output_ids):
+            add_r.append(r)
+            add_c.append(tok)
+            add_v.append(NEG_INF)
         if (p.presence_penalty or p.frequency_penalty) and s.output_ids:
             ids, counts = np.unique(np.asarray(s.output_ids), return_counts=True)
             add_r.extend([r] * len(ids))
@@ -60,6 +64,28 @@ def _scatter_rows(
             rep_c.extend(ids.tolist())
             rep_v.extend([p.repetition_penalty] * len(ids))
     return add_r, add_c, add_v, rep_r, rep_c, rep_v
+
+
+def _banned(words: list[list[int]], output: list[int]) -> set[int]:
+    """vLLM's bad words: each word's last token, where the output ends with the others."""
+    out: set[int] = set()
+    for w in words:
+        head = w[:-1]
+        if not head or output[-len(head) :] == head:
+            out.add(w[-1])
+    return out
+
+
+def _allowed_rows(seqs: Seq[Any], vocab: int) -> tuple[list[int], np.ndarray] | None:
+    """The rows with `allowed_token_ids` and their masks ([rows, vocab] bool)."""
+    rows = [r for r, s in enumerate(seqs) if s.params.allowed_token_ids]
+    if not rows:
+        return None
+    mask = np.zeros((len(rows), vocab), dtype=bool)
+    for i, r in enumerate(rows):
+        ids = [t for t in seqs[r].params.allowed_token_ids if 0 <= t < vocab]
+        mask[i, ids] = True
+    return rows, mask
 
 
 def _seed_key(seq: Sequence) -> mx.array:
@@ -119,8 +145,9 @@ def sample(
 def adjust(
     logits: mx.array, seqs: Seq[Any], eos_ids: set[int], allowed: mx.array | None = None
 ) -> tuple[mx.array, bool]:
-    """Float32 logits with each row's penalties, logit bias, min_tokens and grammar mask
-    applied (what logprobs are computed from), and whether any of those changed them."""
+    """Float32 logits with each row's penalties, logit bias, min_tokens, bad words,
+    allowed tokens and grammar mask applied (what logprobs are computed from), and whether
+    any of those changed them."""
     vocab = logits.shape[-1]
     logits = logits.astype(mx.float32)
     add_r, add_c, add_v, rep_r, rep_c, rep_v = _scatter_rows(seqs, eos_ids)
@@ -134,9 +161,13 @@ def adjust(
         rr = mx.array([add_r[i] for i in valid])
         rc = mx.array([add_c[i] for i in valid])
         logits = logits.at[rr, rc].add(mx.array([add_v[i] for i in valid]))
+    only = _allowed_rows(seqs, vocab)
+    if only is not None:
+        ridx = mx.array(only[0])
+        logits[ridx] = mx.where(mx.array(only[1]), logits[ridx], NEG_INF)
     if allowed is not None:
         logits = mx.where(allowed, logits, NEG_INF)
-    return logits, bool(add_r or rep_r or allowed is not None)
+    return logits, bool(add_r or rep_r or only is not None or allowed is not None)
 
 
 def shaped(logits: mx.array, seqs: Seq[Any]) -> mx.array:

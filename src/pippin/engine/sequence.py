@@ -96,6 +96,16 @@ class Sequence:
     # which salts its blocks' keys: adapters never share KV).
     lora: int = 0
     lora_key: str | None = None
+    # Prompt logprobs (`params.prompt_logprobs`, first sequence only): each prefill
+    # chunk's scores, lazy (`pippin.engine.prompt_logprobs.Chunk`), until sent.
+    prompt_chunks: list[Any] = field(default_factory=list)
+    prompt_sent: bool = False
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Whether its prefill keeps every position's logprobs (and so skips the prefix
+        cache: cached blocks have no logits)."""
+        return self.params.prompt_logprobs is not None and self.index == 0 and not self.prompt_sent
 
     @property
     def all_ids(self) -> list[int]:

@@ -50,6 +50,16 @@ class SamplingParams:
     # The LoRA adapter the request runs with, by the name it was loaded under
     # (`EngineClient.add_lora`); None: the base model alone.
     lora: str | None = None
+    # Under --scheduling-policy priority: lower values are served first (vLLM's meaning).
+    priority: int = 0
+    # vLLM's prompt_logprobs: each prompt token's logprob and the top k alternatives
+    # (the prompt is then computed whole, never served from the prefix cache).
+    prompt_logprobs: int | None = None
+    # vLLM's allowed_token_ids: only these may be sampled (empty: any).
+    allowed_token_ids: frozenset[int] = frozenset()
+    # vLLM's bad_words, tokenized: a sequence's last token is banned where the output
+    # ends with the ones before it.
+    bad_words_ids: list[list[int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -67,6 +77,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: list[tuple[int, float]] = field(default_factory=list)
+    rank: int | None = None  # 1 + how many tokens were likelier (prompt logprobs)
 
 
 @dataclass
@@ -93,6 +104,9 @@ class RequestOutput:
     # Why, when the front ended it rather than the engine: "timeout" (--request-timeout)
     # or "slow_reader" (its client left too much output unread).
     error_kind: str | None = None
+    # With `SamplingParams.prompt_logprobs`, on the request's first output: one per
+    # prompt token, None for the first (nothing precedes it).
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     def then(self, later: RequestOutput) -> RequestOutput:
         """This delta followed by `later`, as one delta (for a reader that fell behind)."""
@@ -121,4 +135,5 @@ class RequestOutput:
             later.finished,
             later.error or self.error,
             later.error_kind or self.error_kind,
+            self.prompt_logprobs or later.prompt_logprobs,
         )

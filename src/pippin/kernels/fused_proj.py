@@ -49,6 +49,16 @@ class Shared:
         self.due: set[int] = set()  # parts yet to take their slice of y
         self.fuse = True
 
+    def rebind(self) -> None:
+        """The parts' own layers made views of the fused layer's arrays again, after those
+        were replaced (sleep mode moves them to the host and back): the old views would
+        keep the old buffers alive."""
+        arrays = _arrays(self.fused)
+        self.alone = [
+            _layer(self.fused, {k: v[a:b] for k, v in arrays.items()}) for a, b in self.bounds
+        ]
+        self.x = self.y = None
+
     def __call__(self, i: int, x: mx.array) -> mx.array:
         a, b = self.bounds[i]
         if self.y is not None:

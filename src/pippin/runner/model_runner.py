@@ -135,6 +135,8 @@ class ModelRunner:
         # reads the target's (`pippin.engine.mtp`).
         self.keep_hidden = False
         self.hidden: mx.array | None = None
+        # The scored positions' logits of the last call (`forward`'s `score`), lazy.
+        self.scored: mx.array | None = None
         # LoRA adapters applied per row (`pippin.runner.lora`), once the first is added.
         self.lora: LoraSet | None = None
 
@@ -380,14 +382,18 @@ class ModelRunner:
             self.pools[i].write(slots, parts[k : k + n])
             k += n
 
-    def forward(self, items: list[RunItem]) -> mx.array | None:
+    def forward(self, items: list[RunItem], score: dict[int, int] | None = None) -> mx.array | None:
         """Compute `items` (one row each) and return the logits of the rows that sample,
-        in order, as [n, vocab]; None if no row samples."""
+        in order, as [n, vocab]; None if no row samples.
+
+        `score` (prompt logprobs): row -> how many of its first positions also keep
+        their logits, left in `scored` ([positions, vocab], by row then position)."""
+        self.scored = None
         starts = [it.start for it in items]
         lengths = [it.length for it in items]
         tables = [it.seq.table.block_ids for it in items]
         L = max(lengths)
-        compiled = self.graph is not None and L == 1 and not self.keep_hidden
+        compiled = self.graph is not None and L == 1 and not self.keep_hidden and not score
         B = len(items)
         tokens = np.zeros((self.graph.rows(B) if compiled else B, L), dtype=np.int32)
         lazy: list[tuple[int, mx.array, int]] = []
@@ -444,17 +450,23 @@ class ModelRunner:
             rows, cols = _verify_positions(items, rows)
         else:
             cols = [lengths[b] - 1 for b in rows]
+        # The scored positions follow the sampling ones through the LM head.
+        score_rows = [b for b, n in (score or {}).items() for _ in range(n)]
+        score_cols = [c for n in (score or {}).values() for c in range(n)]
+        sel_rows, sel_cols = rows + score_rows, cols + score_cols
+        selected = self.head is not None and bool(sel_rows) and L > 1
         extra = self.step_inputs(items, inputs) if self.step_inputs is not None else {}
         with cpu_prefill.in_runner(), self._lora_rows(lora, B):
             if self.keep_hidden:
                 # The LM head sees the positions it would see through `self.head`.
-                sel = (rows, cols) if self.head is not None and rows and L > 1 else ([], [])
+                sel = (sel_rows, sel_cols) if selected else ([], [])
                 with head_rows.capture(self.model, *sel, (B, L)) as captured:
                     logits = self.model(inputs, cache=caches, **extra)
                 self.hidden = captured.hidden
-            elif self.head is not None and rows and L > 1:
-                # Only the sampling positions go through the LM head.
-                with self.head.select(rows, cols, (B, L)):
+            elif selected:
+                # Only the sampling (and scored) positions go through the LM head.
+                assert self.head is not None
+                with self.head.select(sel_rows, sel_cols, (B, L)):
                     logits = self.model(inputs, cache=caches, **extra)
             else:
                 logits = self.model(inputs, cache=caches, **extra)
@@ -466,12 +478,16 @@ class ModelRunner:
                         it.seq.recurrent = [None] * len(self.slots)
                     it.seq.recurrent[i] = row
 
+        if selected and logits.shape[:2] == (len(sel_rows), 1):  # the head ran on those
+            if score_rows:
+                self.scored = logits[len(rows) :, 0]
+            return logits[: len(rows), 0] if rows else None
+        if score_rows:
+            self.scored = logits[mx.array(score_rows), mx.array(score_cols)]
         if not rows:
             return None
         if L == 1:
             return logits[mx.array(rows), 0] if len(rows) < len(items) else logits[:, 0]
-        if logits.shape[:2] == (len(rows), 1) and self.head is not None:
-            return logits[:, 0]
         return logits[mx.array(rows), mx.array(cols)]
 
     def _lora_rows(self, slots: list[int] | None, rows: int) -> Any:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi import FastAPI, Request, Response
 
 from pippin import __version__
-from pippin.api import cache_control, mcp_routes, rerank, status
+from pippin.api import cache_control, mcp_routes, rerank, sleep_mode, status
 from pippin.api.anthropic import messages as anthropic_messages
 from pippin.api.errors import install_error_handlers
 from pippin.api.ollama import chat as ollama_chat
@@ -21,6 +21,7 @@ from pippin.api.openai import lora as openai_lora
 from pippin.api.openai import models as openai_models
 from pippin.api.openai import responses as openai_responses
 from pippin.api.openai import speech as openai_speech
+from pippin.api.openai import tokenize as openai_tokenize
 from pippin.api.openai import transcriptions as openai_transcriptions
 from pippin.api.openapi import install_openapi, openai_route
 from pippin.obs.metrics import CONTENT_TYPE, Metrics
@@ -57,6 +58,7 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
         status.router,
         openai_chat.router,
         openai_completions.router,
+        openai_tokenize.router,
         anthropic_messages.router,
         openai_responses.router,
         openai_embeddings.router,
@@ -69,6 +71,7 @@ def create_app(settings: ServerSettings, *, load_model: bool = True) -> FastAPI:
         ollama_pull.router,
         ollama_manage.router,
         cache_control.router,
+        sleep_mode.router,
         mcp_routes.router,
         web_router,
     )

@@ -50,3 +50,10 @@ def unsupported_value(param: str, message: str) -> ApiError:
 
 def server_error(message: str, code: str | None = None, status: int = 500) -> ApiError:
     return ApiError(status, message, type="server_error", code=code)
+
+
+def retry_later(message: str, code: str, retry_after: int) -> ApiError:
+    """A 503 that tells the client when to try again (``Retry-After``, seconds)."""
+    return ApiError(
+        503, message, type="server_error", code=code, headers={"Retry-After": str(retry_after)}
+    )

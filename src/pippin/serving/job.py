@@ -19,6 +19,7 @@ from pippin.chat.tool_parsers.base import random_call_id
 from pippin.engine.client import EngineClient, EngineError
 from pippin.engine.types import SamplingParams
 from pippin.serving.errors import ApiError, bad_request
+from pippin.serving.limits import truncate_prompt
 from pippin.serving.live_model import LiveModel
 from pippin.serving.pipeline import NewParser, output_parsing, render_media_prompt
 from pippin.serving.sampling import Sampling, build_sampling_params, resolve_max_tokens
@@ -76,6 +77,8 @@ class ChatJob:
     )
     # A context overflow as the API words it (Responses' truncation), else as it is.
     overflow: Callable[[ApiError], ApiError] | None = None
+    # vLLM's: keep the prompt's last N tokens (-1: what the context holds).
+    truncate_prompt_tokens: int | None = None
 
     def offered_tools(self) -> list[dict[str, Any]] | None:
         """The tools the model is shown: the client's, then the MCP tools."""
@@ -167,11 +170,20 @@ async def prepare(live: LiveModel, job: ChatJob, rendered: Rendered | None = Non
         rendered = await _render(live, job, tools, kwargs)
     ids = rendered.ids
     assert live.limits is not None
+    if job.truncate_prompt_tokens is not None:
+        ids = truncate_prompt(ids, job.truncate_prompt_tokens, live.limits)
+        if len(ids) < len(rendered.ids) and rendered.mm is not None:
+            # The media's positions in the prompt would no longer hold.
+            raise bad_request(
+                "'truncate_prompt_tokens' cannot cut a prompt with images or videos.",
+                param="truncate_prompt_tokens",
+            )
     params = build_sampling_params(
         job.sampling,
         max_tokens=max_tokens(live, job, len(ids)),
         limits=live.limits,
         defaults=live.defaults,
+        tokenizer=loaded.tokenizer,
     )
     params.mm = rendered.mm
     budget = job.thinking_budget

@@ -32,6 +32,8 @@ class Limits:
     vocab_size: int
     # --max-tokens: the most a request may ask for (None: up to the context).
     max_tokens_cap: int | None = None
+    # --scheduling-policy priority: requests may set a priority (else a non-zero one is a 400).
+    priorities: bool = False
 
 
 def merge_defaults(model_defaults: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -48,3 +50,23 @@ def context_exceeded(limit: int, prompt_len: int, what: str) -> ApiError:
         param=what,
         code="context_length_exceeded",
     )
+
+
+def truncate_prompt(ids: list[int], keep: int | None, limits: Limits) -> list[int]:
+    """vLLM's `truncate_prompt_tokens`: the prompt's last `keep` tokens (-1: as many as
+    the context holds); None leaves it whole. Asking for more than the context: 400."""
+    if keep is None:
+        return ids
+    param = "truncate_prompt_tokens"
+    if keep == 0 or keep < -1:
+        raise bad_request(f"'{param}' must be -1 or at least 1.", param=param, code="invalid_value")
+    if keep > limits.max_model_len:
+        raise bad_request(
+            f"'{param}' ({keep}) must not exceed the model's context length "
+            f"({limits.max_model_len}).",
+            param=param,
+            code="invalid_value",
+        )
+    if keep == -1:
+        keep = limits.max_model_len
+    return ids[-keep:]

@@ -93,6 +93,7 @@ class LiveModel:
             max_model_len=engine.max_model_len,
             vocab_size=loaded.vocab_size,
             max_tokens_cap=s.engine.max_tokens_cap,
+            priorities=s.engine.scheduling_policy == "priority",
         )
         overrides = {**s.sampling_overrides, **(sampling or {})}
         self.defaults = merge_defaults(loaded.generation_defaults, overrides)

@@ -71,3 +71,24 @@ def token_logprobs(lps: list[TokenLogprob], render: TokenRenderer) -> list[dict[
             {"token": text, "logprob": clamp_logprob(lp.logprob), "bytes": raw, "top_logprobs": top}
         )
     return out
+
+
+def prompt_logprobs_body(
+    lps: list[TokenLogprob | None], render: TokenRenderer
+) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's `prompt_logprobs`: per prompt token None (the first) or {token id: {logprob,
+    rank, decoded_token}}, the prompt's own token first, then the top alternatives."""
+    out: list[dict[str, dict[str, Any]] | None] = []
+    for lp in lps:
+        if lp is None:
+            out.append(None)
+            continue
+        entry = {str(lp.token_id): _scored(lp.token_id, lp.logprob, lp.rank, render)}
+        for rank, (tid, val) in enumerate(lp.top, 1):
+            entry.setdefault(str(tid), _scored(tid, val, rank, render))
+        out.append(entry)
+    return out
+
+
+def _scored(token_id: int, value: float, rank: int | None, render: TokenRenderer) -> dict[str, Any]:
+    return {"logprob": clamp_logprob(value), "rank": rank, "decoded_token": render(token_id)[0]}

@@ -19,7 +19,7 @@ from pippin.chat.template import ChatTemplateError, render_chat_async, render_ch
 from pippin.chat.tool_parsers.base import ParsedDelta, ToolParser, random_call_id
 from pippin.engine.client import EngineClient
 from pippin.engine.constraint import Constraint
-from pippin.engine.types import CompletionOutput, RequestOutput, SamplingParams
+from pippin.engine.types import CompletionOutput, RequestOutput, SamplingParams, TokenLogprob
 from pippin.serving import media as media_parts
 from pippin.serving.errors import (
     ApiError,
@@ -193,6 +193,8 @@ class ParsedStep:
     completion_tokens: int  # so far, in all
     finish_reason: str | None  # "stop", "length" or "tool_calls" on the last step
     stop_reason: str | int | None
+    # The prompt's logprobs (`SamplingParams.prompt_logprobs`), on the first step.
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 async def run_parsed(
@@ -226,6 +228,7 @@ async def run_parsed(
                     completion,
                     reason,
                     c.stop_reason,
+                    out.prompt_logprobs,
                 )
 
 

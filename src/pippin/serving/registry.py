@@ -30,6 +30,10 @@ there is no other path to an engine. The API for routes:
   once; once no request holds it, it is unloaded and ``on_gone`` runs (in a worker
   thread), e.g. its files are deleted (`delete_stored`).
 
+- ``await ModelRegistry.sleep(level, wait=...)`` and ``await ModelRegistry.wake_up(tags)``:
+  vLLM's sleep mode, for every chat model loaded (see `sleep`); meanwhile ``acquire``
+  answers 503 with ``Retry-After``.
+
 Loading runs in a worker thread (and the engine on its own thread or process), so the event
 loop and the other models' streams never wait for it; loads run one at a time.
 """
@@ -50,8 +54,10 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pippin.engine.client import SLEEP_TAGS as TAGS
+from pippin.engine.client import EngineError
 from pippin.obs.observer import ServerObserver
-from pippin.serving.errors import ApiError, server_error
+from pippin.serving.errors import ApiError, retry_later, server_error
 from pippin.serving.library_models import spec_from_stored
 from pippin.serving.live_model import LiveModel
 from pippin.serving.model_specs import ModelSpec, SpecError
@@ -179,6 +185,11 @@ class ModelRegistry:
         self._library_seen: int | None = None  # manifests folder's mtime at the last sync
         self._retiring: list[ModelEntry] = []  # forgotten or replaced, still in use
         self._deleting: set[str] = set()  # library names whose deletion waits for a request
+        # Sleep mode: the level (0: awake), what still sleeps, the models put to sleep.
+        self.sleep_level = 0
+        self._asleep: frozenset[str] = frozenset()
+        self._sleepers: list[ModelEntry] = []
+        self._sleep_lock = asyncio.Lock()
 
     # --- names ---------------------------------------------------------------
     def _build(self, specs: list[ModelSpec]) -> None:
@@ -290,6 +301,12 @@ class ModelRegistry:
     async def acquire(self, name: str, *, keep_alive: float | None = None) -> LiveModel:
         """The loaded model ``name`` means; see the module's docstring."""
         entry = self.resolve(name)
+        if self.sleep_level:
+            raise retry_later(
+                "The server is asleep (POST /wake_up wakes it); try again later.",
+                "model_sleeping",
+                RETRY_AFTER_S,
+            )
         if keep_alive is not None:
             entry.keep_alive = math.inf if keep_alive < 0 else float(keep_alive)
         leases = _LEASES.get()
@@ -375,12 +392,10 @@ class ModelRegistry:
         try:
             await asyncio.wait_for(asyncio.shield(entry.task), self.load_timeout)
         except TimeoutError:
-            raise ApiError(
-                503,
+            raise retry_later(
                 f"The model '{entry.name}' is loading; try again shortly.",
-                type="server_error",
-                code="model_loading",
-                headers={"Retry-After": str(RETRY_AFTER_S)},
+                "model_loading",
+                RETRY_AFTER_S,
             ) from None
         if entry.state != LOADED or entry.live is None:
             raise server_error(
@@ -388,6 +403,63 @@ class ModelRegistry:
                 "model_load_failed",
                 503,
             )
+
+    # --- sleep mode ----------------------------------------------------------
+    async def sleep(self, level: int, *, wait: bool) -> None:
+        """Put every chat model loaded to sleep (vLLM has one model; pippin sleeps them
+        all). From now on requests get a 503 with ``Retry-After``; with ``wait`` those in
+        flight finish first, else they end now with an error. Level 1 frees each engine's
+        KV pool and, on a GPU, moves its weights to host memory; level 2 unloads the
+        models (their weights are read from disk again on waking). The prefix cache in
+        memory is empty after either. Asleep already: nothing changes."""
+        async with self._sleep_lock:
+            if self.sleep_level:
+                return
+            self.sleep_level, self._asleep = level, TAGS
+            async with self._lock:  # a load under way finishes first
+                entries = [e for e in self.entries_ if e.state == LOADED and e.live is not None]
+                if wait:  # their leases last until each response has been sent
+                    while any(e.active or not e.engine_idle() for e in entries):
+                        await asyncio.sleep(REAP_INTERVAL_S)
+                self._sleepers = entries
+                try:
+                    for entry in entries:
+                        assert entry.live is not None and entry.live.engine is not None
+                        await entry.live.engine.sleep(TAGS, abort=True)
+                        if level == 2:
+                            await self._unload(entry)
+                except EngineError as e:  # e.g. speculative decoding: awake again
+                    for entry in entries:
+                        if entry.live is not None and entry.live.engine is not None:
+                            await entry.live.engine.wake_up(TAGS)
+                    self.sleep_level, self._asleep, self._sleepers = 0, frozenset(), []
+                    raise server_error(f"Cannot sleep: {e}", "sleep_unavailable") from None
+            log.info("asleep (level %d): %d model(s)", level, len(entries))
+
+    async def wake_up(self, tags: frozenset[str] = TAGS) -> None:
+        """Bring ``tags`` ("weights", "kv_cache") of the sleeping models back; awake once
+        both are (a model unloaded by level 2 loads again with its "weights")."""
+        async with self._sleep_lock:
+            still = self._asleep - tags
+            for entry in self._sleepers:
+                if entry.state == LOADED:
+                    assert entry.live is not None and entry.live.engine is not None
+                    await entry.live.engine.wake_up(tags)
+                elif "weights" in tags:
+                    await self._load(entry)
+                    if entry.state != LOADED or entry.live is None:
+                        raise server_error(
+                            f"The model '{entry.name}' could not be loaded: {entry.error}",
+                            "model_load_failed",
+                            503,
+                        )
+                    if "kv_cache" in still:  # loaded with its pool: that sleeps on
+                        assert entry.live.engine is not None
+                        await entry.live.engine.sleep(frozenset({"kv_cache"}), abort=True)
+            self._asleep = still
+            if not still and self.sleep_level:
+                log.info("awake: %d model(s)", len(self._sleepers))
+                self.sleep_level, self._sleepers = 0, []
 
     # --- lifecycle -----------------------------------------------------------
     async def start(self) -> None:
@@ -435,6 +507,8 @@ class ModelRegistry:
     async def _reap(self) -> None:
         while True:
             await asyncio.sleep(REAP_INTERVAL_S)
+            if self.sleep_level:
+                continue  # sleeping models are neither unloaded nor removed
             for entry in list(self._retiring):
                 if entry.active == 0 and entry.task is None and entry.engine_idle():
                     try:

@@ -40,8 +40,14 @@ class Sampling:
     n: int | None = None
     skip_special_tokens: bool | None = None
     cache_salt: str | None = None
+    priority: int | None = None
     logprobs: bool = False
     top_logprobs: int = 0
+    # vLLM's: prompt tokens' logprobs (with the top k), the only tokens that may be
+    # sampled, and words never to be generated.
+    prompt_logprobs: int | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
 
 
 def resolve_max_tokens(
@@ -122,10 +128,38 @@ def _logit_bias(raw: dict[str, float] | None, limits: Limits) -> dict[int, float
     return out
 
 
+def _bad_words_ids(words: list[str], tokenizer: Any, limits: Limits) -> list[list[int]]:
+    """vLLM's tokenization of bad words: each as written (its leading spaces dropped),
+    and after a space where that makes another first token of as many tokens, so the
+    word is banned at the start of the text and inside it."""
+    out: list[list[int]] = []
+    for word in words:
+        if not word.strip():
+            raise bad_request(
+                "'bad_words' must not hold empty words.", param="bad_words", code="invalid_value"
+            )
+        plain = list(tokenizer.encode(word.lstrip(), add_special_tokens=False))
+        spaced = list(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+        for ids in (plain, spaced):
+            for t in ids:
+                _token_id(t, limits, "bad_words")
+        if plain:
+            out.append(plain)
+        if spaced and (not plain or (spaced[0] != plain[0] and len(spaced) == len(plain))):
+            out.append(spaced)
+    return out
+
+
 def build_sampling_params(
-    req: Sampling, *, max_tokens: int, limits: Limits, defaults: dict[str, Any]
+    req: Sampling,
+    *,
+    max_tokens: int,
+    limits: Limits,
+    defaults: dict[str, Any],
+    tokenizer: Any = None,
 ) -> SamplingParams:
-    """`max_tokens` comes from resolve_max_tokens; `defaults` from merge_defaults."""
+    """`max_tokens` comes from resolve_max_tokens; `defaults` from merge_defaults;
+    `tokenizer` tokenizes `bad_words` (the APIs that take them pass it)."""
 
     def pick(name: str) -> Any:
         value = getattr(req, name)
@@ -139,6 +173,17 @@ def build_sampling_params(
     top_k = int(pick("top_k"))
     stop = defaults.get("stop") if req.stop is None else req.stop
     stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if req.priority and not limits.priorities:
+        # vLLM refuses it too: under first come, first served it would be ignored.
+        raise bad_request(
+            "'priority' needs a server started with --scheduling-policy priority.",
+            param="priority",
+            code="invalid_value",
+        )
+    if req.allowed_token_ids is not None and not req.allowed_token_ids:
+        # As vLLM: nothing could be sampled.
+        param = "allowed_token_ids"
+        raise bad_request(f"'{param}' must not be empty.", param=param, code="invalid_value")
     min_tokens = req.min_tokens or 0
     if min_tokens > max_tokens:
         raise bad_request(
@@ -167,4 +212,10 @@ def build_sampling_params(
         n=req.n or 1,
         skip_special_tokens=True if req.skip_special_tokens is None else req.skip_special_tokens,
         cache_salt=salted(req.cache_salt),
+        priority=req.priority or 0,
+        prompt_logprobs=req.prompt_logprobs,
+        allowed_token_ids=frozenset(
+            _token_id(t, limits, "allowed_token_ids") for t in req.allowed_token_ids or []
+        ),
+        bad_words_ids=_bad_words_ids(req.bad_words or [], tokenizer, limits),
     )

@@ -43,10 +43,11 @@ from pippin.api.openai.structured_output import chat_spec, forced_tool
 from pippin.api.openapi import openai_route
 from pippin.chat.output import OutputParser
 from pippin.chat.tool_parsers.base import ParsedDelta, collect_calls
+from pippin.engine.types import TokenLogprob
 from pippin.serving.errors import bad_request, unsupported_param, unsupported_value
 from pippin.serving.job import ChatJob, PreparedJob, prepare
 from pippin.serving.live_model import LiveModel
-from pippin.serving.logprobs import TokenRenderer, token_logprobs
+from pippin.serving.logprobs import TokenRenderer, prompt_logprobs_body, token_logprobs
 from pippin.serving.media import MediaParts
 from pippin.serving.pipeline import (
     ParsedStep,
@@ -257,6 +258,11 @@ def reject_unsupported(req: ChatCompletionRequest) -> None:
         raise unsupported_value("store", "Completions are not stored; 'store' must be false.")
     if req.top_logprobs and not req.logprobs:
         raise bad_request("'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs")
+    if req.prompt_logprobs is not None and req.stream:
+        # As vLLM: they come only in the whole response.
+        raise bad_request(
+            "'prompt_logprobs' is not available when 'stream' is true.", param="prompt_logprobs"
+        )
     if req.stream_options is not None and not req.stream:
         raise bad_request(
             "'stream_options' is only allowed when 'stream' is true.", param="stream_options"
@@ -372,6 +378,7 @@ def chat_job(req: ChatCompletionRequest, server: ServerState) -> ChatJob:
         one_call=req.parallel_tool_calls is False,
         template_kwargs=lambda live: template_kwargs(req, live),
         output_spec=lambda live, offered: chat_spec(req, live, offered),
+        truncate_prompt_tokens=req.truncate_prompt_tokens,
     )
 
 
@@ -440,6 +447,7 @@ class ChatRun:
         reasons: list[str | None] = [None] * self.n
         called = [False] * self.n
         mcp_calls: list[dict[str, Any]] = []
+        prompt_lps: list[TokenLogprob | None] | None = None
         async with closing(self.loop.events(whole=True)) as events:
             async for ev in events:
                 if isinstance(ev, CallFinished):
@@ -449,6 +457,7 @@ class ChatRun:
                 if not isinstance(ev, ParsedStep):
                     continue
                 i, d = ev.output.index, ev.parsed
+                prompt_lps = prompt_lps or ev.prompt_logprobs  # the first turn's prompt
                 calls = self._client_calls(d)
                 called[i] = called[i] or any(c.name is not None for c in calls)
                 parsed[i].merge(ParsedDelta(d.content, d.reasoning, calls))
@@ -474,6 +483,8 @@ class ChatRun:
         body = self.header("chat.completion")
         body["choices"] = choices
         body["usage"] = self._usage()
+        if self.prepared.params.prompt_logprobs is not None:
+            body["prompt_logprobs"] = prompt_logprobs_body(prompt_lps or [], self.render)
         if self.metadata is not None:
             body["metadata"] = self.metadata
         return body

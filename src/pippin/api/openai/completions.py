@@ -32,8 +32,8 @@ from pippin.api.openapi import openai_route
 from pippin.engine.client import EngineClient, EngineError
 from pippin.engine.types import RequestOutput, SamplingParams, TokenLogprob
 from pippin.serving.errors import bad_request, unsupported_param
-from pippin.serving.limits import Limits, context_exceeded
-from pippin.serving.logprobs import TokenRenderer, clamp_logprob
+from pippin.serving.limits import Limits, context_exceeded, truncate_prompt
+from pippin.serving.logprobs import TokenRenderer, clamp_logprob, prompt_logprobs_body
 from pippin.serving.pipeline import raise_failure
 from pippin.serving.sampling import build_sampling_params, resolve_max_tokens
 from pippin.serving.state import check_model, require_engine, use_model
@@ -52,8 +52,11 @@ class Prompt:
     text: str  # for echo; decoded when the prompt came as token ids
 
 
-def _tokenize(tokenizer: Any, prompt: Any, add_special: bool, echo: bool) -> list[Prompt]:
-    """Runs in a worker thread: tokenizing a long prompt can take a while."""
+def tokenize_prompts(
+    tokenizer: Any, prompt: Any, add_special: bool, echo: bool = False
+) -> list[Prompt]:
+    """A request's prompts as token ids (also /tokenize's). Runs in a worker thread:
+    tokenizing a long prompt can take a while."""
     if isinstance(prompt, str):
         items: list[str | list[int]] = [prompt]
     elif prompt and all(isinstance(x, int) for x in prompt):
@@ -104,12 +107,22 @@ def _reject_unsupported(req: CompletionRequest) -> None:
         raise unsupported_param(
             "best_of", f"best_of must equal n ({n}); ranking candidates is not supported."
         )
-    if req.echo and req.logprobs is not None:
-        # OpenAI then also scores the prompt tokens, which the engine does not return yet.
-        raise unsupported_param("echo", "echo together with logprobs is not supported yet.")
+    if req.echo and req.logprobs is not None and req.max_tokens == 0:
+        # The prompt is scored by the engine, which a request for nothing never reaches.
+        raise unsupported_param("echo", "echo with logprobs needs 'max_tokens' of at least 1.")
     if req.stream_options is not None and not req.stream:
         raise bad_request(
             "'stream_options' is only allowed when 'stream' is true.", param="stream_options"
+        )
+    if req.prompt_logprobs is not None and req.stream:
+        # As vLLM: they come only in the whole response.
+        raise bad_request(
+            "'prompt_logprobs' is not available when 'stream' is true.", param="prompt_logprobs"
+        )
+    if req.prompt_logprobs is not None and req.max_tokens == 0:
+        # The prompt is scored by the engine, which a request for nothing never reaches.
+        raise bad_request(
+            "'prompt_logprobs' needs 'max_tokens' of at least 1.", param="prompt_logprobs"
         )
 
 
@@ -134,6 +147,25 @@ def format_logprobs(
     return body, offset
 
 
+def echo_logprobs(
+    ids: list[int], lps: list[TokenLogprob | None], k: int, render: TokenRenderer
+) -> tuple[dict[str, Any], int]:
+    """The echoed prompt's legacy logprobs (echo with logprobs, as OpenAI and vLLM give
+    them): its first token has none; the others `k` alternatives and their own."""
+    text, _ = render(ids[0])
+    body: dict[str, Any] = {
+        "tokens": [text],
+        "token_logprobs": [None],
+        "top_logprobs": [None],
+        "text_offset": [0],
+    }
+    rest = [TokenLogprob(lp.token_id, lp.logprob, lp.top[:k]) for lp in lps[1:] if lp]
+    more, offset = format_logprobs(rest, render, len(text))
+    for key, values in more.items():
+        body[key].extend(values)
+    return body, offset
+
+
 @dataclass
 class _Choice:
     text: list[str] = field(default_factory=list)
@@ -141,6 +173,7 @@ class _Choice:
     offset: int = 0
     logprobs: dict[str, list[Any]] | None = None
     finish_reason: str | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass
@@ -153,6 +186,10 @@ class CompletionRun:
     fingerprint: str
     render: TokenRenderer
     echo: bool = False
+    # The prompt logprobs asked for: vLLM's field (reported as `prompt_logprobs`) and,
+    # with echo, the legacy `logprobs` alternatives of the echoed prompt.
+    prompt_logprobs: int | None = None
+    echo_logprobs: int | None = None
     include_usage: bool = False
     obfuscate: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
@@ -234,6 +271,14 @@ class CompletionRun:
         async for p, out in self._outputs():
             usage[p] = (out.prompt_tokens, out.cached_tokens)
             raise_failure(out)
+            if out.prompt_logprobs is not None:
+                for i in range(self.n):  # every choice of this prompt
+                    ch = choices[p * self.n + i]
+                    ch.prompt_logprobs = out.prompt_logprobs
+                    echoed = self._echoed(p, out.prompt_logprobs)
+                    if echoed is not None and ch.logprobs is not None:
+                        body, ch.offset = echoed
+                        ch.logprobs = {key: v + ch.logprobs[key] for key, v in body.items()}
             for c in out.outputs:
                 ch = choices[p * self.n + c.index]
                 ch.text.append(c.text)
@@ -254,10 +299,20 @@ class CompletionRun:
             }
             for i, ch in enumerate(choices)
         ]
+        if self.prompt_logprobs is not None:
+            for body_choice, ch in zip(body["choices"], choices):
+                lps = ch.prompt_logprobs or []
+                body_choice["prompt_logprobs"] = prompt_logprobs_body(lps, self.render)
         prompt_tokens = sum(u[0] for u in usage.values())
         cached = sum(u[1] for u in usage.values())
         body["usage"] = usage_dict(prompt_tokens, sum(c.tokens for c in choices), cached)
         return body
+
+    def _echoed(self, p: int, lps: list[TokenLogprob | None]) -> tuple[dict[str, Any], int] | None:
+        """Prompt `p`'s echoed logprobs and the text offset after them, if asked for."""
+        if self.echo_logprobs is None:
+            return None
+        return echo_logprobs(self.prompts[p].ids, lps, self.echo_logprobs, self.render)
 
     def _chunk(self, choices: list[dict[str, Any]]) -> str:
         body = self.header()
@@ -301,6 +356,17 @@ class CompletionRun:
             async for p, out in outputs:
                 usage[p] = (out.prompt_tokens, out.cached_tokens)
                 raise_failure(out)
+                echoed = self._echoed(p, out.prompt_logprobs) if out.prompt_logprobs else None
+                if echoed is not None:
+                    # The echoed prompt's logprobs, in a chunk of their own before the
+                    # first generated text.
+                    batch = []
+                    for i in range(p * self.n, (p + 1) * self.n):
+                        body, choices[i].offset = echoed
+                        batch.append(
+                            {"index": i, "text": "", "logprobs": body, "finish_reason": None}
+                        )
+                    yield self._chunk(batch)
                 batch = []
                 for c in out.outputs:
                     tally["completion"] += len(c.token_ids)
@@ -337,10 +403,13 @@ async def create_completion(request: Request) -> Any:
 
     add_special = True if req.add_special_tokens is None else req.add_special_tokens
     prompts = await asyncio.to_thread(
-        _tokenize, loaded.tokenizer, req.prompt, add_special, bool(req.echo)
+        tokenize_prompts, loaded.tokenizer, req.prompt, add_special, bool(req.echo)
     )
     _check_prompts(prompts, limits)
+    for pr in prompts:
+        pr.ids = truncate_prompt(pr.ids, req.truncate_prompt_tokens, limits)
     constraint = await completion_constraint(live, req)
+    echo_k = req.logprobs if req.echo else None
     params: list[SamplingParams] = []
     for pr in prompts:
         if req.max_tokens == 0:
@@ -362,9 +431,12 @@ async def create_completion(request: Request) -> Any:
             max_tokens=max(max_tokens, 1),
             limits=limits,
             defaults=live.defaults,
+            tokenizer=loaded.tokenizer,
         )
         sp.max_tokens = max_tokens
         sp.constraint = constraint
+        if echo_k is not None:
+            sp.prompt_logprobs = max(echo_k, sp.prompt_logprobs or 0)
         if max_tokens:
             try:
                 engine.check(pr.ids, sp)
@@ -381,6 +453,8 @@ async def create_completion(request: Request) -> Any:
         fingerprint=live.fingerprint,
         render=live.token_renderer,
         echo=bool(req.echo),
+        prompt_logprobs=req.prompt_logprobs,
+        echo_logprobs=echo_k,
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
         obfuscate=bool(req.stream_options and req.stream_options.include_obfuscation),
     )

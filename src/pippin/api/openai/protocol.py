@@ -268,6 +268,12 @@ class SamplingFields(Strict):
     stop_token_ids: list[int] | None = None
     min_tokens: int | None = Field(None, ge=0)
     skip_special_tokens: bool | None = None
+    # Each prompt token's logprob, with this many alternatives (not when streaming).
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    # Keep the prompt's last N tokens; -1: as many as the context holds.
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
     # vLLM's structured output fields (one of them; see api/structured_output.py).
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
@@ -276,6 +282,8 @@ class SamplingFields(Strict):
     structured_outputs: dict[str, Any] | None = None
     # Requests with different salts never share cached KV (multi-tenant isolation).
     cache_salt: str | None = Field(None, min_length=1)
+    # vLLM's: the order under --scheduling-policy priority (lower first); else only 0.
+    priority: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
 
 
 def sampling_of(req: SamplingFields, logprobs: bool = False, top_logprobs: int = 0) -> Sampling:

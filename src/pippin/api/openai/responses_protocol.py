@@ -385,6 +385,8 @@ class ResponsesRequest(Strict):
     prompt_cache_key: str | None = None
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     prompt_cache_options: ResponsesPromptCacheOptions | None = None
+    # vLLM's: the order under --scheduling-policy priority (lower first); else only 0.
+    priority: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
     # Parsed to be refused by name (see `reject_unsupported` in openai_responses).
     background: bool | None = None
     background_options: dict[str, Any] | None = None
