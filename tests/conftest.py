@@ -56,6 +56,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # first, whatever is left at the end is small files, which even the two workers out. Only
 # the order changes; a file missing here is queued as before.
 SLOW_FILES = (
+    "tests/e2e/test_agent_matrix.py",  # minutes: seven agents on the real 0.5B model
     "tests/bench/test_soak.py",  # 116
     "tests/e2e/test_claude_code.py",  # 104
     "tests/api/test_api_mcp.py",  # 87

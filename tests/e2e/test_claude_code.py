@@ -17,11 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support.npm_tools import npm_bin
+from support.npm_tools import CLAUDE_CODE, npm_bin
 from support.server_utils import run_server
 from support.tiny_models import CHAT_TEMPLATE
-
-CLAUDE_CODE = "@anthropic-ai/claude-code@2.1.332"
 
 
 def _without_tools(src: Path, dest: Path) -> Path:

@@ -12,10 +12,9 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from support.npm_tools import npm_bin
+from support.npm_tools import CODEX, npm_bin
 from support.server_utils import run_server
 
-CODEX = "@openai/codex@0.171.0"
 CONFIG = """web_search = "disabled"
 model = "tiny"
 model_provider = "pippin"

@@ -1,0 +1,497 @@
+"""Seven coding agents, each installed from its registry at a pinned version, against one
+pippin serving the real Qwen2.5-Coder-0.5B GGUF, greedy: Claude Code (Anthropic Messages),
+Codex CLI (Responses), and OpenCode, Qwen Code, Aider, Cline and Continue (OpenAI chat
+completions), configured as docs/clients.md says.
+
+Each agent gets two small tasks in its own scratch folder (read a file and quote a line;
+write a file with given content), with its turns and answers bounded, nothing to approve
+outside that folder and nothing phoning home. Every request goes through a recording proxy
+(one path prefix per agent): each must be answered 200 with a well-formed body (a stream
+framed and ended as its API ends one). The agents run side by side, so the module takes
+about as long as the slowest agent; the two tasks of one agent run one after the other and
+share its prompt's prefix in the cache.
+
+Agents whose own system prompt and tool list run to thousands of tokens get a short prompt
+and only the tools the tasks need, through their own options: on a 2-core CPU the 0.5B
+model reads about 60-100 prompt tokens/s, so OpenCode's full prompt (7.2k tokens) takes
+about two minutes to read and Claude Code's (26k) several.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from support.npm_tools import CLAUDE_CODE, CODEX, npm_bin, pip_bin
+from support.recording_proxy import RecordingProxy, recording_proxy
+from support.server_utils import run_server
+
+OPENCODE = "opencode-ai@1.18.33"
+QWEN_CODE = "@qwen-code/qwen-code@0.24.4"
+CLINE = "cline@3.0.65"
+CONTINUE = "@continuedev/cli@1.5.47"
+AIDER = "aider-chat==0.86.2"
+
+KEY = "sk-agents"
+MODEL = "qwen"
+# Enough for each agent's prompt and its answers, well under the model's 32k.
+CONTEXT = 32768
+MAX_TOKENS = 512  # each answer's bound, where the agent lets it be set
+SYSTEM = "You are a coding agent. Use the tools to read and write files in the current folder."
+
+NOTES = "red fox\ngreen tree\nblue whale 7\nyellow sun\n"
+THIRD_LINE = "blue whale 7"
+# The 0.5B model answers "Read notes.txt and ..." from its imagination more often than it
+# reads the file; told which tool to use, it uses it.
+READ = "Use the {tool} tool on notes.txt, then reply with its third line, exactly."
+WRITE = "Use the {tool} tool to create hello.txt containing exactly: pippin"
+TASK_TIMEOUT = 600  # a bound on a task that its agent's own turn bound did not stop
+
+# Tasks the 0.5B model itself fails with an agent, greedy, while pippin answers every
+# request well: what it does instead. The protocol checks still hold for these agents; a
+# task here that passes is no failure.
+MODEL_LIMITS: dict[tuple[str, str], str] = {
+    ("aider", "read"): "aider: the model quotes the fourth line ('yellow sun')",
+    ("aider", "write"): "aider: the model writes a Python program that prints pippin",
+    ("continue", "read"): "continue: the model answers with the Read tool's description",
+}
+
+# Not yet within CI's time: on a busy 2-core machine the seven agents took 13-20 minutes
+# and several hit TASK_TIMEOUT. Opt in until the matrix is tuned to fit.
+pytestmark = pytest.mark.skipif(
+    os.environ.get("PIPPIN_AGENT_MATRIX") != "1",
+    reason="the agent matrix runs with PIPPIN_AGENT_MATRIX=1 (minutes on a CPU)",
+)
+
+
+@dataclass
+class Spec:
+    """How one agent is installed and run: `command(exe, base, home, work, prompt)` gives
+    the argv and the environment additions; `answer(stdout, home)` its final reply; the
+    two tasks' prompts name its own tools."""
+
+    name: str
+    install: Callable[[], Path]
+    command: Callable[[Path, str, Path, Path, str], tuple[list[str], dict[str, str]]]
+    answer: Callable[[str, Path], str]
+    read: str
+    write: str
+
+
+@dataclass
+class Outcome:
+    task: str  # "read" or "write"
+    seconds: float
+    returncode: int | None
+    answer: str
+    output: str  # the end of stdout and stderr
+    problem: str | None = None  # what the check found wrong, None: the task was done
+
+
+@dataclass
+class AgentRun:
+    spec: Spec
+    skipped: str | None = None
+    outcomes: list[Outcome] = field(default_factory=list)
+
+
+def _json_lines(out: str) -> Iterator[dict[str, object]]:
+    for line in out.splitlines():
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            yield obj
+
+
+# --- Claude Code: Anthropic Messages ------------------------------------------------------
+
+
+def claude(exe: Path, base: str, home: Path, work: Path, task: str) -> tuple[list[str], dict]:
+    env = {
+        "ANTHROPIC_BASE_URL": base,
+        "ANTHROPIC_API_KEY": KEY,
+        "DISABLE_TELEMETRY": "1",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(MAX_TOKENS),
+    }
+    argv = [str(exe), "-p", task, "--output-format", "json", "--system-prompt", SYSTEM]
+    argv += ["--tools", "Read,Write", "--permission-mode", "acceptEdits", "--max-turns", "4"]
+    return argv, env
+
+
+def claude_answer(out: str, home: Path) -> str:
+    return str(next((o.get("result", "") for o in _json_lines(out) if "result" in o), ""))
+
+
+# --- Codex CLI: Responses -----------------------------------------------------------------
+
+CODEX_CONFIG = """model = "{model}"
+model_provider = "pippin"
+model_context_window = {context}
+model_instructions_file = "{instructions}"
+web_search = "disabled"
+check_for_update_on_startup = false
+
+[model_providers.pippin]
+name = "pippin"
+base_url = "{base}/v1"
+env_key = "PIPPIN_API_KEY"
+wire_api = "responses"
+"""
+
+
+def codex(exe: Path, base: str, home: Path, work: Path, task: str) -> tuple[list[str], dict]:
+    codex_home = home / ".codex"
+    codex_home.mkdir(exist_ok=True)
+    (home / "instructions.md").write_text(SYSTEM)
+    (codex_home / "config.toml").write_text(
+        CODEX_CONFIG.format(
+            model=MODEL, context=CONTEXT, instructions=home / "instructions.md", base=base
+        )
+    )
+    argv = [str(exe), "exec", "--skip-git-repo-check", "-s", "workspace-write"]
+    # Tools the tasks do not need (sub-agents alone are 11 kB of JSON Schema).
+    for feature in ("multi_agent", "goals", "image_generation", "apps", "plugins"):
+        argv += ["--disable", feature]
+    argv += ["-o", str(home / "last-message.txt"), task]
+    return argv, {"CODEX_HOME": str(codex_home), "PIPPIN_API_KEY": KEY}
+
+
+# --- OpenCode: chat completions -----------------------------------------------------------
+
+
+def opencode(exe: Path, base: str, home: Path, work: Path, task: str) -> tuple[list[str], dict]:
+    tools = ("bash", "edit", "glob", "grep", "skill", "task", "todowrite", "webfetch")
+    config = {
+        "provider": {
+            "pippin": {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "pippin",
+                "options": {"baseURL": f"{base}/v1", "apiKey": KEY},
+                "models": {
+                    MODEL: {"name": MODEL, "limit": {"context": CONTEXT, "output": MAX_TOKENS}}
+                },
+            }
+        },
+        "model": f"pippin/{MODEL}",
+        "small_model": f"pippin/{MODEL}",
+        "autoupdate": False,
+        "share": "disabled",
+        "tools": dict.fromkeys(tools, False),
+        "permission": {"read": "allow", "edit": "allow", "external_directory": "deny"},
+        "agent": {"build": {"prompt": SYSTEM, "steps": 4}},
+    }
+    env = {
+        "OPENCODE_CONFIG_CONTENT": json.dumps(config),
+        "OPENCODE_DISABLE_AUTOUPDATE": "1",
+        "OPENCODE_DISABLE_MODELS_FETCH": "1",
+        "OPENCODE_DISABLE_SHARE": "1",
+        "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+    }
+    argv = [str(exe), "run", "--dir", str(work), "--format", "json", "--title", "matrix"]
+    argv += ["-m", f"pippin/{MODEL}"]
+    return [*argv, task], env
+
+
+def opencode_answer(out: str, home: Path) -> str:
+    texts = [o.get("part", {}) for o in _json_lines(out) if o.get("type") == "text"]
+    return "\n".join(str(p.get("text", "")) for p in texts if isinstance(p, dict))
+
+
+# --- Qwen Code: chat completions ----------------------------------------------------------
+
+
+def qwen_code(exe: Path, base: str, home: Path, work: Path, task: str) -> tuple[list[str], dict]:
+    settings = {
+        "telemetry": {"enabled": False},
+        "privacy": {"usageStatisticsEnabled": False},
+        "general": {"disableAutoUpdate": True, "disableUpdateNag": True},
+        "memory": {"enableManagedAutoMemory": False},
+        "skills": {"disabledLevels": ["project", "user", "extension", "bundled"]},
+        "model": {
+            "generationConfig": {
+                "contextWindowSize": CONTEXT,
+                "samplingParams": {"max_tokens": MAX_TOKENS},
+            }
+        },
+    }
+    (home / ".qwen").mkdir(exist_ok=True)
+    (home / ".qwen" / "settings.json").write_text(json.dumps(settings))
+    env = {"OPENAI_BASE_URL": f"{base}/v1", "OPENAI_API_KEY": KEY, "OPENAI_MODEL": MODEL}
+    argv = [str(exe), task, "--auth-type", "openai", "-m", MODEL, "-o", "json"]
+    argv += ["--system-prompt", SYSTEM, "--approval-mode", "auto-edit"]
+    # Tools the tasks do not need (its sub-agent tool alone is 14 kB of JSON Schema).
+    unused = ("agent", "list_agents", "skill", "get_goal", "update_goal", "tool_call")
+    return [*argv, "--exclude-tools", *unused, "--max-session-turns", "4"], env
+
+
+def qwen_answer(out: str, home: Path) -> str:
+    try:
+        events = json.loads(out)
+    except ValueError:
+        return ""
+    results = [e for e in events if isinstance(e, dict) and e.get("type") == "result"]
+    return str(results[-1].get("result", "")) if results else ""
+
+
+# --- Aider: chat completions (LiteLLM) ----------------------------------------------------
+
+
+def aider(exe: Path, base: str, home: Path, work: Path, task: str) -> tuple[list[str], dict]:
+    env = {
+        "OPENAI_API_BASE": f"{base}/v1",
+        "OPENAI_API_KEY": KEY,
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # else it fetches prices from GitHub
+    }
+    argv = [str(exe), "--model", f"openai/{MODEL}", "--no-git", "--no-auto-commits"]
+    argv += ["--no-check-update", "--analytics-disable", "--no-show-model-warnings"]
+    argv += ["--no-show-release-notes", "--map-tokens", "0", "--yes-always", "--no-pretty"]
+    argv += ["--no-fancy-input", "--no-detect-urls", "--no-suggest-shell-commands"]
+    # Aider reads only the files it is given: the one to quote read-only, in its ask mode
+    # (a question, not an edit); the one to write as an editable file.
+    if "notes.txt" in task:
+        return [*argv, "--chat-mode", "ask", "--read", "notes.txt", "--message", task], env
+    return [*argv, "--edit-format", "whole", "--message", task, "hello.txt"], env
+
+
+# --- Cline CLI: chat completions ----------------------------------------------------------
+
+
+def cline(exe: Path, base: str, home: Path, work: Path, task: str) -> tuple[list[str], dict]:
+    config = str(home / ".cline")
+    # `cline auth` writes the provider (openai-compatible: key, model, base URL) that later
+    # runs use; a local session leaves no hub daemon running after it.
+    env = {"CLINE_NO_AUTO_UPDATE": "1", "CLINE_SESSION_BACKEND_MODE": "local"}
+    auth = [str(exe), "auth", "-p", "openai", "-k", KEY, "-m", MODEL, "-b", f"{base}/v1"]
+    subprocess.run(
+        [*auth, "--config", config],
+        env={**os.environ, "HOME": str(home), **env},
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
+    argv = [str(exe), "--config", config, "-c", str(work), "--json", "-s", SYSTEM]
+    return [*argv, "--retries", "2", task], env
+
+
+def cline_answer(out: str, home: Path) -> str:
+    ends = [o for o in _json_lines(out) if o.get("type") == "run_result"]
+    return str(ends[-1].get("text", "")) if ends else ""
+
+
+# --- Continue CLI: chat completions -------------------------------------------------------
+
+CONTINUE_CONFIG = """name: pippin
+version: 1.0.0
+schema: v1
+models:
+  - name: {model}
+    provider: openai
+    model: {model}
+    apiBase: {base}/v1
+    apiKey: {key}
+    roles: [chat, edit, apply]
+    defaultCompletionOptions:
+      contextLength: {context}
+      maxTokens: {max_tokens}
+"""
+
+
+def cont(exe: Path, base: str, home: Path, work: Path, task: str) -> tuple[list[str], dict]:
+    config = home / "config.yaml"
+    config.write_text(
+        CONTINUE_CONFIG.format(
+            model=MODEL, base=base, key=KEY, context=CONTEXT, max_tokens=MAX_TOKENS
+        )
+    )
+    env = {"CONTINUE_GLOBAL_DIR": str(home / ".continue"), "CONTINUE_CLI_ENABLE_TELEMETRY": "0"}
+    argv = [str(exe), "-p", "--config", str(config), "--allow", "Read", "--allow", "Write"]
+    for tool in ("Bash", "Fetch", "Search", "Subagent", "Skills", "Checklist", "Diff"):
+        argv += ["--exclude", tool]
+    return [*argv, task], env
+
+
+def last_message(out: str, home: Path) -> str:
+    path = home / "last-message.txt"  # codex exec -o
+    return path.read_text() if path.exists() else ""
+
+
+def stdout(out: str, home: Path) -> str:
+    return out
+
+
+SPECS = [
+    Spec(
+        "claude-code",
+        lambda: npm_bin(CLAUDE_CODE, "claude", "Claude Code"),
+        claude,
+        claude_answer,
+        READ.format(tool="Read"),
+        WRITE.format(tool="Write"),
+    ),
+    Spec(
+        "codex",
+        lambda: npm_bin(CODEX, "codex", "the Codex CLI"),
+        codex,
+        last_message,
+        "Use the exec_command tool to run `cat notes.txt`, then reply with its third line, "
+        "exactly.",
+        "Use the exec_command tool to run `echo pippin > hello.txt`.",
+    ),
+    Spec(
+        "opencode",
+        lambda: npm_bin(OPENCODE, "opencode", "OpenCode"),
+        opencode,
+        opencode_answer,
+        READ.format(tool="read"),
+        WRITE.format(tool="write"),
+    ),
+    Spec(
+        "qwen-code",
+        lambda: npm_bin(QWEN_CODE, "qwen", "Qwen Code"),
+        qwen_code,
+        qwen_answer,
+        READ.format(tool="read_file"),
+        WRITE.format(tool="write_file"),
+    ),
+    Spec(
+        "aider",
+        lambda: pip_bin(AIDER, "aider", "Aider"),
+        aider,
+        stdout,
+        "Reply with the third line of notes.txt, exactly.",  # the file is in its prompt
+        "Create hello.txt containing exactly: pippin",
+    ),
+    Spec(
+        "cline",
+        lambda: npm_bin(CLINE, "cline", "the Cline CLI"),
+        cline,
+        cline_answer,
+        READ.format(tool="read_files"),
+        WRITE.format(tool="editor"),
+    ),
+    Spec(
+        "continue",
+        lambda: npm_bin(CONTINUE, "cn", "the Continue CLI"),
+        cont,
+        stdout,
+        READ.format(tool="Read"),
+        WRITE.format(tool="Write"),
+    ),
+]
+
+
+def check(task: str, answer: str, work: Path) -> str | None:
+    if task == "read":
+        return None if THIRD_LINE in answer else f"the answer does not quote {THIRD_LINE!r}"
+    hello = work / "hello.txt"
+    if not hello.exists():
+        return "hello.txt was not written"
+    text = hello.read_text(errors="replace")
+    return None if text.strip() == "pippin" else f"hello.txt holds {text[:200]!r}"
+
+
+def run_agent(spec: Spec, proxy: RecordingProxy, root: Path) -> AgentRun:
+    """Both tasks, one after the other, in the agent's own scratch folder and home."""
+    run = AgentRun(spec)
+    try:
+        exe = spec.install()
+    except pytest.skip.Exception as e:
+        run.skipped = str(e)
+        return run
+    home, work = root / "home", root / "work"
+    home.mkdir(parents=True)
+    work.mkdir()
+    (work / "notes.txt").write_text(NOTES)
+    for task, prompt in (("read", spec.read), ("write", spec.write)):
+        argv, extra = spec.command(exe, proxy.base(spec.name), home, work, prompt)
+        # PWD too: OpenCode takes its project folder from it, and wrote into the folder
+        # pytest ran in while PWD was inherited.
+        env = {**os.environ, "PWD": str(work), "HOME": str(home)}
+        env["XDG_CONFIG_HOME"] = str(home / ".config")
+        env.update({"XDG_DATA_HOME": str(home / ".data"), "XDG_CACHE_HOME": str(home / ".cache")})
+        env.update({"XDG_STATE_HOME": str(home / ".state"), "NO_COLOR": "1", "CI": "1", **extra})
+        start = time.monotonic()
+        # A session of its own: the agent's helpers (a Cline hub, language servers) end
+        # with it, and a timeout ends them all.
+        proc = subprocess.Popen(
+            argv,
+            cwd=work,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            out, err = proc.communicate(timeout=TASK_TIMEOUT)
+            code: int | None = proc.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            code = None
+        seconds = time.monotonic() - start
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        answer = spec.answer(out, home)
+        problem = check(task, answer, work)
+        if code is None:
+            problem = f"timed out after {TASK_TIMEOUT} s; {problem}"
+        tail = f"stdout: {out[-1500:]!r}\nstderr: {err[-1500:]!r}"
+        run.outcomes.append(Outcome(task, seconds, code, answer, tail, problem))
+    return run
+
+
+@pytest.fixture(scope="module")
+def matrix(
+    qwen_gguf: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[RecordingProxy, dict[str, AgentRun]]]:
+    args = ("--served-model-name", MODEL, "--max-model-len", str(CONTEXT))
+    args += ("--default-temperature", "0")  # greedy: few agents send a temperature
+    with (
+        run_server(str(qwen_gguf), *args, api_key=KEY, startup_timeout=900) as server,
+        recording_proxy(server.url) as proxy,
+    ):
+        root = tmp_path_factory.mktemp("agents")
+        with ThreadPoolExecutor(len(SPECS)) as pool:
+            futures = {s.name: pool.submit(run_agent, s, proxy, root / s.name) for s in SPECS}
+            runs = {name: f.result() for name, f in futures.items()}
+        yield proxy, runs
+
+
+@pytest.mark.parametrize("name", [s.name for s in SPECS])
+def test_agent(name: str, matrix: tuple[RecordingProxy, dict[str, AgentRun]]) -> None:
+    proxy, runs = matrix
+    run = runs[name]
+    if run.skipped:
+        pytest.skip(run.skipped)
+    exchanges = proxy.of(name)
+    timings = ", ".join(f"{o.task} {o.seconds:.0f} s" for o in run.outcomes)
+    assert exchanges, f"[{name}] sent pippin no request ({timings})\n" + "\n".join(
+        o.output for o in run.outcomes
+    )
+    # Every request answered 200, every stream well formed: the agent's protocol works.
+    problems = proxy.problems(name)
+    assert not problems, "\n".join(problems)
+    # The tasks done, as the files and the answers show.
+    failed = [o for o in run.outcomes if o.problem]
+    report = "\n".join(
+        f"[{name}] {o.task}: {o.problem} (exit {o.returncode}, {o.seconds:.0f} s, "
+        f"answer {o.answer[-500:]!r})\n{o.output}"
+        for o in failed
+    )
+    if failed and all((name, o.task) in MODEL_LIMITS for o in failed):
+        pytest.xfail("; ".join(MODEL_LIMITS[name, o.task] for o in failed) + "\n" + report)
+    assert not failed, report
