@@ -12,7 +12,7 @@ from support.server_utils import Server, run_server
 
 ollama = pytest.importorskip("ollama")
 
-GREEDY = {"temperature": 0, "num_predict": 24}
+GREEDY = {"temperature": 0, "num_predict": 12}
 BEFORE = "def add(a, b):\n    "
 AFTER = "\n\n\nprint(add(2, 3))\n"
 
@@ -61,16 +61,16 @@ def test_suffix_refusals(client: ollama.Client, model: str) -> None:
 def test_num_ctx_caps_the_request(client: ollama.Client, model: str) -> None:
     # Raw code: the model writes on to the token limit.
     kw = {"model": model, "prompt": "import os\nimport sys\n\n\n", "raw": True}
-    opts = {"temperature": 0, "num_predict": 40}
+    opts = {"temperature": 0, "num_predict": 16}
     free = client.generate(**kw, options=opts)
     prompt = free.prompt_eval_count
-    assert free.eval_count == 40
+    assert free.eval_count == 16
     capped = client.generate(**kw, options={**opts, "num_ctx": prompt + 7})
     assert capped.eval_count == 7 and capped.done_reason == "length"
     assert free.response.startswith(capped.response)
     # Above the served context: the served context decides.
     wide = client.generate(**kw, options={**opts, "num_ctx": 32768})
-    assert wide.eval_count == 40
+    assert wide.eval_count == 16
     with pytest.raises(ollama.ResponseError) as e:
         client.generate(**kw, options={"num_ctx": prompt - 1})
     assert e.value.status_code == 400 and "num_ctx" in e.value.error
