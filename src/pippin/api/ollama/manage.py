@@ -18,8 +18,9 @@ from pippin.api.common import parse_request, require_admin
 from pippin.api.ollama import blobs, create
 from pippin.api.ollama.managed import managed_route, named_entry
 from pippin.api.ollama.protocol import Lenient
+from pippin.api.ollama.served import registry_of
 from pippin.serving.errors import ApiError, bad_request
-from pippin.serving.registry import ModelEntry, ModelRegistry
+from pippin.serving.registry import ModelEntry
 from pippin.serving.state import ServerState
 from pippin.store.library import LibraryError, StoredModel
 
@@ -57,17 +58,12 @@ def command_line_model(name: str, action: str) -> ApiError:
     )
 
 
-def _registry(state: ServerState) -> ModelRegistry:
-    assert state.registry is not None
-    return state.registry
-
-
 def stored_model(state: ServerState, name: str, param: str) -> tuple[StoredModel, ModelEntry]:
     """The library model ``name`` means and its registry entry; 404 if none, 400 for a
     model of the command line."""
     if not name:
         raise bad_request(f"{param} is required", param=param)
-    registry = _registry(state)
+    registry = registry_of(state)
     stored = registry.library.get(name)
     entry = named_entry(state, stored.name if stored is not None else name)
     if stored is None:
@@ -90,7 +86,7 @@ async def delete(request: Request) -> Response:
         if e.status == 400:
             raise command_line_model(name, "deleted") from None
         raise
-    await _registry(state).delete_stored(entry)
+    await registry_of(state).delete_stored(entry)
     return Response(status_code=200)
 
 
@@ -108,7 +104,7 @@ async def copy(request: Request) -> Response:
             "command line",
             param="destination",
         )
-    registry = _registry(state)
+    registry = registry_of(state)
     try:
         await asyncio.to_thread(registry.library.copy, stored.name, req.destination)
     except LibraryError as e:

@@ -40,7 +40,7 @@ def not_found(state: ServerState, name: str) -> ApiError:
     )
 
 
-def _registry(state: ServerState) -> ModelRegistry:
+def registry_of(state: ServerState) -> ModelRegistry:
     assert state.registry is not None
     return state.registry
 
@@ -54,7 +54,7 @@ def _chat(state: ServerState, name: str) -> tuple[str, ModelEntry] | None:
     """The name that resolved (as sent, or without `:latest`) and its chat model."""
     for candidate in _candidates(name):
         try:
-            return candidate, _registry(state).resolve(candidate)
+            return candidate, registry_of(state).resolve(candidate)
         except ApiError:
             continue
     return None
@@ -100,7 +100,7 @@ def registry_keep_alive(keep_alive: KeepAlive) -> float | None:
 def refuse_unpinning(state: ServerState, name: str, seconds: float | None) -> None:
     """`keep_alive: 0` asks for an unload that a pinned model never gets: a 400 saying so,
     not an answer that looks as if it had been unloaded."""
-    if seconds == 0 and _registry(state).resolve(name).pinned:
+    if seconds == 0 and registry_of(state).resolve(name).pinned:
         raise ApiError(
             400,
             f'model "{name}" is pinned by this server (pinned: true in its --models file) '
@@ -123,7 +123,7 @@ async def chat_model(state: ServerState, name: str, keep_alive: KeepAlive) -> Li
 def _base(state: ServerState, name: str) -> str:
     """The chat model a resolved name loads: a LoRA adapter's base, else itself."""
     adapter = state.adapters.get(name)
-    return name if adapter is None else state.adapters.base_name(_registry(state), adapter)
+    return name if adapter is None else state.adapters.base_name(registry_of(state), adapter)
 
 
 async def load_or_unload(state: ServerState, name: str, keep_alive: KeepAlive) -> bool:
@@ -134,7 +134,7 @@ async def load_or_unload(state: ServerState, name: str, keep_alive: KeepAlive) -
     base = _base(state, resolved)  # an adapter's: its base model loads and unloads
     refuse_unpinning(state, base, seconds)
     if seconds == 0:
-        await _registry(state).unload(base)
+        await registry_of(state).unload(base)
         return True
     await use_model(state, resolved, keep_alive=seconds)
     return False
@@ -167,7 +167,7 @@ def _chat_listed(entry: ModelEntry) -> list[Listed]:
 
 def listed(state: ServerState) -> list[Listed]:
     """Every served model, loaded or not, for /api/tags, /api/ps and /api/show."""
-    out = [m for e in _registry(state).entries() for m in _chat_listed(e)]
+    out = [m for e in registry_of(state).entries() for m in _chat_listed(e)]
     for kind, names in state.extra_names.items():
         model = state.embed.models.get(kind) if state.embed is not None else None
         for n in names:
