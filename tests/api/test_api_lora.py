@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ import openai
 import pytest
 from mlx_lm.utils import load
 from support.lora_adapters import random_lora, reference, with_adapter, write_mlx, write_peft
-from support.server_utils import Server, run_server
+from support.server_utils import Server, engine_process_pid, run_server
 
 PROMPT = [11, 23, 35, 47, 59, 61, 73, 85, 97, 109, 12, 14]
 GEN = 8
@@ -202,26 +201,13 @@ def test_lora_modules_forms(setup: dict[str, Path], tmp_path: Path) -> None:
         Adapters(ServerSettings(lora_modules=[("bad", str(tmp_path))]))
 
 
-def _engine_process(server: Server) -> int:
-    """The pid of the server's engine process (`spawn_main` in its command line)."""
-    todo, found = [server.proc.pid], []
-    while todo:
-        pid = todo.pop()
-        kids = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
-        for kid in map(int, kids.stdout.split()):
-            cmd = Path(f"/proc/{kid}/cmdline").read_bytes()
-            (found if b"spawn_main" in cmd else todo).append(kid)
-    assert len(found) == 1, found
-    return found[0]
-
-
 def test_a_restarted_engine_process_loads_its_adapters_again(setup: dict[str, Path]) -> None:
     args = [str(setup["base"]), "--engine-process", "--models-dir", str(setup["root"])]
     with run_server(*args) as s:
         body = {"lora_name": "lake", "lora_path": str(setup["b"])}
         assert post(s, "/v1/load_lora_adapter", body).status_code == 200
         before = complete(s, "lake")
-        os.kill(_engine_process(s), signal.SIGKILL)
+        os.kill(engine_process_pid(s), signal.SIGKILL)
         with s.http() as h:  # /health says when it is gone, then when it is back
             while h.get("/health").status_code == 200:
                 time.sleep(0.05)

@@ -20,7 +20,6 @@ import os
 import re
 import signal
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -32,7 +31,7 @@ import httpx
 import openai
 import pytest
 from support.errors import assert_api_error
-from support.server_utils import Server, run_server
+from support.server_utils import Server, engine_process_pid, run_server
 from support.waiting import HANG_S, wait_for
 
 MSG = [{"role": "user", "content": "Hello, how are you today?"}]
@@ -423,17 +422,6 @@ def _cmdline(pid: int) -> bytes:
     return Path(f"/proc/{pid}/cmdline").read_bytes()
 
 
-def _engine_process(server: Server) -> int:
-    kids = subprocess.run(["pgrep", "-P", str(server.proc.pid)], capture_output=True, text=True)
-    found = [
-        int(k)
-        for k in kids.stdout.split()
-        if b"spawn_main" in Path(f"/proc/{k}/cmdline").read_bytes()
-    ]
-    assert len(found) == 1, found
-    return found[0]
-
-
 def test_engine_process_crash_errors_every_client_at_once_and_restarts(
     tiny_models: Callable[..., Path],
 ) -> None:
@@ -447,7 +435,7 @@ def test_engine_process_crash_errors_every_client_at_once_and_restarts(
         "4",
         "--engine-process",
     ) as s:
-        child = _engine_process(s)
+        child = engine_process_pid(s)
         ended: list[float] = []
         errors: list[str] = []
 
@@ -493,7 +481,7 @@ def test_engine_process_crash_errors_every_client_at_once_and_restarts(
         assert len(answered) == 10, log[-3000:]
         wait_for(lambda: s.http().get("/health").status_code == 200, "/health saying 200")
         print(f"crash to healthy again: {time.monotonic() - killed:.1f} s")
-        assert _engine_process(s) != child
+        assert engine_process_pid(s) != child
         r = s.client().chat.completions.create(model="tiny", messages=MSG, max_tokens=4)
         assert r.choices[0].finish_reason is not None
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from support.server_utils import Server, run_server
+from support.server_utils import Server, engine_process_pid, run_server
 
 from pippin.bench.scrape import parse_metrics, total
 
@@ -39,20 +39,6 @@ def server(tiny_models: Callable[..., Path]) -> Iterator[Server]:
 
 def _metric(server: Server, name: str, **labels: str) -> float | None:
     return total(parse_metrics(server.http().get("/metrics").text), name, **labels)
-
-
-def _engine_process(server: Server) -> int:
-    """The pid of the server's engine process (`pippin serve` may have re-executed itself
-    as a child of the process the test started)."""
-    todo, found = [server.proc.pid], []
-    while todo:
-        pid = todo.pop()
-        kids = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
-        for kid in map(int, kids.stdout.split()):
-            cmd = Path(f"/proc/{kid}/cmdline").read_bytes()
-            (found if b"spawn_main" in cmd else todo).append(kid)
-    assert len(found) == 1, found
-    return found[0]
 
 
 def test_outputs_cross_the_pipe(server: Server) -> None:
@@ -137,7 +123,7 @@ def test_engine_process_death_ends_streams_with_an_error(
     with run_server(
         model, "--served-model-name", "x", "--max-model-len", "8192", "--engine-process"
     ) as s:
-        child = _engine_process(s)
+        child = engine_process_pid(s)
         with httpx.stream(
             "POST",
             f"{s.url}/v1/chat/completions",
@@ -198,7 +184,7 @@ def test_sigterm_to_the_process_group_stops_in_order(
     prompt = "Hello there, how are you today? " * 12
     with run_server(*args) as s:
         s.client().completions.create(model="x", prompt=prompt, max_tokens=2)
-        os.kill(_engine_process(s), signal.SIGTERM)
+        os.kill(engine_process_pid(s), signal.SIGTERM)
         os.kill(s.proc.pid, signal.SIGTERM)
         s.proc.wait(timeout=60)  # uvicorn exits by the signal again once shut down
         assert "Application shutdown complete" in s.log()

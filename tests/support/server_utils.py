@@ -133,3 +133,17 @@ def run_server(
             proc.kill()
             proc.wait()
         log_path.unlink(missing_ok=True)
+
+
+def engine_process_pid(server: Server) -> int:
+    """The pid of the server's engine process (`spawn_main` in its command line; `pippin
+    serve` may have re-executed itself as a child of the process the test started)."""
+    todo, found = [server.proc.pid], []
+    while todo:
+        pid = todo.pop()
+        kids = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+        for kid in map(int, kids.stdout.split()):
+            cmd = Path(f"/proc/{kid}/cmdline").read_bytes()
+            (found if b"spawn_main" in cmd else todo).append(kid)
+    assert len(found) == 1, found
+    return found[0]
