@@ -1,11 +1,13 @@
 """One projection of the 8B shape at a range of rows: MLX's quantised matmul against
-dequantise + dense matmul (`pippin.kernels.dense_quant`) against the bf16 matmul.
+pippin's tensor-core kernel (`pippin.kernels.quant_matmul`) against dequantise + dense
+matmul (`pippin.kernels.dense_quant`) against the bf16 matmul.
 
-Prints a table of milliseconds per product and, for each bit width, the fewest rows from
-which the dense path is faster at every measured size (`PIPPIN_DENSE_QUANT_ROWS`); writes
-the figures to `--out` as JSON. Usage (bench/gpu/README.md):
+Prints a table of milliseconds per product (and the kernel's weight bandwidth) and, for
+each bit width, the fewest rows from which the dense path beats the kernel at every
+measured size (`PIPPIN_DENSE_QUANT_ROWS`); writes the figures to `--out` as JSON. Usage
+(bench/gpu/README.md):
 
-    python3 bench/gpu/quant_matmul.py --out $OUT/quant_matmul.json
+    python3 bench/gpu/quant_matmul.py --out $OUT/quant_matmul.json [--n 4096 --k 4096]
 """
 
 from __future__ import annotations
@@ -20,20 +22,23 @@ import checkout  # noqa: F401  (src/ on the path, MLX settings)
 import mlx.core as mx
 import mlx.nn as nn
 
-from pippin.kernels import dense_quant
+from pippin.kernels import dense_quant, quant_matmul
+
+CHAIN = 32  # products evaluated at once, so that host time per evaluation is spread
 
 
 def timed(fn, reps: int) -> float:  # type: ignore[no-untyped-def]
-    """Median milliseconds of `fn()` evaluated, after warm-up."""
+    """Median milliseconds of one `fn()`, timed as `CHAIN` of them evaluated together,
+    after warm-up."""
     for _ in range(3):
         mx.eval(fn())
     mx.synchronize()
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        mx.eval(fn())
+        mx.eval([fn() for _ in range(CHAIN)])
         mx.synchronize()
-        times.append(1e3 * (time.perf_counter() - t0))
+        times.append(1e3 * (time.perf_counter() - t0) / CHAIN)
     return statistics.median(times)
 
 
@@ -53,7 +58,10 @@ def main() -> int:
     rows = [int(r) for r in args.rows.split(",")]
     res: dict = {"k": args.k, "n": args.n, "device": str(mx.default_device()), "bits": {}}
     print(f"{args.k}x{args.n}, ms per product (median of {args.reps})")
-    print(f"{'bits':>4} {'rows':>6} {'quantized':>10} {'dequant+mm':>11} {'bf16':>8}")
+    print(
+        f"{'bits':>4} {'rows':>6} {'quantized':>10} {'kernel':>8} {'GB/s':>6} "
+        f"{'dequant+mm':>11} {'bf16':>8}"
+    )
     for bits in [int(b) for b in args.bits.split(",")]:
         q = nn.QuantizedLinear.from_linear(dense_layer, group_size=64, bits=bits)
         mx.eval(q.parameters())
@@ -63,18 +71,22 @@ def main() -> int:
             mx.eval(x)
             t = {
                 "quantized": timed(lambda: q(x), args.reps),  # noqa: B023
+                "kernel": timed(lambda: quant_matmul.layer_qmm(q, x), args.reps),  # noqa: B023
                 "dense": timed(lambda: dense_quant.dense(q, x), args.reps),  # noqa: B023
                 "bf16": timed(lambda: dense_layer(x), args.reps),  # noqa: B023
             }
             table[m] = t
+            # Bytes of packed weights, scales and biases the product must read.
+            gbs = (args.n * args.k * (bits / 8 + 4 / 64)) / (t["kernel"] * 1e6)
             print(
-                f"{bits:>4} {m:>6} {t['quantized']:>10.3f} {t['dense']:>11.3f} {t['bf16']:>8.3f}",
+                f"{bits:>4} {m:>6} {t['quantized']:>10.3f} {t['kernel']:>8.3f} {gbs:>6.0f} "
+                f"{t['dense']:>11.3f} {t['bf16']:>8.3f}",
                 flush=True,
             )
         # The fewest rows from which dense wins at every larger measured size.
         cross = next(
             (m for i, m in enumerate(rows) if all(
-                table[r]["dense"] < table[r]["quantized"] for r in rows[i:]
+                table[r]["dense"] < table[r]["kernel"] for r in rows[i:]
             )),
             None,
         )  # fmt: skip

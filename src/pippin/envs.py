@@ -128,6 +128,12 @@ VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
         lambda: int(os.environ.get("PIPPIN_DENSE_QUANT_ROWS") or 128),
         "The fewest rows (tokens of a step) that take that dense product (default 128).",
     ),
+    "PIPPIN_QUANT_KERNEL": (
+        _flag("PIPPIN_QUANT_KERNEL", "auto"),
+        "auto (the default): on CUDA, quantised layers' products of up to 256 rows (below "
+        "PIPPIN_DENSE_QUANT_ROWS) run pippin's W4A16/W8A16 tensor-core kernel; 0: MLX's "
+        "quantised matmul.",
+    ),
     "PIPPIN_COMPILE": (
         _flag("PIPPIN_COMPILE", "auto"),
         "auto: decode steps as one compiled MLX graph on CUDA only; 0: never; 1: always.",

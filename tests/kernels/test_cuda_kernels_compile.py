@@ -174,3 +174,27 @@ def test_a_broken_kernel_does_not_compile(recorder: Recorder) -> None:
     launch.source = launch.source.replace("acc[r][b] = 0.f", "acc[r][b] = zero")
     ok, log = compile_launch(*NVRTC, launch)
     assert not ok and '"zero" is undefined' in log
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("bits,group_size", [(4, 64), (4, 32), (4, 128), (8, 64)])
+@pytest.mark.parametrize("rows", [1, 20, 100])
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+def test_quant_matmul_compiles(
+    recorder: Recorder, bits: int, group_size: int, rows: int, dtype: mx.Dtype
+) -> None:
+    """The W4A16 / W8A16 tensor-core product for each row-tile plan (1, 2 and 4 tiles of
+    16 rows a block), each packing and each activation dtype."""
+    from pippin.kernels import quant_matmul
+
+    k, n = 512, 96
+    w, s, b = mx.quantize(mx.zeros((n, k), dtype=dtype), group_size=group_size, bits=bits)
+    quant_matmul.qmm(mx.zeros((rows, k), dtype=dtype), w, s, b, group_size, bits)
+    (launch,) = recorder.launches
+    plan = dict(launch.template)
+    assert (plan["MT"], plan["BITS"], plan["GS"]) == (
+        1 if rows <= 16 else 2 if rows <= 32 else 4,
+        bits,
+        group_size,
+    )
+    _compile_all(recorder)

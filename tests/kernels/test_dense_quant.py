@@ -1,5 +1,5 @@
 """Quantised layers run prompt chunks as a dense product of the unpacked weight
-(`kernels.dense_quant`, installed by `patches.dense_prompt_chunks`): the same logits as
+(`kernels.dense_quant`, installed by `patches.quantised_products`): the same logits as
 MLX's quantised matmul within rounding, decode rows untouched, and `undo` takes it back."""
 
 from __future__ import annotations
@@ -13,7 +13,13 @@ from support.engine_runs import greedy_logprobs, loaded_model, random_prompts
 from pippin.kernels import dense_quant, patches
 from pippin.kernels.config import KernelConfig
 
-OFF = KernelConfig(dense_quant="0")
+
+def _dense(**kw: str | int) -> KernelConfig:
+    """The dense path alone: pippin's CUDA kernel off, so few rows take MLX's product."""
+    return KernelConfig(quant_kernel="0", **kw)  # type: ignore[arg-type]
+
+
+OFF = _dense(dense_quant="0")
 
 
 def _quantised(bits: int, bias: bool, dtype: mx.Dtype) -> nn.QuantizedLinear:
@@ -73,13 +79,13 @@ def test_patched_model_gives_the_same_logits_and_undo_restores_it(tiny_models) -
     before = np.array(model(tokens))
 
     # Few rows (decode): MLX's quantised product untouched, bit for bit.
-    patched = patches.apply(model, KernelConfig(dense_quant="1", dense_quant_rows=13), {}, {}, None)
+    patched = patches.apply(model, _dense(dense_quant="1", dense_quant_rows=13), {}, {}, None)
     assert patched.dense_quant == _dense_layers(model) > 0
     assert np.array_equal(np.array(model(tokens)), before)
     patches.undo(model)
 
     # Many rows (a prompt chunk): the dense product, the same logits within rounding.
-    patched = patches.apply(model, KernelConfig(dense_quant="1", dense_quant_rows=12), {}, {}, None)
+    patched = patches.apply(model, _dense(dense_quant="1", dense_quant_rows=12), {}, {}, None)
     assert patched.dense_quant > 0
     assert np.allclose(np.array(model(tokens)), before, atol=1e-4)
     patches.undo(model)
@@ -101,7 +107,7 @@ def test_engine_decodes_the_same_with_dense_prompt_chunks(tiny_models, bits: int
     off = greedy_logprobs(loaded, prompts, kernels=OFF, **run)
     assert _dense_layers(loaded.model) == 0
     on = greedy_logprobs(
-        loaded, prompts, kernels=KernelConfig(dense_quant="1", dense_quant_rows=4), **run
+        loaded, prompts, kernels=_dense(dense_quant="1", dense_quant_rows=4), **run
     )
     assert _dense_layers(loaded.model) > 0
     assert off.keys() == on.keys()
@@ -121,7 +127,7 @@ def test_auto_is_on_on_cuda_and_as_close_to_exact_in_bf16(tiny_models) -> None:
     exact = np.array(model(tokens))
     model.set_dtype(mx.bfloat16)
     quantised = np.array(model(tokens).astype(mx.float32))
-    kernels = KernelConfig(dense_quant="auto", dense_quant_rows=16)  # auto: on, on CUDA
+    kernels = _dense(dense_quant="auto", dense_quant_rows=16)
     assert patches.apply(model, kernels, {}, {}, None).dense_quant > 0
     dense = np.array(model(tokens).astype(mx.float32))
     patches.undo(model)

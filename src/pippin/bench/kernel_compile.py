@@ -77,6 +77,7 @@ class Launch:
     output_dtypes: list[mx.Dtype]
     grid: tuple[int, int, int]
     threadgroup: tuple[int, int, int]
+    header: str = ""
 
 
 class Recorder:
@@ -85,7 +86,9 @@ class Recorder:
     def __init__(self) -> None:
         self.launches: list[Launch] = []
 
-    def __call__(self, name: str, input_names: tuple[str, ...], source: str) -> Any:
+    def __call__(
+        self, name: str, input_names: tuple[str, ...], source: str, header: str = ""
+    ) -> Any:
         def launch(
             *,
             inputs: list[mx.array],
@@ -106,6 +109,7 @@ class Recorder:
                     output_dtypes,
                     grid,
                     threadgroup,
+                    header,
                 )
             )
             return [mx.zeros(s, dtype=d) for s, d in zip(output_shapes, output_dtypes)]
@@ -115,7 +119,8 @@ class Recorder:
 
 def kernel_text(launch: Launch) -> str:
     """The source MLX compiles for `launch` (one output, `out`)."""
-    lines = [_HEADER, "namespace mlx { namespace core { namespace cu {", "__global__ void k("]
+    lines = [_HEADER, launch.header, "namespace mlx { namespace core { namespace cu {"]
+    lines.append("__global__ void k(")
     for n, dt in zip(launch.input_names, launch.input_dtypes):
         lines.append(f"    const {_CTYPES[dt]}* {n},")
         if f"{n}_shape" in launch.source:

@@ -28,6 +28,8 @@ class KernelConfig:
     # Not yet measured: two points on an H100 (1.1x bf16 at 1 row, 3.7x at 256) put the
     # crossing near 100 rows; 128 keeps decode batches of up to 127 rows quantised.
     dense_quant_rows: int = 128
+    # Quantised layers' fewer rows through pippin's tensor-core kernel: auto (CUDA) | 0.
+    quant_kernel: str = "auto"
 
     @classmethod
     def from_env(cls) -> KernelConfig:
@@ -44,4 +46,5 @@ class KernelConfig:
             compile=envs.PIPPIN_COMPILE,
             dense_quant=envs.PIPPIN_DENSE_QUANT,
             dense_quant_rows=envs.PIPPIN_DENSE_QUANT_ROWS,
+            quant_kernel=envs.PIPPIN_QUANT_KERNEL,
         )

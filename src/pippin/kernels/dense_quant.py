@@ -1,4 +1,4 @@
-"""Prompt chunks through quantised projections as one dense product.
+"""Quantised projections: which product each input takes.
 
 MLX's CUDA `quantized_matmul` suits a few rows (decode): it reads each packed weight once.
 For many rows (prompt chunks) it is far slower than cuBLAS on the same weights unpacked
@@ -12,8 +12,11 @@ runs a dense matmul; fewer rows keep the quantised product. Plain MLX ops, so th
 path runs (and is tested) on the CPU; the results differ from the quantised product only
 by the rounding of the unpacked weight to the model's dtype.
 
-Installed by `patches.dense_prompt_chunks` when `PIPPIN_DENSE_QUANT` asks for it (off by default;
-`PIPPIN_DENSE_QUANT_ROWS`) and taken back by `patches.undo`.
+On CUDA the inputs below that bound take pippin's tensor-core kernel (`quant_matmul`)
+where it applies to the layer (`PIPPIN_QUANT_KERNEL`), MLX's quantised product elsewhere.
+
+Installed by `patches.quantised_products` when `PIPPIN_DENSE_QUANT` or the kernel asks for
+it (`PIPPIN_DENSE_QUANT_ROWS`) and taken back by `patches.undo`.
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ import functools
 import mlx.core as mx
 import mlx.nn as nn
 
+from pippin.kernels import quant_matmul
 from pippin.kernels.device import on_cuda
 
 ROWS_ATTR = "_pippin_dense_rows"
+KERNEL_ATTR = "_pippin_kernel_dtype"  # the activations' dtype `quant_matmul` takes, or None
 MODES = ("affine",)
 
 
@@ -57,7 +62,16 @@ def call(self: nn.QuantizedLinear, x: mx.array) -> mx.array:
     rows = x.size // x.shape[-1] if x.ndim else 0
     if rows >= getattr(self, ROWS_ATTR):
         return dense(self, x)
+    kernel = getattr(self, KERNEL_ATTR, None)
+    if kernel is not None and x.dtype == kernel and 0 < rows <= quant_matmul.MAX_ROWS:
+        return quant_matmul.layer_qmm(self, x)
     return nn.QuantizedLinear.__call__(self, x)
+
+
+def kernel_dtype(layer: nn.QuantizedLinear) -> mx.Dtype | None:
+    """The activations' dtype for which `quant_matmul` computes `layer`: its scales'."""
+    dtype = layer["scales"].dtype
+    return dtype if quant_matmul.applies(layer, dtype) else None
 
 
 @functools.cache

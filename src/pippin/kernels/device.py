@@ -21,9 +21,13 @@ def _is_cuda() -> bool:
 
 
 @functools.cache
-def cuda_kernel(name: str, input_names: tuple[str, ...], source: str) -> Any:
+def cuda_kernel(name: str, input_names: tuple[str, ...], source: str, header: str = "") -> Any:
     """MLX's custom CUDA kernel `name` with one output, `out`; built once (MLX compiles it
-    per template on first use)."""
+    per template on first use). `header` holds device functions, outside the kernel."""
     return mx.fast.cuda_kernel(
-        name=name, input_names=list(input_names), output_names=["out"], source=source
+        name=name,
+        input_names=list(input_names),
+        output_names=["out"],
+        source=source,
+        header=header,
     )

@@ -16,9 +16,10 @@ a loaded model's live objects (never mlx-lm's source), in this order:
 4. `fuse_layers`: their transformer blocks' class likewise, with `fused_layer.call`.
 5. `select_head_rows`: the final norm's class becomes one that keeps only the positions
    that sample, so the LM head skips the others (`head_rows`).
-6. `dense_prompt_chunks`: affine `nn.QuantizedLinear`s (the fused ones too) become a
+6. `quantised_products`: affine `nn.QuantizedLinear`s (the fused ones too) become a
    subclass that runs inputs of many rows (prompt chunks) through the unpacked weight
-   and a dense matmul, few rows (decode) through the quantised product (`dense_quant`).
+   and a dense matmul, few rows (decode) on CUDA through pippin's tensor-core kernel
+   (`quant_matmul`), elsewhere through MLX's quantised product (`dense_quant`).
 7. On the CPU, prompt chunks' attention (through the routing of 2.) and the `swiglu`
    bound in each of the model's mlx-lm modules run in numpy (`cpu_prefill`).
 8. `route_gated_delta`: the `gated_delta_update` bound in each of the model's mlx-lm
@@ -58,7 +59,7 @@ from pippin.kernels import (
 from pippin.kernels.config import KernelConfig
 
 # The attribute each class swap leaves on a module, and on its subclass the base class.
-_PLAN_ATTRS = ("_pippin_fused", "_pippin_plan", dense_quant.ROWS_ATTR)
+_PLAN_ATTRS = ("_pippin_fused", "_pippin_plan", dense_quant.ROWS_ATTR, dense_quant.KERNEL_ATTR)
 _BASE = "_pippin_base"
 _ORIGINAL = "_pippin_original"  # on a wrapped function: mlx-lm's own
 
@@ -72,6 +73,7 @@ class Patched:
     fused_layer: bool = False
     head: head_rows.HeadRows | None = None
     dense_quant: int = 0  # quantised layers whose prompt chunks take the dense product
+    quant_kernel: int = 0  # quantised layers whose decode rows take `quant_matmul`
 
 
 def apply(
@@ -111,8 +113,11 @@ def apply(
             fused_layer.warm(model)
     if config.head_rows:
         out.head = select_head_rows(model)
-    if dense_quant.wanted(config.dense_quant):
-        out.dense_quant = dense_prompt_chunks(model, config.dense_quant_rows)
+    dense = dense_quant.wanted(config.dense_quant)
+    kernel = config.quant_kernel != "0" and device.on_cuda()  # the kernel is CUDA's alone
+    if dense or kernel:
+        rows = config.dense_quant_rows if dense else sys.maxsize
+        out.dense_quant, out.quant_kernel = quantised_products(model, rows, kernel)
     return out
 
 
@@ -343,14 +348,18 @@ def select_head_rows(model: nn.Module) -> head_rows.HeadRows | None:
 # --- 6. quantised prompt chunks --------------------------------------------------------
 
 
-def dense_prompt_chunks(model: nn.Module, rows: int) -> int:
+def quantised_products(model: nn.Module, rows: int, kernel: bool) -> tuple[int, int]:
     """Run inputs of at least `rows` rows through every affine quantised linear layer of
-    `model` as a dense product (`dense_quant`); how many layers."""
+    `model` as a dense product (`dense_quant`), and with `kernel` fewer rows through
+    `quant_matmul` where it applies; how many layers take each."""
     cls = dense_quant.subclass(_BASE)
-    count = 0
+    dense = kernels = 0
     for _, m in model.named_modules():
         if type(m) in (nn.QuantizedLinear, cls) and dense_quant.applies(m):
             setattr(m, dense_quant.ROWS_ATTR, rows)
+            dtype = dense_quant.kernel_dtype(m) if kernel else None
+            setattr(m, dense_quant.KERNEL_ATTR, dtype)
             m.__class__ = cls
-            count += 1
-    return count
+            dense += rows < sys.maxsize
+            kernels += dtype is not None
+    return dense, kernels

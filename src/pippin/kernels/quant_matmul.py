@@ -1,0 +1,322 @@
+"""W4A16 / W8A16: products with MLX's affine-quantised weights on tensor cores (CUDA).
+
+MLX's CUDA `quantized_matmul` reads each packed weight once but multiplies on the CUDA
+cores, one row at a time: on an H100 a 4-bit 8B model decoding 64 streams took 212 ms a
+step against bf16's 15 ms. This kernel keeps MLX's packing as it is (no repacking: the
+weights stay shared with the checkpoint, LoRA, sleep mode and the fused projections) and
+runs `mma.sync.m16n8k16` with the weights dequantised in registers, as Marlin does.
+
+The trick that makes MLX's layout fit the MMA fragments without shuffles: a reduction does
+not care which k meets which, only that the activation and the weight of one k meet. So
+each thread takes whole packed words: lane (g, t) of a warp (g = lane / 4, t = lane % 4)
+reads, per iteration, one 16-byte load of output column n = g's row (32 k for 4 bits, 16
+for 8), and the matching 16 bytes of each activation row. A 4-bit word's nibble pairs
+(p, p+4), masked as `word >> 4p & 0x000F000F` and or-ed into a bf16/fp16 exponent
+(Marlin's magic number), are exactly one B-fragment register; the activations are
+permuted the same way with one `prmt` per register. Each word's eight k lie in one
+quantisation group (group sizes 32, 64, 128), so a thread needs one scale and bias per
+column per iteration.
+
+A block is WK warps over 8 * NT output columns and 16 * MT rows; the warps split K and
+add their parts through shared memory. The weights of the next iteration are loaded
+before the current one is multiplied. Past `DENSE_ROWS` rows (prompt chunks) the weight
+is unpacked into the model's dtype and cuBLAS multiplies (`dense_quant`).
+
+`qmm` is the product; `applies` says where the kernel takes a layer (CUDA, affine mode,
+4 or 8 bits, group size 32/64/128, bf16/fp16 activations and scales, K a multiple of 128
+or 64). Elsewhere MLX's own `quantized_matmul` runs. The result differs from MLX's only by
+rounding (each dequantised weight is rounded to the activations' dtype, sums are fp32).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from pippin.kernels import device
+
+BITS = (4, 8)
+GROUP_SIZES = (32, 64, 128)
+DTYPES = (mx.bfloat16, mx.float16)
+MAX_ROWS = 256  # the kernel's rows; the caller takes the dense product above its own bound
+_SMS = 132  # streaming multiprocessors of an H100 (H200 too): enough blocks to fill them
+_SMEM_LIMIT = 48 * 1024
+
+_HEADER = r"""
+// Dequantise, per dtype: 4-bit pairs through the exponent trick, 8-bit through fp32.
+__device__ __forceinline__ uint32_t pippin_q4_pair(uint32_t word, int p, __nv_bfloat16 s,
+                                                   __nv_bfloat16 b) {
+    uint32_t v = ((word >> (4 * p)) & 0x000F000Fu) | 0x43004300u;  // 128 + q, exactly
+    __nv_bfloat162 q = *reinterpret_cast<__nv_bfloat162*>(&v);
+    q = __hsub2(q, __nv_bfloat162(__float2bfloat16(128.f), __float2bfloat16(128.f)));
+    __nv_bfloat162 r = __hfma2(q, __nv_bfloat162(s, s), __nv_bfloat162(b, b));
+    return *reinterpret_cast<uint32_t*>(&r);
+}
+__device__ __forceinline__ uint32_t pippin_q4_pair(uint32_t word, int p, __half s, __half b) {
+    uint32_t v = ((word >> (4 * p)) & 0x000F000Fu) | 0x64006400u;  // 1024 + q, exactly
+    __half2 q = *reinterpret_cast<__half2*>(&v);
+    q = __hsub2(q, __half2(__float2half(1024.f), __float2half(1024.f)));
+    __half2 r = __hfma2(q, __half2(s, s), __half2(b, b));
+    return *reinterpret_cast<uint32_t*>(&r);
+}
+__device__ __forceinline__ float pippin_byte(uint32_t word, int p) {
+    return __uint_as_float(0x4B000000u | ((word >> (8 * p)) & 0xFFu)) - 8388608.f;
+}
+__device__ __forceinline__ uint32_t pippin_pack(float lo, float hi, __nv_bfloat16) {
+    __nv_bfloat162 r = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&r);
+}
+__device__ __forceinline__ uint32_t pippin_pack(float lo, float hi, __half) {
+    __half2 r = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&r);
+}
+__device__ __forceinline__ void pippin_mma(float* c, uint32_t a0, uint32_t a1, uint32_t a2,
+                                           uint32_t a3, uint32_t b0, uint32_t b1,
+                                           __nv_bfloat16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void pippin_mma(float* c, uint32_t a0, uint32_t a1, uint32_t a2,
+                                           uint32_t a3, uint32_t b0, uint32_t b1, __half) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+"""
+
+_SOURCE = r"""
+    // x [M, K] (T), w [N, K * BITS / 32] (uint32), scales and biases [N, K / GS] (T).
+    const int M = x_shape[0];
+    const int K = x_shape[1];
+    const int N = w_shape[0];
+    constexpr int SPAN = BITS == 4 ? 32 : 16;  // k of one thread's 16-byte load
+    constexpr int KPI = 4 * SPAN;              // k of one warp iteration
+    constexpr int ROUNDS = SPAN / 8;           // MMA pairs (k32) an iteration
+    const int KW = K * BITS / 32;
+    const int KG = K / GS;
+    const int iters = K / KPI;
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int g = lane >> 2;
+    const int t = lane & 3;
+    const int n0 = blockIdx.x * (8 * NT);
+    const int m0 = blockIdx.y * (16 * MT);
+
+    float acc[MT][NT][4];
+    #pragma unroll
+    for (int i = 0; i < MT; ++i) {
+        #pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            #pragma unroll
+            for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
+        }
+    }
+    // Rows of x this lane reads (rows past M read as zeros).
+    const T* xrow[MT][2];
+    bool xok[MT][2];
+    #pragma unroll
+    for (int i = 0; i < MT; ++i) {
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = m0 + i * 16 + h * 8 + g;
+            xok[i][h] = row < M;
+            xrow[i][h] = x + (size_t)(xok[i][h] ? row : 0) * K + SPAN * t;
+        }
+    }
+    const uint32_t* wrow[NT];
+    const T* srow[NT];
+    const T* brow[NT];
+    bool nok[NT];
+    #pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        const int n = n0 + j * 8 + g;
+        nok[j] = n < N;
+        const size_t nn = nok[j] ? n : 0;
+        wrow[j] = w + nn * KW + (SPAN * t) * BITS / 32;
+        srow[j] = scales + nn * KG + (SPAN * t) / GS;
+        brow[j] = biases + nn * KG + (SPAN * t) / GS;
+    }
+
+    uint4 wq[NT];
+    T sc[NT];
+    T bi[NT];
+    int it = warp;
+    #pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        if (nok[j] && it < iters) {
+            wq[j] = *reinterpret_cast<const uint4*>(wrow[j] + it * (KPI * BITS / 32));
+            sc[j] = srow[j][it * KPI / GS];
+            bi[j] = brow[j][it * KPI / GS];
+        } else {
+            wq[j] = make_uint4(0u, 0u, 0u, 0u);
+            sc[j] = static_cast<T>(0.f);
+            bi[j] = static_cast<T>(0.f);
+        }
+    }
+    for (; it < iters; it += WK) {
+        uint4 cw[NT];
+        T cs[NT];
+        T cb[NT];
+        #pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            cw[j] = wq[j];
+            cs[j] = sc[j];
+            cb[j] = bi[j];
+        }
+        const int nx = it + WK;  // the next iteration's weights, in flight while this one runs
+        #pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            if (nok[j] && nx < iters) {
+                wq[j] = *reinterpret_cast<const uint4*>(wrow[j] + nx * (KPI * BITS / 32));
+                sc[j] = srow[j][nx * KPI / GS];
+                bi[j] = brow[j][nx * KPI / GS];
+            }
+        }
+        #pragma unroll
+        for (int r = 0; r < ROUNDS; ++r) {
+            // Activations of k (8 of this lane's span) for both row halves of each tile,
+            // as the pairs (e, e + 4) the weights give.
+            uint32_t a[MT][2][4];
+            #pragma unroll
+            for (int i = 0; i < MT; ++i) {
+                #pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+                    if (xok[i][h])
+                        v = *reinterpret_cast<const uint4*>(xrow[i][h] + it * KPI + 8 * r);
+                    a[i][h][0] = __byte_perm(v.x, v.z, 0x5410);
+                    a[i][h][1] = __byte_perm(v.x, v.z, 0x7632);
+                    a[i][h][2] = __byte_perm(v.y, v.w, 0x5410);
+                    a[i][h][3] = __byte_perm(v.y, v.w, 0x7632);
+                }
+            }
+            #pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                const uint32_t* words = reinterpret_cast<const uint32_t*>(&cw[j]);
+                uint32_t b[4];
+                if (BITS == 4) {
+                    #pragma unroll
+                    for (int p = 0; p < 4; ++p) b[p] = pippin_q4_pair(words[r], p, cs[j], cb[j]);
+                } else {
+                    const float s = static_cast<float>(cs[j]);
+                    const float z = static_cast<float>(cb[j]);
+                    const uint32_t lo = words[2 * r];
+                    const uint32_t hi = words[2 * r + 1];
+                    #pragma unroll
+                    for (int p = 0; p < 4; ++p)
+                        b[p] = pippin_pack(fmaf(pippin_byte(lo, p), s, z),
+                                           fmaf(pippin_byte(hi, p), s, z), T());
+                }
+                #pragma unroll
+                for (int i = 0; i < MT; ++i) {
+                    pippin_mma(acc[i][j], a[i][0][0], a[i][1][0], a[i][0][1], a[i][1][1],
+                               b[0], b[1], T());
+                    pippin_mma(acc[i][j], a[i][0][2], a[i][1][2], a[i][0][3], a[i][1][3],
+                               b[2], b[3], T());
+                }
+            }
+        }
+    }
+
+    // The warps' parts of K, added through shared memory; then each thread writes some.
+    constexpr int PER = MT * NT * 4;
+    __shared__ float part[WK * PER * 32];
+    #pragma unroll
+    for (int i = 0; i < MT; ++i) {
+        #pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            #pragma unroll
+            for (int c = 0; c < 4; ++c)
+                part[(warp * PER + (i * NT + j) * 4 + c) * 32 + lane] = acc[i][j][c];
+        }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < PER * 32; e += WK * 32) {
+        float sum = 0.f;
+        #pragma unroll
+        for (int v = 0; v < WK; ++v) sum += part[v * PER * 32 + e];
+        const int ln = e & 31;
+        const int idx = e >> 5;  // (i * NT + j) * 4 + c
+        const int c = idx & 3;
+        const int j = (idx >> 2) % NT;
+        const int i = (idx >> 2) / NT;
+        const int row = m0 + i * 16 + (ln >> 2) + (c >> 1) * 8;
+        const int col = n0 + j * 8 + (ln & 3) * 2 + (c & 1);
+        if (row < M && col < N) out[(size_t)row * N + col] = static_cast<T>(sum);
+    }
+"""
+
+
+def applies(layer: nn.Module, dtype: mx.Dtype) -> bool:
+    """Whether `qmm` takes `layer` (an `nn.QuantizedLinear`) for activations of `dtype`."""
+    if not isinstance(layer, nn.QuantizedLinear) or getattr(layer, "mode", "affine") != "affine":
+        return False
+    if layer.bits not in BITS or layer.group_size not in GROUP_SIZES or dtype not in DTYPES:
+        return False
+    if layer["scales"].dtype != dtype or layer.get("biases") is None:
+        return False
+    if layer["biases"].dtype != dtype:
+        return False
+    k = layer["weight"].shape[-1] * 32 // layer.bits
+    return k % (512 // layer.bits) == 0  # a whole warp iteration: 128 k (4 bits), 64 (8)
+
+
+def plan(m: int, n: int, k: int, bits: int) -> tuple[int, int, int]:
+    """(MT, NT, WK): row tiles of 16 per block, column tiles of 8 per warp, warps per block
+    splitting K. Few rows: a block per 16 or 32 columns and up to 8 warps on K, so that the
+    weights stream from enough warps to fill the memory system; many rows: 64 rows a block,
+    the weights re-read per 64 rows from L2."""
+    mt = 1 if m <= 16 else 2 if m <= 32 else 4
+    nt = 4 if n >= 32 * 2 * _SMS or mt == 4 else 2
+    blocks = -(-n // (8 * nt)) * -(-m // (16 * mt))
+    iters = k // (512 // bits)
+    wk = 8 if blocks < 2 * _SMS else 4 if blocks < 4 * _SMS else 2
+    while wk > 1 and (wk > iters or wk * mt * nt * 4 * 32 * 4 > _SMEM_LIMIT):
+        wk //= 2
+    return mt, nt, wk
+
+
+def qmm(
+    x: mx.array,
+    w: mx.array,
+    scales: mx.array,
+    biases: mx.array,
+    group_size: int,
+    bits: int,
+) -> mx.array:
+    """`x @ dequantize(w).T` for x [..., K] of at most `MAX_ROWS` rows."""
+    k = x.shape[-1]
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k)
+    m, n = x2.shape[0], w.shape[0]
+    mt, nt, wk = plan(m, n, k, bits)
+    kernel = device.cuda_kernel(
+        "pippin_quant_matmul", ("x", "w", "scales", "biases"), _SOURCE, _HEADER
+    )
+    (out,) = kernel(
+        inputs=[x2, w, scales, biases],
+        template=[
+            ("T", x.dtype),
+            ("BITS", bits),
+            ("GS", group_size),
+            ("MT", mt),
+            ("NT", nt),
+            ("WK", wk),
+        ],
+        grid=(-(-n // (8 * nt)) * 32 * wk, -(-m // (16 * mt)), 1),
+        threadgroup=(32 * wk, 1, 1),
+        output_shapes=[(m, n)],
+        output_dtypes=[x.dtype],
+    )
+    return out.reshape(*lead, n)
+
+
+def layer_qmm(layer: nn.QuantizedLinear, x: mx.array) -> mx.array:
+    """`layer(x)` through `qmm` (its bias added after)."""
+    y = qmm(x, layer["weight"], layer["scales"], layer["biases"], layer.group_size, layer.bits)
+    return y + layer["bias"] if "bias" in layer else y
