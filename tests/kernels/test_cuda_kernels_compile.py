@@ -198,3 +198,23 @@ def test_quant_matmul_compiles(
         group_size,
     )
     _compile_all(recorder)
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("tokens", [1, 64, 200])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_grouped_quant_matmul_compiles(recorder: Recorder, tokens: int, bits: int) -> None:
+    """The experts' form: token rows gathered (gate/up), pair rows scattered (down)."""
+    from pippin.kernels import quant_matmul
+
+    e, top_k, k, n = 8, 2, 256, 128
+    w, s, b = mx.quantize(mx.zeros((e, n, k), dtype=mx.bfloat16), group_size=64, bits=bits)
+    indices = mx.zeros((tokens, top_k), dtype=mx.uint32)
+    ids, order = quant_matmul.sort_pairs(indices)
+    x = mx.zeros((tokens, k), dtype=mx.bfloat16)
+    quant_matmul.gather_qmm(x, w, s, b, ids, order, tokens, 64, bits, True, False)
+    pairs = mx.zeros((tokens * top_k, k), dtype=mx.bfloat16)
+    quant_matmul.gather_qmm(pairs, w, s, b, ids, order, tokens, 64, bits, False, True)
+    assert [dict(x.template)["XG"] for x in recorder.launches] == [True, False]
+    assert all(x.grid[1] % e == 0 for x in recorder.launches)
+    _compile_all(recorder)

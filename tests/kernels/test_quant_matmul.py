@@ -118,3 +118,77 @@ def test_patched_model_on_cuda_takes_the_kernel_and_stays_as_close_to_exact(
     assert our_err <= 1.5 * mlx_err + 0.01 * np.abs(exact).max()
     top = exact.argmax(-1)
     assert (ours.argmax(-1) == top).mean() >= (mlx.argmax(-1) == top).mean() - 0.2
+
+
+def _experts(e: int, n: int, k: int, bits: int, dtype: mx.Dtype = mx.bfloat16):  # type: ignore[no-untyped-def]
+    w = (mx.random.normal((e, n, k), key=mx.random.key(e)) * 0.05).astype(dtype)
+    return mx.quantize(w, group_size=64, bits=bits)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens", [1, 5, 40, 130])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_grouped_product_matches_gather_qmm(tokens: int, bits: int) -> None:
+    """Each token's rows through its top-k experts: the token rows gathered (gate/up) and
+    the pair rows scattered back (down), against `mx.gather_qmm` on the same pairs."""
+    e, top_k, n, k = 16, 4, 192, 256
+    wq, s, b = _experts(e, n, k, bits)
+    x = mx.random.normal((tokens, k), key=mx.random.key(3)).astype(mx.bfloat16)
+    # Distinct experts per token, as a router's top-k gives them (some experts idle).
+    scores = mx.random.normal((tokens, e), key=mx.random.key(4))
+    indices = mx.argpartition(-scores, kth=top_k - 1, axis=-1)[:, :top_k].astype(mx.uint32)
+    ref = mx.gather_qmm(
+        x[:, None, None, :], wq, s, b, rhs_indices=indices, transpose=True, group_size=64, bits=bits
+    )  # [tokens, top_k, 1, n]
+    ref = np.array(ref.reshape(tokens * top_k, n).astype(mx.float32))
+    ids, order = quant_matmul.sort_pairs(indices)
+    # Gate/up: token rows in, sorted pair rows out.
+    sorted_out = quant_matmul.gather_qmm(x, wq, s, b, ids, order, tokens, 64, bits, True, False)
+    back = np.empty_like(ref)
+    back[np.array(order)] = np.array(sorted_out.astype(mx.float32))
+    scale = np.abs(ref).max()
+    assert np.abs(back - ref).max() <= 0.02 * scale
+    # Down: sorted pair rows in, rows in the pairs' own order out.
+    pairs = mx.array(back, dtype=mx.bfloat16)[order]  # the inputs, in sorted order
+    k2 = n
+    wq2, s2, b2 = _experts(e, 128, k2, bits)
+    got = quant_matmul.gather_qmm(pairs, wq2, s2, b2, ids, order, tokens, 64, bits, False, True)
+    want = mx.gather_qmm(
+        mx.array(back, dtype=mx.bfloat16).reshape(tokens, top_k, 1, k2),
+        wq2,
+        s2,
+        b2,
+        rhs_indices=indices,
+        transpose=True,
+        group_size=64,
+        bits=bits,
+    ).reshape(tokens * top_k, 128)
+    want = np.array(want.astype(mx.float32))
+    assert np.abs(np.array(got.astype(mx.float32)) - want).max() <= 0.02 * np.abs(want).max()
+
+
+@pytest.mark.cuda
+def test_moe_model_takes_the_grouped_kernel_and_keeps_its_logits(tiny_models) -> None:
+    """A quantised tiny Qwen3-MoE (widths the kernel takes): the patched `SwitchGLU` runs,
+    and its logits stay as close to the exact ones as mlx-lm's `gather_qmm`'s."""
+    from support.engine_runs import loaded_model
+
+    from pippin.kernels import patches
+    from pippin.kernels.config import KernelConfig
+
+    path = tiny_models("qwen3_moe", hidden_size=256, moe_intermediate_size=128)
+    model = loaded_model(path).model
+    nn.quantize(model, group_size=64, bits=4)
+    model.set_dtype(mx.bfloat16)
+    for shape in ((5, 1), (1, 24)):  # a decode batch, a prompt chunk
+        tokens = mx.random.randint(3, model.args.vocab_size, shape, key=mx.random.key(2))
+        model.set_dtype(mx.float32)
+        exact = np.array(model(tokens))
+        model.set_dtype(mx.bfloat16)
+        mlx = np.array(model(tokens).astype(mx.float32))
+        patched = patches.apply(model, KernelConfig(), {}, {}, None)
+        assert patched.moe_kernel
+        ours = np.array(model(tokens).astype(mx.float32))
+        patches.undo(model)
+        mlx_err, our_err = (np.abs(y - exact).max() for y in (mlx, ours))
+        assert our_err <= 1.5 * mlx_err + 0.01 * np.abs(exact).max(), shape

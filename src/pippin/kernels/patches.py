@@ -19,7 +19,9 @@ a loaded model's live objects (never mlx-lm's source), in this order:
 6. `quantised_products`: affine `nn.QuantizedLinear`s (the fused ones too) become a
    subclass that runs inputs of many rows (prompt chunks) through the unpacked weight
    and a dense matmul, few rows (decode) on CUDA through pippin's tensor-core kernel
-   (`quant_matmul`), elsewhere through MLX's quantised product (`dense_quant`).
+   (`quant_matmul`), elsewhere through MLX's quantised product (`dense_quant`); on CUDA
+   mixture-of-experts MLPs (`SwitchGLU`) with such experts run them through the kernel's
+   grouped form (`moe_quant`).
 7. On the CPU, prompt chunks' attention (through the routing of 2.) and the `swiglu`
    bound in each of the model's mlx-lm modules run in numpy (`cpu_prefill`).
 8. `route_gated_delta`: the `gated_delta_update` bound in each of the model's mlx-lm
@@ -53,6 +55,7 @@ from pippin.kernels import (
     fused_proj,
     gated_delta,
     head_rows,
+    moe_quant,
     paged_attention,
     prefill_attention,
 )
@@ -74,6 +77,7 @@ class Patched:
     head: head_rows.HeadRows | None = None
     dense_quant: int = 0  # quantised layers whose prompt chunks take the dense product
     quant_kernel: int = 0  # quantised layers whose decode rows take `quant_matmul`
+    moe_kernel: bool = False  # quantised experts through `quant_matmul.gather_qmm`
 
 
 def apply(
@@ -118,6 +122,8 @@ def apply(
     if dense or kernel:
         rows = config.dense_quant_rows if dense else sys.maxsize
         out.dense_quant, out.quant_kernel = quantised_products(model, rows, kernel)
+    if kernel:
+        out.moe_kernel = quantised_experts(model)
     return out
 
 
@@ -322,6 +328,13 @@ def fuse_layers(model: nn.Module, chosen: dict[str, int]) -> bool:
     return _swap_in(
         model, classes, lambda m, base: fused_layer.plan(m, base, chosen), "_pippin_plan"
     )
+
+
+def quantised_experts(model: nn.Module) -> bool:
+    """Swap every `SwitchGLU` of `model` whose experts the kernel takes for the form that
+    runs them through `quant_matmul.gather_qmm` (`moe_quant`), if all can be; True if so."""
+    classes = _subclasses(moe_quant.CLASSES, moe_quant.call)
+    return _swap_in(model, classes, moe_quant.plan, "_pippin_plan")
 
 
 # --- 5. the LM head's rows ----------------------------------------------------------

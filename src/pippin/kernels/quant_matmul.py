@@ -89,11 +89,58 @@ __device__ __forceinline__ void pippin_mma(float* c, uint32_t a0, uint32_t a1, u
 }
 """
 
-_SOURCE = r"""
+# Each kernel's first lines set: K, N, the tile's first row p0 and its rows' end p1, the
+# expert's weights (wx, sx, bx), and where row p of the tile reads x (xrow_of) and writes
+# out (orow_of).
+_DENSE = r"""
     // x [M, K] (T), w [N, K * BITS / 32] (uint32), scales and biases [N, K / GS] (T).
-    const int M = x_shape[0];
     const int K = x_shape[1];
     const int N = w_shape[0];
+    const int p0 = blockIdx.y * (16 * MT);
+    const int p1 = x_shape[0];
+    const uint32_t* wx = w;
+    const T* sx = scales;
+    const T* bx = biases;
+    auto xrow_of = [](int p) { return p; };
+    auto orow_of = [](int p) { return p; };
+"""
+
+# Mixture of experts: pairs (a token, one of its experts) sorted by expert (`ids`,
+# ascending); block y = expert e * chunks + c takes the c-th 16 * MT pairs of e. Blocks
+# past an expert's pairs leave at once. Sorted pair p is the token's pair order[p]: with XG
+# it reads x row order[p] / (P / rows of x) (the token's), else row p; with OG it writes
+# out row order[p] (the pairs' own order), else row p.
+_GROUPED = r"""
+    // x [R, K], w [E, N, K * BITS / 32], scales and biases [E, N, K / GS], ids [P].
+    const int K = x_shape[1];
+    const int N = w_shape[1];
+    const int E = w_shape[0];
+    const int P = ids_shape[0];
+    const int div = P / x_shape[0];
+    const int chunks = gridDim.y / E;
+    const int e = blockIdx.y / chunks;
+    int lo = 0, hi = P;  // [lb, ub): the pairs of expert e
+    while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if ((int)ids[mid] < e) lo = mid + 1; else hi = mid;
+    }
+    const int lb = lo;
+    hi = P;
+    while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if ((int)ids[mid] <= e) lo = mid + 1; else hi = mid;
+    }
+    const int p1 = lo;
+    const int p0 = lb + (blockIdx.y % chunks) * (16 * MT);
+    if (p0 >= p1) return;  // the whole block: no barrier is reached
+    const uint32_t* wx = w + (size_t)e * N * (K * BITS / 32);
+    const T* sx = scales + (size_t)e * N * (K / GS);
+    const T* bx = biases + (size_t)e * N * (K / GS);
+    auto xrow_of = [&](int p) { return XG ? (int)order[p] / div : p; };
+    auto orow_of = [&](int p) { return OG ? (int)order[p] : p; };
+"""
+
+_CORE = r"""
     constexpr int SPAN = BITS == 4 ? 32 : 16;  // k of one thread's 16-byte load
     constexpr int KPI = 4 * SPAN;              // k of one warp iteration
     constexpr int ROUNDS = SPAN / 8;           // MMA pairs (k32) an iteration
@@ -105,7 +152,6 @@ _SOURCE = r"""
     const int g = lane >> 2;
     const int t = lane & 3;
     const int n0 = blockIdx.x * (8 * NT);
-    const int m0 = blockIdx.y * (16 * MT);
 
     float acc[MT][NT][4];
     #pragma unroll
@@ -116,16 +162,16 @@ _SOURCE = r"""
             for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
         }
     }
-    // Rows of x this lane reads (rows past M read as zeros).
+    // Rows of x this lane reads (rows past the tile's read as zeros).
     const T* xrow[MT][2];
     bool xok[MT][2];
     #pragma unroll
     for (int i = 0; i < MT; ++i) {
         #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const int row = m0 + i * 16 + h * 8 + g;
-            xok[i][h] = row < M;
-            xrow[i][h] = x + (size_t)(xok[i][h] ? row : 0) * K + SPAN * t;
+            const int p = p0 + i * 16 + h * 8 + g;
+            xok[i][h] = p < p1;
+            xrow[i][h] = x + (size_t)(xok[i][h] ? xrow_of(p) : 0) * K + SPAN * t;
         }
     }
     const uint32_t* wrow[NT];
@@ -137,9 +183,9 @@ _SOURCE = r"""
         const int n = n0 + j * 8 + g;
         nok[j] = n < N;
         const size_t nn = nok[j] ? n : 0;
-        wrow[j] = w + nn * KW + (SPAN * t) * BITS / 32;
-        srow[j] = scales + nn * KG + (SPAN * t) / GS;
-        brow[j] = biases + nn * KG + (SPAN * t) / GS;
+        wrow[j] = wx + nn * KW + (SPAN * t) * BITS / 32;
+        srow[j] = sx + nn * KG + (SPAN * t) / GS;
+        brow[j] = bx + nn * KG + (SPAN * t) / GS;
     }
 
     uint4 wq[NT];
@@ -245,18 +291,21 @@ _SOURCE = r"""
         const int c = idx & 3;
         const int j = (idx >> 2) % NT;
         const int i = (idx >> 2) / NT;
-        const int row = m0 + i * 16 + (ln >> 2) + (c >> 1) * 8;
+        const int p = p0 + i * 16 + (ln >> 2) + (c >> 1) * 8;
         const int col = n0 + j * 8 + (ln & 3) * 2 + (c & 1);
-        if (row < M && col < N) out[(size_t)row * N + col] = static_cast<T>(sum);
+        if (p < p1 && col < N) out[(size_t)orow_of(p) * N + col] = static_cast<T>(sum);
     }
 """
 
 
 def applies(layer: nn.Module, dtype: mx.Dtype) -> bool:
-    """Whether `qmm` takes `layer` (an `nn.QuantizedLinear`) for activations of `dtype`."""
-    if not isinstance(layer, nn.QuantizedLinear) or getattr(layer, "mode", "affine") != "affine":
+    """Whether the kernel computes `layer` (an `nn.QuantizedLinear`, or mlx-lm's
+    `QuantizedSwitchLinear` of stacked experts) for activations of `dtype`."""
+    if getattr(layer, "mode", "affine") != "affine" or "scales" not in layer:
         return False
-    if layer.bits not in BITS or layer.group_size not in GROUP_SIZES or dtype not in DTYPES:
+    if getattr(layer, "bits", None) not in BITS or dtype not in DTYPES:
+        return False
+    if getattr(layer, "group_size", None) not in GROUP_SIZES:
         return False
     if layer["scales"].dtype != dtype or layer.get("biases") is None:
         return False
@@ -266,14 +315,15 @@ def applies(layer: nn.Module, dtype: mx.Dtype) -> bool:
     return k % (512 // layer.bits) == 0  # a whole warp iteration: 128 k (4 bits), 64 (8)
 
 
-def plan(m: int, n: int, k: int, bits: int) -> tuple[int, int, int]:
+def plan(m: int, n: int, k: int, bits: int, row_blocks: int = 0) -> tuple[int, int, int]:
     """(MT, NT, WK): row tiles of 16 per block, column tiles of 8 per warp, warps per block
-    splitting K. Few rows: a block per 16 or 32 columns and up to 8 warps on K, so that the
-    weights stream from enough warps to fill the memory system; many rows: 64 rows a block,
-    the weights re-read per 64 rows from L2."""
+    splitting K, for `m` rows (of one expert) and `row_blocks` blocks along the rows (by
+    default those m rows need). Few rows: a block per 16 or 32 columns and up to 8 warps on
+    K, so that the weights stream from enough warps to fill the memory system; many rows:
+    64 rows a block, the weights re-read per 64 rows from L2."""
     mt = 1 if m <= 16 else 2 if m <= 32 else 4
     nt = 4 if n >= 32 * 2 * _SMS or mt == 4 else 2
-    blocks = -(-n // (8 * nt)) * -(-m // (16 * mt))
+    blocks = -(-n // (8 * nt)) * (row_blocks or -(-m // (16 * mt)))
     iters = k // (512 // bits)
     wk = 8 if blocks < 2 * _SMS else 4 if blocks < 4 * _SMS else 2
     while wk > 1 and (wk > iters or wk * mt * nt * 4 * 32 * 4 > _SMEM_LIMIT):
@@ -296,7 +346,7 @@ def qmm(
     m, n = x2.shape[0], w.shape[0]
     mt, nt, wk = plan(m, n, k, bits)
     kernel = device.cuda_kernel(
-        "pippin_quant_matmul", ("x", "w", "scales", "biases"), _SOURCE, _HEADER
+        "pippin_quant_matmul", ("x", "w", "scales", "biases"), _DENSE + _CORE, _HEADER
     )
     (out,) = kernel(
         inputs=[x2, w, scales, biases],
@@ -314,6 +364,63 @@ def qmm(
         output_dtypes=[x.dtype],
     )
     return out.reshape(*lead, n)
+
+
+def sort_pairs(indices: mx.array) -> tuple[mx.array, mx.array]:
+    """(ids, order): the experts of `indices` [..., top_k] flattened and sorted, and the
+    flat pair each sorted one came from; what `gather_qmm` takes."""
+    flat = indices.reshape(-1)
+    order = mx.argsort(flat)
+    return flat[order], order
+
+
+def gather_qmm(
+    x: mx.array,
+    w: mx.array,
+    scales: mx.array,
+    biases: mx.array,
+    ids: mx.array,
+    order: mx.array,
+    tokens: int,
+    group_size: int,
+    bits: int,
+    gather_x: bool,
+    scatter_out: bool,
+) -> mx.array:
+    """The experts' products for the pairs of `sort_pairs`: row p of the result (in sorted
+    order, or with `scatter_out` in the pairs' own order) is `x_r @ dequantize(w[ids[p]]).T`,
+    x_r being x's row of pair p's token (`gather_x`: x holds one row per token) or x's row
+    p (x holds one row per sorted pair). `tokens` bounds the pairs of one expert."""
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k)
+    p, (e, n) = ids.size, w.shape[:2]
+    # Rows of an expert: about 4x the mean; blocks busy: one per expert with pairs.
+    mt, nt, wk = plan(4 * p // e + 1, n, k, bits, row_blocks=min(e, p))
+    chunks = -(-tokens // (16 * mt))
+    kernel = device.cuda_kernel(
+        "pippin_gather_quant_matmul",
+        ("x", "w", "scales", "biases", "ids", "order"),
+        _GROUPED + _CORE,
+        _HEADER,
+    )
+    (out,) = kernel(
+        inputs=[x2, w, scales, biases, ids, order],
+        template=[
+            ("T", x.dtype),
+            ("BITS", bits),
+            ("GS", group_size),
+            ("MT", mt),
+            ("NT", nt),
+            ("WK", wk),
+            ("XG", gather_x),
+            ("OG", scatter_out),
+        ],
+        grid=(-(-n // (8 * nt)) * 32 * wk, e * chunks, 1),
+        threadgroup=(32 * wk, 1, 1),
+        output_shapes=[(p, n)],
+        output_dtypes=[x.dtype],
+    )
+    return out
 
 
 def layer_qmm(layer: nn.QuantizedLinear, x: mx.array) -> mx.array:

@@ -1,0 +1,81 @@
+"""Mixture-of-experts MLPs with affine-quantised experts on tensor cores (CUDA).
+
+mlx-lm's `SwitchGLU` runs each projection through `mx.gather_qmm`, whose CUDA form is far
+slower than a dense product of the same bytes (mlx issue #4339: about 24x). Here its class
+becomes a subclass whose `__call__` sorts the (token, expert) pairs once and runs the three
+projections through `quant_matmul.gather_qmm`: the gate and up products read each token's
+row for its pairs in expert order, the activation runs on those rows, and the down product
+writes each pair's row back in the pairs' own order, so no gather or scatter op runs
+between them. The experts' biases (gpt-oss) are added as mlx-lm adds them.
+
+Where it applies: every projection an affine `QuantizedSwitchLinear` that
+`quant_matmul.applies` takes, activations of its scales' dtype, and at most `MAX_TOKENS`
+tokens a call (prompt chunks beyond that keep mlx-lm's sorted `gather_qmm`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from pippin.kernels import quant_matmul
+
+CLASSES = (("switch_layers", "SwitchGLU"),)
+PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+MAX_TOKENS = 256
+
+
+def plan(module: nn.Module, base: type) -> mx.Dtype | None:
+    """The activations' dtype for which the kernel runs `module`'s experts, or None."""
+    layers = [getattr(module, p, None) for p in PROJECTIONS]
+    if not all(type(m).__name__ == "QuantizedSwitchLinear" for m in layers):
+        return None
+    dtype = layers[0]["scales"].dtype
+    if any(m.get("global_scale") is not None for m in layers):
+        return None
+    return dtype if all(quant_matmul.applies(m, dtype) for m in layers) else None
+
+
+def _project(
+    layer: Any,
+    x: mx.array,
+    ids: mx.array,
+    order: mx.array,
+    tokens: int,
+    gather_x: bool,
+    scatter_out: bool,
+    flat: mx.array,
+) -> mx.array:
+    y = quant_matmul.gather_qmm(
+        x,
+        layer["weight"],
+        layer["scales"],
+        layer["biases"],
+        ids,
+        order,
+        tokens,
+        layer.group_size,
+        layer.bits,
+        gather_x,
+        scatter_out,
+    )
+    if "bias" in layer:
+        y = y + layer["bias"][flat if scatter_out else ids]
+    return y
+
+
+def call(self: Any, x: mx.array, indices: mx.array) -> mx.array:
+    dtype = getattr(self, "_pippin_plan", None)
+    top_k = indices.shape[-1]
+    tokens = indices.size // top_k
+    if dtype is None or x.dtype != dtype or tokens > MAX_TOKENS or x.size != tokens * x.shape[-1]:
+        return self._pippin_base.__call__(self, x, indices)
+    ids, order = quant_matmul.sort_pairs(indices)
+    flat = indices.reshape(-1)
+    rows = x.reshape(tokens, x.shape[-1])
+    up = _project(self.up_proj, rows, ids, order, tokens, True, False, flat)
+    gate = _project(self.gate_proj, rows, ids, order, tokens, True, False, flat)
+    y = _project(self.down_proj, self.activation(up, gate), ids, order, tokens, False, True, flat)
+    return y.reshape(*indices.shape, y.shape[-1])
