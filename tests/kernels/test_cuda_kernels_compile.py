@@ -218,3 +218,33 @@ def test_grouped_quant_matmul_compiles(recorder: Recorder, tokens: int, bits: in
     assert [dict(x.template)["XG"] for x in recorder.launches] == [True, False]
     assert all(x.grid[1] % e == 0 for x in recorder.launches)
     _compile_all(recorder)
+
+
+@needs_nvrtc
+def test_warm_builds_each_quantised_template_once(
+    tiny_models, recorder: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What `patches.warm_quantised` launches at engine start on CUDA for a quantised MoE
+    model: each distinct template of its dense layers and of its experts, once, for every
+    row count below the dense path's bound; every build compiles."""
+    from support.engine_runs import loaded_model
+
+    from pippin.kernels import patches, quant_matmul
+
+    monkeypatch.setattr(device, "on_cuda", lambda: True)
+    model = loaded_model(tiny_models("qwen3_moe", hidden_size=256, moe_intermediate_size=128)).model
+    nn.quantize(model, group_size=64, bits=4)
+    model.set_dtype(mx.bfloat16)
+    swapped = patches.quantised_experts(model)
+    assert swapped
+    patches.quantised_products(model, 64, kernel=True)
+    patches.warm_quantised(model, 64)
+    names = {x.name for x in recorder.launches}
+    assert names == {"pippin_quant_matmul", "pippin_gather_quant_matmul"}
+    templates = [(x.name, tuple(x.template)) for x in recorder.launches]
+    assert len(set(templates)) == len(templates)  # none built twice
+    dense = [dict(x.template) for x in recorder.launches if x.name == "pippin_quant_matmul"]
+    assert {t["MT"] for t in dense} == {1, 2, 4}  # 1-16, 17-32 and 33-63 rows
+    assert quant_matmul.MAX_ROWS >= 64
+    patches.undo(model)
+    _compile_all(recorder)

@@ -79,3 +79,36 @@ def call(self: Any, x: mx.array, indices: mx.array) -> mx.array:
     gate = _project(self.gate_proj, rows, ids, order, tokens, True, False, flat)
     y = _project(self.down_proj, self.activation(up, gate), ids, order, tokens, False, True, flat)
     return y.reshape(*indices.shape, y.shape[-1])
+
+
+def warm(model: nn.Module, top_k: int) -> int:
+    """Build now every template the patched `SwitchGLU`s of `model` take for 1 to
+    `MAX_TOKENS` tokens of `top_k` experts each (as `quant_matmul.warm` does for dense
+    layers); how many products ran."""
+    seen: set[tuple] = set()
+    for _, m in model.named_modules():
+        if type(m).__dict__.get("__call__") is not call or m._pippin_plan is None:
+            continue
+        for q in PROJECTIONS:
+            layer = getattr(m, q)
+            down = q == "down_proj"
+            e, n = layer["weight"].shape[:2]
+            k = layer["scales"].shape[-1] * layer.group_size
+            dtype = layer["scales"].dtype
+            for tokens in range(1, MAX_TOKENS + 1):
+                p = tokens * top_k
+                plan = quant_matmul.gather_plan(p, e, n, k, layer.bits, tokens)
+                key = (dtype, layer.bits, layer.group_size, plan[:3], down)  # the template
+                if key in seen:
+                    continue
+                seen.add(key)
+                x = mx.zeros((p if down else tokens, k), dtype=dtype)
+                ids = mx.zeros((p,), dtype=mx.uint32)
+                order = mx.arange(p, dtype=mx.uint32)
+                w, s, b = layer["weight"], layer["scales"], layer["biases"]
+                mx.eval(
+                    quant_matmul.gather_qmm(
+                        x, w, s, b, ids, order, tokens, layer.group_size, layer.bits, not down, down
+                    )
+                )
+    return len(seen)

@@ -58,6 +58,7 @@ from pippin.kernels import (
     moe_quant,
     paged_attention,
     prefill_attention,
+    quant_matmul,
 )
 from pippin.kernels.config import KernelConfig
 
@@ -124,6 +125,8 @@ def apply(
         out.dense_quant, out.quant_kernel = quantised_products(model, rows, kernel)
     if kernel:
         out.moe_kernel = quantised_experts(model)
+        if not paged_attention.force_reference:  # tests on the CPU stand in for CUDA
+            warm_quantised(model, config.dense_quant_rows if dense else quant_matmul.MAX_ROWS)
     return out
 
 
@@ -328,6 +331,21 @@ def fuse_layers(model: nn.Module, chosen: dict[str, int]) -> bool:
     return _swap_in(
         model, classes, lambda m, base: fused_layer.plan(m, base, chosen), "_pippin_plan"
     )
+
+
+def warm_quantised(model: nn.Module, rows: int) -> None:
+    """Build the quantised kernels' templates before the first request needs them."""
+    kinds = dense_quant.subclass(_BASE)
+    layers = [
+        m
+        for _, m in model.named_modules()
+        if type(m) is kinds and getattr(m, dense_quant.KERNEL_ATTR, None) is not None
+    ]
+    quant_matmul.warm(layers, rows)
+    args = getattr(model, "args", None)
+    top_k = getattr(args, "num_experts_per_tok", None)
+    if isinstance(top_k, int):
+        moe_quant.warm(model, top_k)
 
 
 def quantised_experts(model: nn.Module) -> bool:

@@ -374,6 +374,14 @@ def sort_pairs(indices: mx.array) -> tuple[mx.array, mx.array]:
     return flat[order], order
 
 
+def gather_plan(p: int, e: int, n: int, k: int, bits: int, tokens: int) -> tuple[int, ...]:
+    """`plan` for `p` pairs over `e` experts (an expert's rows: about 4x the mean; blocks
+    busy: one per expert with pairs), and the chunks of 16 * MT pairs per expert that
+    `tokens` (an expert's most pairs) need."""
+    mt, nt, wk = plan(4 * p // e + 1, n, k, bits, row_blocks=min(e, p))
+    return mt, nt, wk, -(-tokens // (16 * mt))
+
+
 def gather_qmm(
     x: mx.array,
     w: mx.array,
@@ -394,9 +402,7 @@ def gather_qmm(
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
     p, (e, n) = ids.size, w.shape[:2]
-    # Rows of an expert: about 4x the mean; blocks busy: one per expert with pairs.
-    mt, nt, wk = plan(4 * p // e + 1, n, k, bits, row_blocks=min(e, p))
-    chunks = -(-tokens // (16 * mt))
+    mt, nt, wk, chunks = gather_plan(p, e, n, k, bits, tokens)
     kernel = device.cuda_kernel(
         "pippin_gather_quant_matmul",
         ("x", "w", "scales", "biases", "ids", "order"),
@@ -421,6 +427,24 @@ def gather_qmm(
         output_dtypes=[x.dtype],
     )
     return out
+
+
+def warm(layers: list[nn.Module], rows: int) -> int:
+    """Build now every template `qmm` would take for `layers` (`nn.QuantizedLinear`s the
+    kernel applies to) at 1 to `rows` - 1 rows: each build takes NVRTC a fraction of a
+    second, which a batch of a new size would otherwise wait for mid-serving (MLX builds a
+    template once, for every layer). How many products ran."""
+    seen: set[tuple] = set()
+    for layer in layers:
+        w = layer["weight"]
+        n, k = w.shape[0], w.shape[1] * 32 // layer.bits
+        dtype = layer["scales"].dtype
+        for m in range(1, min(rows, MAX_ROWS + 1)):
+            key = (dtype, layer.bits, layer.group_size, plan(m, n, k, layer.bits))
+            if key not in seen:
+                seen.add(key)
+                mx.eval(layer_qmm(layer, mx.zeros((m, k), dtype=dtype)))
+    return len(seen)
 
 
 def layer_qmm(layer: nn.QuantizedLinear, x: mx.array) -> mx.array:
