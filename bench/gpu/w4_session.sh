@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
 # pippin's W4A16/W8A16 tensor-core kernel (kernels/quant_matmul.py) on the GPU, in steps
 # that fit a device call. Usage: bash bench/gpu/w4_session.sh STEP [STEP ...]
-#   tests   the kernel's `cuda` tests and the dense path's
-#   probe   quant_matmul.py on each projection of the 8B shape (fused q/k/v, o, fused
-#           gate/up, down): MLX's quantised matmul, the kernel, dequantise + dense, bf16
-#   build   the random-weight 8B models (bf16, 4-bit, 8-bit) with the real Llama 3 tokenizer
-#   single  in-process single stream, mlx-lm against pippin (4-bit, 8-bit, bf16)
-#   low     pippin bench at 1, 16 and 64 streams: bf16, 4-bit with the kernel off (before)
-#           and on (after), 8-bit on
-#   high    pippin bench at 256 streams: bf16, 4-bit
-# Results in $OUT (tables, JSON, logs).
+#   tests   the kernel's `cuda` tests, verbose, each test's stack dumped after 60 s (on
+#           2026-12-06 a quiet `pytest -q ... | tail` here ran 560 s with no output)
+#   probe   quant_matmul.py on the 8B shape's fused q/k/v, down and fused gate/up: MLX's
+#           quantised matmul, the kernel, dequantise + dense, bf16 (ms per product)
+#   build   the random-weight 8B models (bf16, 4-bit) with the real Llama 3 tokenizer
+#   single  in-process single stream of the 4-bit model: mlx-lm, pippin, pippin without
+#           the kernel; `batch` the same at 64 rows
+#   kernel  pippin bench at 1 and 64 streams: the 4-bit model with the kernel and without
+#   bf16    pippin bench at 1, 16 and 64 streams: bf16 against 4-bit (kernel, and dense
+#           prompt chunks from 256 rows)
+#   high    pippin bench at 256 streams: bf16 against 4-bit
+# Results in $OUT (tables, JSON, logs), each step's output also in $OUT/<step>.txt.
 set -u
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 OUT=${OUT:-.tmp/gpu}
 ROOT=/tmp/pippin-gpu-models
 mkdir -p "$OUT"
-export PIPPIN_DENSE_QUANT=${PIPPIN_DENSE_QUANT:-auto}
 M8=random:llama-3.1-8b
+DENSE="PIPPIN_DENSE_QUANT=auto PIPPIN_DENSE_QUANT_ROWS=256"
 
 source bench/gpu/bench_lib.sh
 
@@ -24,26 +27,37 @@ for step in "$@"; do
   echo "=== $step $(date -u +%T)"
   case $step in
     tests)
-      python3 -m pytest -q -p no:cacheprovider -x tests/kernels/test_quant_matmul.py \
-        tests/kernels/test_dense_quant.py 2>&1 | tail -15 ;;
+      timeout 300 python3 -m pytest -v -p no:cacheprovider -o faulthandler_timeout=60 \
+        tests/kernels/test_quant_matmul.py tests/kernels/test_dense_quant.py 2>&1 |
+        grep -v WARNING | tee "$OUT/tests.txt" | tail -40 ;;
     probe)
-      for nk in 6144,4096 4096,4096 28672,4096 4096,14336; do
-        python3 bench/gpu/quant_matmul.py --n "${nk%,*}" --k "${nk#*,}" --reps 10 \
-          --rows 1,2,4,8,16,32,64,128,256,512 --out "$OUT/qmm-${nk/,/x}.json"
-      done ;;
+      for nk in 6144,4096 4096,14336 28672,4096; do
+        (cd bench/gpu && timeout 100 python3 quant_matmul.py --n "${nk%,*}" --k "${nk#*,}" \
+          --reps 5 --rows 1,4,16,32,64,128,256,512 --out "$OUT/qmm-${nk/,/x}.json")
+      done 2>&1 | grep -v WARNING | tee "$OUT/probe.txt" ;;
     build)
-      build llama-3.1-8b llama-3.1-8b-4bit llama-3.1-8b-8bit
+      build llama-3.1-8b llama-3.1-8b-4bit 2>&1 | grep built
       df -h /tmp | tail -1 ;;
     single)
-      for m in llama-3.1-8b-4bit llama-3.1-8b-8bit llama-3.1-8b; do
-        python3 bench/gpu/single_stream.py "$ROOT/$m" --repeat 2 --gen 256 \
-          --engines "mlx_lm,pippin,pippin:PIPPIN_QUANT_KERNEL=0" 2>&1 | tail -8
-      done ;;
-    low)
-      bench low "1 16 64" 8000 "bf16=pippin:$M8" "PIPPIN_QUANT_KERNEL=0 4bit-before=pippin:$M8-4bit" \
-        "4bit=pippin:$M8-4bit" "8bit=pippin:$M8-8bit" ;;
+      timeout 170 python3 bench/gpu/single_stream.py "$ROOT/llama-3.1-8b-4bit" --repeat 2 \
+        --gen 128 --prompt 256 --engines "mlx_lm,pippin,pippin:PIPPIN_QUANT_KERNEL=0" 2>&1 |
+        grep -v WARNING | tee "$OUT/single.txt" | tail -8 ;;
+    batch)
+      timeout 200 python3 bench/gpu/single_stream.py "$ROOT/llama-3.1-8b-4bit" --repeat 1 \
+        --gen 64 --prompt 256 --batch 64 --engines "pippin,pippin:PIPPIN_QUANT_KERNEL=0,mlx_lm" \
+        2>&1 | grep -v WARNING | tee "$OUT/batch.txt" | tail -8 ;;
+    kernel)
+      SECS=400 WARMUP=2 bench kernel "1 64" 8000 "4bit=pippin:$M8-4bit" \
+        "PIPPIN_QUANT_KERNEL=0 4bit-off=pippin:$M8-4bit" >/dev/null 2>&1
+      grep "^|" "$OUT/kernel.md" ;;
+    bf16)
+      SECS=220 WARMUP=2 bench bf16 "1 16 64" 8000 "bf16=pippin:$M8" \
+        "$DENSE 4bit=pippin:$M8-4bit" >/dev/null 2>&1
+      grep "^|" "$OUT/bf16.md" ;;
     high)
-      bench high 256 24000 "bf16=pippin:$M8" "4bit=pippin:$M8-4bit" ;;
+      SECS=400 WARMUP=2 bench high 256 24000 "bf16=pippin:$M8" "$DENSE 4bit=pippin:$M8-4bit" \
+        >/dev/null 2>&1
+      grep "^|" "$OUT/high.md" ;;
   esac
 done
 echo "=== done $(date -u +%T)"

@@ -119,14 +119,13 @@ VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
         "0: the LM head on every position of a prompt chunk, not just the sampled ones.",
     ),
     "PIPPIN_DENSE_QUANT": (
-        _flag("PIPPIN_DENSE_QUANT", "0"),
+        _flag("PIPPIN_DENSE_QUANT", "auto"),
         "1: quantised layers run prompt chunks (many rows) as a dense product of the unpacked "
-        "weight; auto: on CUDA only; 0 (the default until measured on a GPU): always MLX's "
-        "quantised matmul.",
+        "weight; auto (the default): on CUDA only; 0: never.",
     ),
     "PIPPIN_DENSE_QUANT_ROWS": (
-        lambda: int(os.environ.get("PIPPIN_DENSE_QUANT_ROWS") or 128),
-        "The fewest rows (tokens of a step) that take that dense product (default 128).",
+        lambda: int(os.environ.get("PIPPIN_DENSE_QUANT_ROWS") or 256),
+        "The fewest rows (tokens of a step) that take that dense product (default 256).",
     ),
     "PIPPIN_QUANT_KERNEL": (
         _flag("PIPPIN_QUANT_KERNEL", "auto"),

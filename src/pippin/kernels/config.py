@@ -23,11 +23,11 @@ class KernelConfig:
     fused_proj: bool = True
     head_rows: bool = True
     compile: str = "auto"  # the decode step as one compiled graph: auto | 0 | 1
-    # Quantised layers: inputs of at least `dense_quant_rows` rows as a dense product.
-    dense_quant: str = "0"  # 0 | auto (CUDA) | 1; off until measured on a GPU
-    # Not yet measured: two points on an H100 (1.1x bf16 at 1 row, 3.7x at 256) put the
-    # crossing near 100 rows; 128 keeps decode batches of up to 127 rows quantised.
-    dense_quant_rows: int = 128
+    # Quantised layers: inputs of at least `dense_quant_rows` rows as a dense product. On an
+    # H100 (docs/benchmarks.md, "Quantised weights on tensor cores") dense beats the kernel
+    # from 256-512 rows, and 64 streams' TTFT p50 fell from 3.7 s to 1.2 s with it.
+    dense_quant: str = "auto"  # auto (CUDA) | 1 | 0
+    dense_quant_rows: int = 256
     # Quantised layers' fewer rows through pippin's tensor-core kernel: auto (CUDA) | 0.
     quant_kernel: str = "auto"
 
