@@ -42,6 +42,42 @@ def timed(fn, reps: int) -> float:  # type: ignore[no-untyped-def]
     return statistics.median(times)
 
 
+def sweep(args: argparse.Namespace) -> int:
+    """Every tiling the kernel's registers and shared memory allow, per row count."""
+    mx.random.seed(0)
+    w = (mx.random.normal((args.n, args.k)) * 0.02).astype(mx.bfloat16)
+    res: dict = {"k": args.k, "n": args.n, "device": str(mx.default_device()), "bits": {}}
+    for bits in [int(b) for b in args.bits.split(",")]:
+        wq, s, b = mx.quantize(w, group_size=64, bits=bits)
+        res["bits"][bits] = {}
+        for m in [int(r) for r in args.rows.split(",")]:
+            x = mx.random.normal((m, args.k)).astype(mx.bfloat16)
+            mx.eval(wq, s, b, x)
+            times = {}
+            for mt in (1, 2, 4):
+                for nt in (1, 2, 4):
+                    for wk in (1, 2, 4, 8):
+                        if wk * mt * nt * 4 * 32 * 4 > 48 * 1024 or wk > args.k // (512 // bits):
+                            continue
+                        tiles = (mt, nt, wk)
+                        times[tiles] = timed(
+                            lambda: quant_matmul.qmm(x, wq, s, b, 64, bits, tiles),  # noqa: B023
+                            args.reps,
+                        )
+            chosen = quant_matmul.plan(m, args.n, args.k, bits)
+            best = sorted(times, key=times.get)[:3]
+            print(
+                f"SWEEP {args.n}x{args.k} bits={bits} rows={m}: plan {chosen} "
+                f"{times.get(chosen, float('nan')):.4f} ms; best "
+                + ", ".join(f"{t} {times[t]:.4f}" for t in best),
+                flush=True,
+            )
+            res["bits"][bits][m] = {"plan": chosen, "ms": {str(t): v for t, v in times.items()}}
+    if args.out:
+        args.out.write_text(json.dumps(res, indent=2))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--k", type=int, default=4096, help="input width")
@@ -50,7 +86,15 @@ def main() -> int:
     ap.add_argument("--bits", default="4,8")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", type=Path)
+    ap.add_argument(
+        "--sweep",
+        action="store_true",
+        help="instead: time the kernel at every tiling (MT, NT, WK) for each row count and "
+        "print the fastest three beside `plan`'s choice (to tune `quant_matmul.plan`)",
+    )
     args = ap.parse_args()
+    if args.sweep:
+        return sweep(args)
     mx.random.seed(0)
     dense_layer = nn.Linear(args.k, args.n, bias=False)
     dense_layer.set_dtype(mx.bfloat16)

@@ -5,6 +5,7 @@
 #           2026-12-06 a quiet `pytest -q ... | tail` here ran 560 s with no output)
 #   probe   quant_matmul.py on the 8B shape's fused q/k/v, down and fused gate/up: MLX's
 #           quantised matmul, the kernel, dequantise + dense, bf16 (ms per product)
+#   sweep   the kernel at every tiling on those projections at 1-256 rows (to tune `plan`)
 #   build   the random-weight 8B models (bf16, 4-bit) with the real Llama 3 tokenizer
 #   single  in-process single stream of the 4-bit model: mlx-lm, pippin, pippin without
 #           the kernel; `batch` the same at 64 rows
@@ -35,6 +36,12 @@ for step in "$@"; do
         (cd bench/gpu && timeout 100 python3 quant_matmul.py --n "${nk%,*}" --k "${nk#*,}" \
           --reps 5 --rows 1,4,16,32,64,128,256,512 --out "$OUT/qmm-${nk/,/x}.json")
       done 2>&1 | grep -v WARNING | tee "$OUT/probe.txt" ;;
+    sweep)
+      for nk in 6144,4096 4096,14336 28672,4096; do
+        (cd bench/gpu && timeout 150 python3 quant_matmul.py --sweep --n "${nk%,*}" \
+          --k "${nk#*,}" --reps 3 --bits 4 --rows 1,8,16,32,64,128,256 \
+          --out "$OUT/sweep-${nk/,/x}.json")
+      done 2>&1 | grep SWEEP | tee "$OUT/sweep.txt" ;;
     build)
       build llama-3.1-8b llama-3.1-8b-4bit 2>&1 | grep built
       df -h /tmp | tail -1 ;;

@@ -338,13 +338,15 @@ def qmm(
     biases: mx.array,
     group_size: int,
     bits: int,
+    tiles: tuple[int, int, int] | None = None,
 ) -> mx.array:
-    """`x @ dequantize(w).T` for x [..., K] of at most `MAX_ROWS` rows."""
+    """`x @ dequantize(w).T` for x [..., K] of at most `MAX_ROWS` rows; `tiles` (MT, NT, WK)
+    instead of `plan`'s (for measuring: `bench/gpu/quant_matmul.py --sweep`)."""
     k = x.shape[-1]
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
     m, n = x2.shape[0], w.shape[0]
-    mt, nt, wk = plan(m, n, k, bits)
+    mt, nt, wk = tiles or plan(m, n, k, bits)
     kernel = device.cuda_kernel(
         "pippin_quant_matmul", ("x", "w", "scales", "biases"), _DENSE + _CORE, _HEADER
     )
