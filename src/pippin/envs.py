@@ -133,6 +133,11 @@ VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
         "PIPPIN_DENSE_QUANT_ROWS) run pippin's W4A16/W8A16 tensor-core kernel; 0: MLX's "
         "quantised matmul.",
     ),
+    "PIPPIN_MOE_KERNEL": (
+        _flag("PIPPIN_MOE_KERNEL", "0"),
+        "1: on CUDA, mixture-of-experts MLPs with affine-quantised experts run them through "
+        "the kernel's grouped form; 0 (the default until checked on a GPU): MLX's gather_qmm.",
+    ),
     "PIPPIN_COMPILE": (
         _flag("PIPPIN_COMPILE", "auto"),
         "auto: decode steps as one compiled MLX graph on CUDA only; 0: never; 1: always.",

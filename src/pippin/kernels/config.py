@@ -30,6 +30,9 @@ class KernelConfig:
     dense_quant_rows: int = 256
     # Quantised layers' fewer rows through pippin's tensor-core kernel: auto (CUDA) | 0.
     quant_kernel: str = "auto"
+    # Quantised experts through the kernel's grouped form (CUDA): 1 | 0. Off until a GPU run
+    # has checked it against `gather_qmm` (tests/kernels/test_quant_matmul.py, `cuda`).
+    moe_kernel: str = "0"
 
     @classmethod
     def from_env(cls) -> KernelConfig:
@@ -47,4 +50,5 @@ class KernelConfig:
             dense_quant=envs.PIPPIN_DENSE_QUANT,
             dense_quant_rows=envs.PIPPIN_DENSE_QUANT_ROWS,
             quant_kernel=envs.PIPPIN_QUANT_KERNEL,
+            moe_kernel=envs.PIPPIN_MOE_KERNEL,
         )

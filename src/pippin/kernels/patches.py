@@ -124,7 +124,7 @@ def apply(
         rows = config.dense_quant_rows if dense else sys.maxsize
         out.dense_quant, out.quant_kernel = quantised_products(model, rows, kernel)
     if kernel:
-        out.moe_kernel = quantised_experts(model)
+        out.moe_kernel = config.moe_kernel == "1" and quantised_experts(model)
         if not paged_attention.force_reference:  # tests on the CPU stand in for CUDA
             warm_quantised(model, config.dense_quant_rows if dense else quant_matmul.MAX_ROWS)
     return out
