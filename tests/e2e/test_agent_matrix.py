@@ -3,18 +3,22 @@ pippin serving the real Qwen2.5-Coder-0.5B GGUF, greedy: Claude Code (Anthropic 
 Codex CLI (Responses), and OpenCode, Qwen Code, Aider, Cline and Continue (OpenAI chat
 completions), configured as docs/clients.md says.
 
-Each agent gets two small tasks in its own scratch folder (read a file and quote a line;
-write a file with given content), with its turns and answers bounded, nothing to approve
-outside that folder and nothing phoning home. Every request goes through a recording proxy
-(one path prefix per agent): each must be answered 200 with a well-formed body (a stream
-framed and ended as its API ends one). The agents run side by side, so the module takes
-about as long as the slowest agent; the two tasks of one agent run one after the other and
-share its prompt's prefix in the cache.
+Each agent gets one small task in its own scratch folder, reading a file and copying a
+line of it (Codex, Aider, Cline, Continue) or writing a file with given content (Claude
+Code, OpenCode, Qwen Code), with only the one tool the task needs, its turns and answers
+bounded (its own turn bound where it has one, MAX_TOKENS), nothing to approve outside that
+folder and nothing phoning home. Every request goes through a recording proxy (one path
+prefix per agent): each must be answered 200 with a well-formed body (a stream framed and
+ended as its API ends one); a failure names the agent, the request and the response. The
+agents run side by side, so the module takes about as long as the slowest agent: under
+3 minutes on 2 CPU cores (the server's start included).
 
-Agents whose own system prompt and tool list run to thousands of tokens get a short prompt
-and only the tools the tasks need, through their own options: on a 2-core CPU the 0.5B
-model reads about 60-100 prompt tokens/s, so OpenCode's full prompt (7.2k tokens) takes
-about two minutes to read and Claude Code's (26k) several.
+The time goes to reading prompts and writing answers, seven at once on 2 cores (alone the
+0.5B model reads about 250 prompt tokens/s and writes 5-6 tokens/s): so each agent's own
+system prompt and tool list, which run to 1-9k tokens (Qwen Code's twenty tools 9.3k,
+Cline's twenty-five 4.5k, Codex's skills and tools 2.1k), are cut through its own options
+to 0.15-1k tokens, every answer is bounded, and later turns reuse the earlier turns'
+prefix from the cache.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -45,46 +49,47 @@ KEY = "sk-agents"
 MODEL = "qwen"
 # Enough for each agent's prompt and its answers, well under the model's 32k.
 CONTEXT = 32768
-MAX_TOKENS = 512  # each answer's bound, where the agent lets it be set
+# Each answer's bound: set through the agent where it lets it be set, and the server's cap
+# (--max-tokens) for those that send none (Codex, Cline, Aider). A tool call with its
+# arguments takes 40-150 tokens.
+MAX_TOKENS = 192
+TURNS = 2  # the agent's own turn bound, where it has one: the tool call, then the answer
 SYSTEM = "You are a coding agent. Use the tools to read and write files in the current folder."
 
 NOTES = "red fox\ngreen tree\nblue whale 7\nyellow sun\n"
 THIRD_LINE = "blue whale 7"
 # The 0.5B model answers "Read notes.txt and ..." from its imagination more often than it
 # reads the file; told which tool to use, it uses it.
-READ = "Use the {tool} tool on notes.txt, then reply with its third line, exactly."
+READ = "Use the {tool} tool on notes.txt, then copy its third line."
 WRITE = "Use the {tool} tool to create hello.txt containing exactly: pippin"
-TASK_TIMEOUT = 600  # a bound on a task that its agent's own turn bound did not stop
+# A safety net, not the bound: each agent's own turn bound and MAX_TOKENS end its task
+# (about 1-5 minutes with all seven side by side on 2 cores). Codex, Cline and Continue
+# have no turn bound; with this model they end by themselves within three requests.
+TASK_TIMEOUT = 480
 
 # Tasks the 0.5B model itself fails with an agent, greedy, while pippin answers every
 # request well: what it does instead. The protocol checks still hold for these agents; a
 # task here that passes is no failure.
 MODEL_LIMITS: dict[tuple[str, str], str] = {
-    ("aider", "read"): "aider: the model quotes the fourth line ('yellow sun')",
-    ("aider", "write"): "aider: the model writes a Python program that prints pippin",
-    ("continue", "read"): "continue: the model answers with the Read tool's description",
+    ("codex", "read"): "codex: the model asks exec_command for require_escalated sandbox "
+    "permissions, which Codex refuses, and repeats it",
+    ("cline", "read"): "cline: after read_files the model calls it again instead of answering",
+    ("continue", "read"): "continue: after Read the model repeats the call as text",
 }
-
-# Not yet within CI's time: on a busy 2-core machine the seven agents took 13-20 minutes
-# and several hit TASK_TIMEOUT. Opt in until the matrix is tuned to fit.
-pytestmark = pytest.mark.skipif(
-    os.environ.get("PIPPIN_AGENT_MATRIX") != "1",
-    reason="the agent matrix runs with PIPPIN_AGENT_MATRIX=1 (minutes on a CPU)",
-)
 
 
 @dataclass
 class Spec:
     """How one agent is installed and run: `command(exe, base, home, work, prompt)` gives
-    the argv and the environment additions; `answer(stdout, home)` its final reply; the
-    two tasks' prompts name its own tools."""
+    the argv and the environment additions; `answer(stdout, home)` its final reply; its one
+    task ("read" or "write") and the prompt for it, which names the agent's own tool."""
 
     name: str
     install: Callable[[], Path]
     command: Callable[[Path, str, Path, Path, str], tuple[list[str], dict[str, str]]]
     answer: Callable[[str, Path], str]
-    read: str
-    write: str
+    task: str
+    prompt: str
 
 
 @dataclass
@@ -101,7 +106,7 @@ class Outcome:
 class AgentRun:
     spec: Spec
     skipped: str | None = None
-    outcomes: list[Outcome] = field(default_factory=list)
+    outcome: Outcome | None = None
 
 
 def _json_lines(out: str) -> Iterator[dict[str, object]]:
@@ -126,7 +131,7 @@ def claude(exe: Path, base: str, home: Path, work: Path, task: str) -> tuple[lis
         "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(MAX_TOKENS),
     }
     argv = [str(exe), "-p", task, "--output-format", "json", "--system-prompt", SYSTEM]
-    argv += ["--tools", "Read,Write", "--permission-mode", "acceptEdits", "--max-turns", "4"]
+    argv += ["--tools", "Write", "--permission-mode", "acceptEdits", "--max-turns", str(TURNS)]
     return argv, env
 
 
@@ -161,9 +166,12 @@ def codex(exe: Path, base: str, home: Path, work: Path, task: str) -> tuple[list
         )
     )
     argv = [str(exe), "exec", "--skip-git-repo-check", "-s", "workspace-write"]
-    # Tools the tasks do not need (sub-agents alone are 11 kB of JSON Schema).
-    for feature in ("multi_agent", "goals", "image_generation", "apps", "plugins"):
+    # Tools the tasks do not need (sub-agents alone are 11 kB of JSON Schema), and the
+    # skills' instructions (2.9 kB): 950 prompt tokens where there were 2,150.
+    for feature in ("multi_agent", "goals", "image_generation", "apps", "plugins", "view_image"):
         argv += ["--disable", feature]
+    argv += ["-c", "skills.include_instructions=false"]
+    argv += ["-c", "tools.experimental_request_user_input.enabled=false"]
     argv += ["-o", str(home / "last-message.txt"), task]
     return argv, {"CODEX_HOME": str(codex_home), "PIPPIN_API_KEY": KEY}
 
@@ -172,7 +180,7 @@ def codex(exe: Path, base: str, home: Path, work: Path, task: str) -> tuple[list
 
 
 def opencode(exe: Path, base: str, home: Path, work: Path, task: str) -> tuple[list[str], dict]:
-    tools = ("bash", "edit", "glob", "grep", "skill", "task", "todowrite", "webfetch")
+    tools = ("bash", "glob", "grep", "skill", "task", "todowrite", "webfetch")
     config = {
         "provider": {
             "pippin": {
@@ -189,8 +197,10 @@ def opencode(exe: Path, base: str, home: Path, work: Path, task: str) -> tuple[l
         "autoupdate": False,
         "share": "disabled",
         "tools": dict.fromkeys(tools, False),
-        "permission": {"read": "allow", "edit": "allow", "external_directory": "deny"},
-        "agent": {"build": {"prompt": SYSTEM, "steps": 4}},
+        # Its write tool (and edit, which goes with it) but not read: the task's one tool.
+        "permission": {"read": "deny", "edit": "allow", "external_directory": "deny"},
+        # Its last step is one without tools, asked to sum up.
+        "agent": {"build": {"prompt": SYSTEM, "steps": TURNS}},
     }
     env = {
         "OPENCODE_CONFIG_CONTENT": json.dumps(config),
@@ -231,9 +241,13 @@ def qwen_code(exe: Path, base: str, home: Path, work: Path, task: str) -> tuple[
     env = {"OPENAI_BASE_URL": f"{base}/v1", "OPENAI_API_KEY": KEY, "OPENAI_MODEL": MODEL}
     argv = [str(exe), task, "--auth-type", "openai", "-m", MODEL, "-o", "json"]
     argv += ["--system-prompt", SYSTEM, "--approval-mode", "auto-edit"]
-    # Tools the tasks do not need (its sub-agent tool alone is 14 kB of JSON Schema).
+    # Only the tool the task needs (its 20 tools are 9k tokens of JSON Schema): the core
+    # tools by allowlist, the others by name.
     unused = ("agent", "list_agents", "skill", "get_goal", "update_goal", "tool_call")
-    return [*argv, "--exclude-tools", *unused, "--max-session-turns", "4"], env
+    unused += ("tool_search", "enter_worktree", "exit_worktree", "record_artifact")
+    unused += ("report_findings", "send_message", "task_stop")
+    argv += ["--core-tools", "write_file", "--exclude-tools", *unused]
+    return [*argv, "--max-session-turns", str(TURNS)], env
 
 
 def qwen_answer(out: str, home: Path) -> str:
@@ -267,6 +281,13 @@ def aider(exe: Path, base: str, home: Path, work: Path, task: str) -> tuple[list
 
 # --- Cline CLI: chat completions ----------------------------------------------------------
 
+CLINE_TEAM = ("spawn_teammate", "shutdown_teammate", "status", "task", "run_task", "cancel_run")
+CLINE_TEAM += ("list_runs", "await_runs", "send_message", "broadcast", "read_mailbox")
+CLINE_TEAM += ("mission_log", "cleanup", "create_outcome", "attach_outcome_fragment")
+CLINE_TEAM += ("review_outcome_fragment", "finalize_outcome", "list_outcomes")
+CLINE_UNUSED = ("search_codebase", "run_commands", "fetch_web_content", "editor", "ask_question")
+CLINE_UNUSED += ("spawn_agent", *(f"team_{t}" for t in CLINE_TEAM))
+
 
 def cline(exe: Path, base: str, home: Path, work: Path, task: str) -> tuple[list[str], dict]:
     config = str(home / ".cline")
@@ -281,6 +302,12 @@ def cline(exe: Path, base: str, home: Path, work: Path, task: str) -> tuple[list
         timeout=120,
         check=True,
     )
+    # Only the tool the task needs (its 25 tools, agent teams among them, are 4.5k tokens
+    # of JSON Schema): the others are its global settings' disabledTools.
+    settings = home / ".cline" / "data" / "settings" / "global-settings.json"
+    known = json.loads(settings.read_text()) if settings.exists() else {}
+    settings.parent.mkdir(parents=True, exist_ok=True)
+    settings.write_text(json.dumps({**known, "disabledTools": list(CLINE_UNUSED)}))
     argv = [str(exe), "--config", config, "-c", str(work), "--json", "-s", SYSTEM]
     return [*argv, "--retries", "2", task], env
 
@@ -316,8 +343,9 @@ def cont(exe: Path, base: str, home: Path, work: Path, task: str) -> tuple[list[
         )
     )
     env = {"CONTINUE_GLOBAL_DIR": str(home / ".continue"), "CONTINUE_CLI_ENABLE_TELEMETRY": "0"}
-    argv = [str(exe), "-p", "--config", str(config), "--allow", "Read", "--allow", "Write"]
-    for tool in ("Bash", "Fetch", "Search", "Subagent", "Skills", "Checklist", "Diff"):
+    argv = [str(exe), "-p", "--config", str(config), "--allow", "Read"]
+    unused = ("Write", "List", "Bash", "Fetch", "Search", "Subagent", "Skills", "Checklist", "Diff")
+    for tool in (*unused, "CheckBackgroundJob", "AskQuestion", "Exit"):
         argv += ["--exclude", tool]
     return [*argv, task], env
 
@@ -337,7 +365,7 @@ SPECS = [
         lambda: npm_bin(CLAUDE_CODE, "claude", "Claude Code"),
         claude,
         claude_answer,
-        READ.format(tool="Read"),
+        "write",
         WRITE.format(tool="Write"),
     ),
     Spec(
@@ -345,16 +373,15 @@ SPECS = [
         lambda: npm_bin(CODEX, "codex", "the Codex CLI"),
         codex,
         last_message,
-        "Use the exec_command tool to run `cat notes.txt`, then reply with its third line, "
-        "exactly.",
-        "Use the exec_command tool to run `echo pippin > hello.txt`.",
+        "read",
+        "Use the exec_command tool to run `cat notes.txt`, then copy its third line.",
     ),
     Spec(
         "opencode",
         lambda: npm_bin(OPENCODE, "opencode", "OpenCode"),
         opencode,
         opencode_answer,
-        READ.format(tool="read"),
+        "write",
         WRITE.format(tool="write"),
     ),
     Spec(
@@ -362,7 +389,7 @@ SPECS = [
         lambda: npm_bin(QWEN_CODE, "qwen", "Qwen Code"),
         qwen_code,
         qwen_answer,
-        READ.format(tool="read_file"),
+        "write",
         WRITE.format(tool="write_file"),
     ),
     Spec(
@@ -370,24 +397,24 @@ SPECS = [
         lambda: pip_bin(AIDER, "aider", "Aider"),
         aider,
         stdout,
-        "Reply with the third line of notes.txt, exactly.",  # the file is in its prompt
-        "Create hello.txt containing exactly: pippin",
+        "read",
+        "Copy the third line of notes.txt.",  # the file is in its prompt
     ),
     Spec(
         "cline",
         lambda: npm_bin(CLINE, "cline", "the Cline CLI"),
         cline,
         cline_answer,
+        "read",
         READ.format(tool="read_files"),
-        WRITE.format(tool="editor"),
     ),
     Spec(
         "continue",
         lambda: npm_bin(CONTINUE, "cn", "the Continue CLI"),
         cont,
         stdout,
+        "read",
         READ.format(tool="Read"),
-        WRITE.format(tool="Write"),
     ),
 ]
 
@@ -403,7 +430,7 @@ def check(task: str, answer: str, work: Path) -> str | None:
 
 
 def run_agent(spec: Spec, proxy: RecordingProxy, root: Path) -> AgentRun:
-    """Both tasks, one after the other, in the agent's own scratch folder and home."""
+    """The agent's task in its own scratch folder and home."""
     run = AgentRun(spec)
     try:
         exe = spec.install()
@@ -414,43 +441,42 @@ def run_agent(spec: Spec, proxy: RecordingProxy, root: Path) -> AgentRun:
     home.mkdir(parents=True)
     work.mkdir()
     (work / "notes.txt").write_text(NOTES)
-    for task, prompt in (("read", spec.read), ("write", spec.write)):
-        argv, extra = spec.command(exe, proxy.base(spec.name), home, work, prompt)
-        # PWD too: OpenCode takes its project folder from it, and wrote into the folder
-        # pytest ran in while PWD was inherited.
-        env = {**os.environ, "PWD": str(work), "HOME": str(home)}
-        env["XDG_CONFIG_HOME"] = str(home / ".config")
-        env.update({"XDG_DATA_HOME": str(home / ".data"), "XDG_CACHE_HOME": str(home / ".cache")})
-        env.update({"XDG_STATE_HOME": str(home / ".state"), "NO_COLOR": "1", "CI": "1", **extra})
-        start = time.monotonic()
-        # A session of its own: the agent's helpers (a Cline hub, language servers) end
-        # with it, and a timeout ends them all.
-        proc = subprocess.Popen(
-            argv,
-            cwd=work,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            out, err = proc.communicate(timeout=TASK_TIMEOUT)
-            code: int | None = proc.returncode
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-            code = None
-        seconds = time.monotonic() - start
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        answer = spec.answer(out, home)
-        problem = check(task, answer, work)
-        if code is None:
-            problem = f"timed out after {TASK_TIMEOUT} s; {problem}"
-        tail = f"stdout: {out[-1500:]!r}\nstderr: {err[-1500:]!r}"
-        run.outcomes.append(Outcome(task, seconds, code, answer, tail, problem))
+    argv, extra = spec.command(exe, proxy.base(spec.name), home, work, spec.prompt)
+    # PWD too: OpenCode takes its project folder from it, and wrote into the folder pytest
+    # ran in while PWD was inherited.
+    env = {**os.environ, "PWD": str(work), "HOME": str(home)}
+    env["XDG_CONFIG_HOME"] = str(home / ".config")
+    env.update({"XDG_DATA_HOME": str(home / ".data"), "XDG_CACHE_HOME": str(home / ".cache")})
+    env.update({"XDG_STATE_HOME": str(home / ".state"), "NO_COLOR": "1", "CI": "1", **extra})
+    start = time.monotonic()
+    # A session of its own: the agent's helpers (a Cline hub, language servers) end with
+    # it, and a timeout ends them all.
+    proc = subprocess.Popen(
+        argv,
+        cwd=work,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=TASK_TIMEOUT)
+        code: int | None = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        code = None
+    seconds = time.monotonic() - start
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    answer = spec.answer(out, home)
+    problem = check(spec.task, answer, work)
+    if code is None:
+        problem = f"timed out after {TASK_TIMEOUT} s; {problem}"
+    tail = f"stdout: {out[-1500:]!r}\nstderr: {err[-1500:]!r}"
+    run.outcome = Outcome(spec.task, seconds, code, answer, tail, problem)
     return run
 
 
@@ -460,6 +486,10 @@ def matrix(
 ) -> Iterator[tuple[RecordingProxy, dict[str, AgentRun]]]:
     args = ("--served-model-name", MODEL, "--max-model-len", str(CONTEXT))
     args += ("--default-temperature", "0")  # greedy: few agents send a temperature
+    args += ("--max-tokens", str(MAX_TOKENS))  # the bound for agents that send none
+    # Small steps: seven prompts prefilled side by side hold up the decodes of the answers
+    # between them for one step each, seconds on a CPU at the default 2048.
+    args += ("--prefill-step-size", "512")
     with (
         run_server(str(qwen_gguf), *args, api_key=KEY, startup_timeout=900) as server,
         recording_proxy(server.url) as proxy,
@@ -477,21 +507,21 @@ def test_agent(name: str, matrix: tuple[RecordingProxy, dict[str, AgentRun]]) ->
     run = runs[name]
     if run.skipped:
         pytest.skip(run.skipped)
+    o = run.outcome
+    assert o is not None
     exchanges = proxy.of(name)
-    timings = ", ".join(f"{o.task} {o.seconds:.0f} s" for o in run.outcomes)
-    assert exchanges, f"[{name}] sent pippin no request ({timings})\n" + "\n".join(
-        o.output for o in run.outcomes
-    )
+    assert exchanges, f"[{name}] sent pippin no request ({o.seconds:.0f} s)\n{o.output}"
     # Every request answered 200, every stream well formed: the agent's protocol works.
     problems = proxy.problems(name)
     assert not problems, "\n".join(problems)
-    # The tasks done, as the files and the answers show.
-    failed = [o for o in run.outcomes if o.problem]
-    report = "\n".join(
-        f"[{name}] {o.task}: {o.problem} (exit {o.returncode}, {o.seconds:.0f} s, "
-        f"answer {o.answer[-500:]!r})\n{o.output}"
-        for o in failed
+    if not o.problem:
+        return
+    # The task not done, as the files and the answer show.
+    requests = "\n".join(f"  {e.describe()[:400]}" for e in exchanges)
+    report = (
+        f"[{name}] {o.task}: {o.problem} (exit {o.returncode}, {o.seconds:.0f} s, answer "
+        f"{o.answer[-500:]!r})\n{o.output}\nits {len(exchanges)} requests:\n{requests}"
     )
-    if failed and all((name, o.task) in MODEL_LIMITS for o in failed):
-        pytest.xfail("; ".join(MODEL_LIMITS[name, o.task] for o in failed) + "\n" + report)
-    assert not failed, report
+    if (name, o.task) in MODEL_LIMITS:
+        pytest.xfail(f"{MODEL_LIMITS[name, o.task]}\n{report}")
+    raise AssertionError(report)

@@ -4,6 +4,7 @@ once, at a pinned version, into the user cache."""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 import subprocess
@@ -30,14 +31,24 @@ def _installing(folder: Path) -> Iterator[None]:
         yield
 
 
+def _installed_version(folder: Path, name: str) -> str | None:
+    """The version of npm package `name` installed under `folder`, None if none is."""
+    try:
+        meta = json.loads((folder / "node_modules" / name / "package.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return str(meta.get("version")) if isinstance(meta, dict) else None
+
+
 def npm_bin(package: str, command: str, what: str) -> Path:
     """The `command` executable of npm `package` (name@version); skips where npm cannot."""
     if shutil.which("npm") is None:
         pytest.skip(f"npm is not installed, so {what} cannot be installed")
     folder = CACHE / command
     exe = folder / "node_modules" / ".bin" / command
+    name, _, version = package.rpartition("@")
     with _installing(folder):
-        if not exe.exists():
+        if not exe.exists() or _installed_version(folder, name) != version:
             r = subprocess.run(
                 ["npm", "install", "--silent", "--no-audit", "--no-fund", package],
                 cwd=folder,

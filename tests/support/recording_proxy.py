@@ -12,6 +12,7 @@ import asyncio
 import json
 import socket
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -37,6 +38,8 @@ class Exchange:
     content_type: str = ""
     response: bytes = b""
     complete: bool = False  # the whole response reached the client
+    started: float = 0.0  # time.monotonic() when the request arrived
+    seconds: float = 0.0  # until the response ended (or the client left)
 
     def request_json(self) -> dict[str, object]:
         try:
@@ -46,21 +49,31 @@ class Exchange:
         return body if isinstance(body, dict) else {}
 
     def describe(self) -> str:
-        """The request (path and the body's key fields) and the response (status and an
-        excerpt), for an assertion message."""
+        """The request (path, the body's key fields and the end of its last message) and the
+        response (status, time and an excerpt), for an assertion message."""
         body = self.request_json()
         keys = ("model", "stream", "max_tokens", "max_completion_tokens", "max_output_tokens")
         fields = {k: body[k] for k in keys if k in body}
+        last = ""
         for k in ("messages", "input", "tools"):
-            if isinstance(body.get(k), list):
-                fields[f"len({k})"] = len(body[k])  # type: ignore[arg-type]
+            items = body.get(k)
+            if isinstance(items, list):
+                fields[f"len({k})"] = len(items)
+                if k != "tools" and items:
+                    last = json.dumps(items[-1])
+            elif k == "input" and isinstance(items, str):
+                last = items
+        if last:
+            last = f"\n  last {'message' if 'messages' in body else 'input'}: " + (
+                repr(last) if len(last) <= 400 else repr(f"{last[:200]} ... {last[-200:]}")
+            )
         text = self.response.decode(errors="replace")
         excerpt = text if len(text) <= 1200 else f"{text[:600]} ... {text[-600:]}"
         return (
             f"[{self.client}] {self.method} {self.path} {fields} other keys: "
-            f"{sorted(set(body) - set(fields) - {'messages', 'input', 'tools'})}\n"
-            f"  -> {self.status} {self.content_type} {'' if self.complete else '(cut off) '}"
-            f"{excerpt!r}"
+            f"{sorted(set(body) - set(fields) - {'messages', 'input', 'tools'})}{last}\n"
+            f"  -> {self.status} {self.content_type} after {self.seconds:.0f} s "
+            f"{'' if self.complete else '(cut off) '}{excerpt!r}"
         )
 
 
@@ -200,7 +213,7 @@ class RecordingProxy:
             if request.url.query:
                 path += "?" + request.url.query
             body = await request.body()
-            ex = Exchange(client, request.method, path, body)
+            ex = Exchange(client, request.method, path, body, started=time.monotonic())
             with self._lock:
                 self.exchanges.append(ex)
             headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP}
@@ -228,6 +241,7 @@ class RecordingProxy:
                     ex.complete = True
                 finally:  # also when the client leaves mid-stream
                     ex.response = b"".join(chunks)
+                    ex.seconds = time.monotonic() - ex.started
                     await resp.aclose()
 
             out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _DROP}
