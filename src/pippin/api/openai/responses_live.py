@@ -47,6 +47,8 @@ class ResponseRun(Protocol):
     def save(self, body: dict[str, Any]) -> None: ...
 
 
+_ENDED = frozenset({"completed", "incomplete", "failed", "cancelled"})
+
 # Finished background runs whose events stay readable (`starting_after`).
 KEEP_FINISHED = 16
 
@@ -58,6 +60,9 @@ class LiveResponse:
     # Every event so far, numbered (`sequence_number` is its index).
     events: list[dict[str, Any]] = field(default_factory=list)
     status: str = "queued"
+    # The response of the event that ended the run, once one has: from then on GET answers
+    # it (with its `incomplete_details` or `error`), before the run's task has wound up.
+    final: dict[str, Any] | None = None
     done: bool = False
     # Set by `cancel`: the run's end is a cancellation to record, not a client gone.
     cancelling: bool = False
@@ -70,6 +75,8 @@ class LiveResponse:
 
     def snapshot(self) -> dict[str, Any]:
         """The response as it stands (what GET answers while it runs)."""
+        if self.final is not None:
+            return self.final
         if self.done and self.events and "response" in self.events[-1]:
             return self.events[-1]["response"]
         return self.run.body(self.status)
@@ -78,6 +85,8 @@ class LiveResponse:
         event["sequence_number"] = len(self.events)
         if "response" in event:
             self.status = event["response"]["status"]
+            if self.status in _ENDED:
+                self.final = event["response"]
         self.events.append(event)
         self._changed.set()
 
