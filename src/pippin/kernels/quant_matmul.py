@@ -331,6 +331,13 @@ def plan(m: int, n: int, k: int, bits: int, row_blocks: int = 0) -> tuple[int, i
     return mt, nt, wk
 
 
+def _template(
+    dtype: mx.Dtype, bits: int, group_size: int, tiles: tuple[int, int, int]
+) -> list[tuple[str, object]]:
+    mt, nt, wk = tiles
+    return [("T", dtype), ("BITS", bits), ("GS", group_size), ("MT", mt), ("NT", nt), ("WK", wk)]
+
+
 def qmm(
     x: mx.array,
     w: mx.array,
@@ -352,14 +359,7 @@ def qmm(
     )
     (out,) = kernel(
         inputs=[x2, w, scales, biases],
-        template=[
-            ("T", x.dtype),
-            ("BITS", bits),
-            ("GS", group_size),
-            ("MT", mt),
-            ("NT", nt),
-            ("WK", wk),
-        ],
+        template=_template(x.dtype, bits, group_size, (mt, nt, wk)),
         grid=(-(-n // (8 * nt)) * 32 * wk, -(-m // (16 * mt)), 1),
         threadgroup=(32 * wk, 1, 1),
         output_shapes=[(m, n)],
@@ -414,12 +414,7 @@ def gather_qmm(
     (out,) = kernel(
         inputs=[x2, w, scales, biases, ids, order],
         template=[
-            ("T", x.dtype),
-            ("BITS", bits),
-            ("GS", group_size),
-            ("MT", mt),
-            ("NT", nt),
-            ("WK", wk),
+            *_template(x.dtype, bits, group_size, (mt, nt, wk)),
             ("XG", gather_x),
             ("OG", scatter_out),
         ],
