@@ -57,9 +57,9 @@ def sweep(args: argparse.Namespace) -> int:
             for mt in (1, 2, 4):
                 for nt in (1, 2, 4):
                     for wk in (1, 2, 4, 8):
-                        if wk * mt * nt * 4 * 32 * 4 > 48 * 1024 or wk > args.k // (512 // bits):
-                            continue
                         tiles = (mt, nt, wk)
+                        if not quant_matmul.fits(tiles, args.k, bits):
+                            continue
                         times[tiles] = timed(
                             lambda: quant_matmul.qmm(x, wq, s, b, 64, bits, tiles),  # noqa: B023
                             args.reps,

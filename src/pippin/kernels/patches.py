@@ -120,13 +120,14 @@ def apply(
         out.head = select_head_rows(model)
     dense = dense_quant.wanted(config.dense_quant)
     kernel = config.quant_kernel != "0" and device.on_cuda()  # the kernel is CUDA's alone
+    rows = config.dense_quant_rows if dense else sys.maxsize
     if dense or kernel:
-        rows = config.dense_quant_rows if dense else sys.maxsize
         out.dense_quant, out.quant_kernel = quantised_products(model, rows, kernel)
     if kernel:
         out.moe_kernel = config.moe_kernel == "1" and quantised_experts(model)
         if not paged_attention.force_reference:  # tests on the CPU stand in for CUDA
-            warm_quantised(model, config.dense_quant_rows if dense else quant_matmul.MAX_ROWS)
+            # The kernel takes up to MAX_ROWS rows, fewer than the dense bound.
+            warm_quantised(model, min(rows, quant_matmul.MAX_ROWS + 1))
     return out
 
 

@@ -324,11 +324,17 @@ def plan(m: int, n: int, k: int, bits: int, row_blocks: int = 0) -> tuple[int, i
     mt = 1 if m <= 16 else 2 if m <= 32 else 4
     nt = 4 if n >= 32 * 2 * _SMS or mt == 4 else 2
     blocks = -(-n // (8 * nt)) * (row_blocks or -(-m // (16 * mt)))
-    iters = k // (512 // bits)
     wk = 8 if blocks < 2 * _SMS else 4 if blocks < 4 * _SMS else 2
-    while wk > 1 and (wk > iters or wk * mt * nt * 4 * 32 * 4 > _SMEM_LIMIT):
+    while wk > 1 and not fits((mt, nt, wk), k, bits):
         wk //= 2
     return mt, nt, wk
+
+
+def fits(tiles: tuple[int, int, int], k: int, bits: int) -> bool:
+    """Whether tiling (MT, NT, WK) builds and has work for every warp: the warps' partial
+    sums within the static shared memory, no more warps than iterations of K."""
+    mt, nt, wk = tiles
+    return wk <= k // (512 // bits) and wk * mt * nt * 4 * 32 * 4 <= _SMEM_LIMIT
 
 
 def _template(
