@@ -192,10 +192,14 @@ class RecordingProxy:
         with self._lock:
             return [e for e in self.exchanges if e.client == client]
 
-    def problems(self, client: str) -> list[str]:
-        """Each exchange of `client` not answered 200 with a well-formed body, described."""
+    def problems(self, client: str, left_at: tuple[float, ...] = ()) -> list[str]:
+        """Each exchange of `client` not answered 200 with a well-formed body, described;
+        but not one cut off because its client was stopped (at a `time.monotonic()` time
+        of `left_at`) while the answer was still coming: the client left, not the server."""
         out = []
         for ex in self.of(client):
+            if not ex.complete and any(ex.started <= t <= ex.started + ex.seconds for t in left_at):
+                continue
             if ex.status == 0:
                 why: str | None = "the client left before the answer began"
             else:
