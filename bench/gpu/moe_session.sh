@@ -18,7 +18,9 @@
 # Env: ROOT (model folders, default /tmp/pippin-gpu-models), TOTAL (seconds for all steps,
 # default 570: a device call allows 600), BUILD_SECS (240), SECS (the bench's, 330),
 # SINGLE_SECS (100): each step gets its own limit or what is left of TOTAL, the smaller;
-# CONC (default "1 64"), OUT_TOKENS (128), KV_MB (pippin's --cache-memory-mb, 16000). On a
+# CONC (default "1 64"), OUT_TOKENS (128), KV_MB (pippin's --cache-memory-mb, 16000),
+# PIPPIN_ENV (variables for pippin's server, e.g. "PIPPIN_MOE_KERNEL=1"), ENGINES
+# (single_stream.py's, default "mlx_lm,pippin"). On a
 # CPU, with a small model already built under $ROOT, the same steps run as a dry run (e.g.
 # CONC="1 4" KV_MB=512).
 set -u
@@ -48,9 +50,9 @@ df -h "$ROOT" | tail -1
 echo "=== bench $(date -u +%T)"
 SECS=$(limit "${SECS:-330}") OUTPUT_TOKENS=${OUT_TOKENS:-128} WARMUP=2 \
   BENCH_ARGS="--api completions --tokenizer $DIR" \
-  bench "moe-$MODEL" "${CONC:-1 64}" "${KV_MB:-16000}" "pippin=pippin:$DIR" "mlx_lm=mlx_lm:$DIR"
+  bench "moe-$MODEL" "${CONC:-1 64}" "${KV_MB:-16000}" "${PIPPIN_ENV:-} pippin=pippin:$DIR" "mlx_lm=mlx_lm:$DIR"
 
 echo "=== single $(date -u +%T)"
 timeout "$(limit "${SINGLE_SECS:-100}")" python3 bench/gpu/single_stream.py "$DIR" --prompt 512 \
-  --gen "${OUT_TOKENS:-128}" --repeat 2 2>&1 | grep -v "WARNING" | tee "$OUT/single-$MODEL.log"
+  --gen "${OUT_TOKENS:-128}" --repeat 2 --engines "${ENGINES:-mlx_lm,pippin}" 2>&1 | grep -v "WARNING" | tee "$OUT/single-$MODEL.log"
 echo "=== done $(date -u +%T)"

@@ -22,7 +22,7 @@ import checkout  # noqa: F401  (src/ on the path, MLX settings)
 import mlx.core as mx
 import mlx.nn as nn
 
-from pippin.kernels import dense_quant, quant_matmul
+from pippin.kernels import dense_quant, quant_matmul, quant_tiles
 
 CHAIN = 32  # products evaluated at once, so that host time per evaluation is spread
 
@@ -42,39 +42,70 @@ def timed(fn, reps: int) -> float:  # type: ignore[no-untyped-def]
     return statistics.median(times)
 
 
+def tilings(m: int, k: int, bits: int) -> list[quant_matmul.Tiles]:
+    """Every tiling the kernel builds for `m` rows (row tiles up to the rows' need)."""
+    out = []
+    for mt in (1, 2, 4):
+        if mt > 1 and 16 * mt // 2 >= m:
+            continue  # half its rows or more would be padding
+        for nt in (2, 4):  # one column tile a warp: never the fastest when tried
+            for wn in (1, 2, 4, 8):
+                for wk in (1, 2, 4, 8):
+                    if quant_matmul.fits((mt, nt, wn, wk), k, bits):
+                        out.append((mt, nt, wn, wk))
+    return out
+
+
 def sweep(args: argparse.Namespace) -> int:
-    """Every tiling the kernel's registers and shared memory allow, per row count."""
+    """Every tiling the kernel's registers and shared memory allow, per shape (`--shapes`,
+    else `--n` x `--k`) and row count; with `--table`, the fastest of each written into
+    that table (`kernels/quant_tiles`)."""
     mx.random.seed(0)
-    w = (mx.random.normal((args.n, args.k)) * 0.02).astype(mx.bfloat16)
-    res: dict = {"k": args.k, "n": args.n, "device": str(mx.default_device()), "bits": {}}
-    for bits in [int(b) for b in args.bits.split(",")]:
-        wq, s, b = mx.quantize(w, group_size=64, bits=bits)
-        res["bits"][bits] = {}
-        for m in [int(r) for r in args.rows.split(",")]:
-            x = mx.random.normal((m, args.k)).astype(mx.bfloat16)
-            mx.eval(wq, s, b, x)
-            times = {}
-            for mt in (1, 2, 4):
-                for nt in (1, 2, 4):
-                    for wk in (1, 2, 4, 8):
-                        tiles = (mt, nt, wk)
-                        if not quant_matmul.fits(tiles, args.k, bits):
-                            continue
-                        times[tiles] = timed(
-                            lambda: quant_matmul.qmm(x, wq, s, b, 64, bits, tiles),  # noqa: B023
-                            args.reps,
-                        )
-            chosen = quant_matmul.plan(m, args.n, args.k, bits)
-            best = sorted(times, key=times.get)[:3]
-            print(
-                f"SWEEP {args.n}x{args.k} bits={bits} rows={m}: plan {chosen} "
-                f"{times.get(chosen, float('nan')):.4f} ms; best "
-                + ", ".join(f"{t} {times[t]:.4f}" for t in best),
-                flush=True,
-            )
-            res["bits"][bits][m] = {"plan": chosen, "ms": {str(t): v for t, v in times.items()}}
+    shapes = (
+        [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
+        if args.shapes
+        else [(args.n, args.k)]
+    )
+    res: dict = {"device": quant_tiles.device_name(), "shapes": {}}
+    best_of: dict[str, dict[str, list[int]]] = {}
+    for n, k in shapes:
+        w = (mx.random.normal((n, k)) * 0.02).astype(mx.bfloat16)
+        for bits in [int(b) for b in args.bits.split(",")]:
+            wq, s, b = mx.quantize(w, group_size=64, bits=bits)
+            key = f"{bits}:{n}x{k}"
+            res["shapes"][key] = {}
+            for m in [int(r) for r in args.rows.split(",")]:
+                x = mx.random.normal((m, k)).astype(mx.bfloat16)
+                mx.eval(wq, s, b, x)
+                times = {
+                    tiles: timed(
+                        lambda: quant_matmul.qmm(x, wq, s, b, 64, bits, tiles),  # noqa: B023
+                        args.reps,
+                    )
+                    for tiles in tilings(m, k, bits)
+                }
+                chosen = quant_matmul.plan(m, n, k, bits)
+                best = sorted(times, key=times.get)[:3]
+                print(
+                    f"SWEEP {key} rows={m}: plan {chosen} "
+                    f"{times.get(chosen, float('nan')):.4f} ms; best "
+                    + ", ".join(f"{t} {times[t]:.4f}" for t in best),
+                    flush=True,
+                )
+                res["shapes"][key][m] = {
+                    "plan": chosen,
+                    "ms": {str(t): v for t, v in times.items()},
+                }
+                best_of.setdefault(key, {})[str(m)] = list(best[0])
+        del w
     if args.out:
         args.out.write_text(json.dumps(res, indent=2))
+    if args.table:
+        doc = json.loads(args.table.read_text()) if args.table.exists() else {}
+        doc.setdefault("devices", [res["device"]])
+        for key, by_rows in best_of.items():
+            doc.setdefault("shapes", {}).setdefault(key, {}).update(by_rows)
+        args.table.write_text(json.dumps(doc, indent=1, sort_keys=True))
     return 0
 
 
@@ -89,8 +120,15 @@ def main() -> int:
     ap.add_argument(
         "--sweep",
         action="store_true",
-        help="instead: time the kernel at every tiling (MT, NT, WK) for each row count and "
-        "print the fastest three beside `plan`'s choice (to tune `quant_matmul.plan`)",
+        help="instead: time the kernel at every tiling (MT, NT, WN, WK) for each row count "
+        "and print the fastest three beside `plan`'s choice (to tune `quant_matmul.plan`)",
+    )
+    ap.add_argument("--shapes", help="with --sweep: NxK,... instead of --n and --k")
+    ap.add_argument(
+        "--table",
+        type=Path,
+        help="with --sweep: merge each row count's fastest tiling into this table "
+        "(`PIPPIN_QUANT_TILES`, `src/pippin/kernels/tuned/`)",
     )
     args = ap.parse_args()
     if args.sweep:

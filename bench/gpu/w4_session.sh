@@ -5,7 +5,15 @@
 #           2026-12-06 a quiet `pytest -q ... | tail` here ran 560 s with no output)
 #   probe   quant_matmul.py on the 8B shape's fused q/k/v, down and fused gate/up: MLX's
 #           quantised matmul, the kernel, dequantise + dense, bf16 (ms per product)
-#   sweep   the kernel at every tiling on those projections at 1-256 rows (to tune `plan`)
+#   tiles   the kernel at every tiling (quant_matmul.py --sweep) over all five 8B projections (fused q/k/v, o, fused gate/up, down, LM
+#           head), 4-bit at 1-256 rows and 8-bit at 1/16/64, the fastest tilings written to
+#           /tmp/gpu-tiles.json (and $OUT/tiles.json), which the later steps of this and
+#           later calls on the same machine take (PIPPIN_QUANT_TILES); the table to ship in
+#           src/pippin/kernels/tuned/
+#   cuda    every `cuda` test under tests/kernels, each test's time (the fast set's source)
+#   moe     the Qwen3-30B-A3B shape, 4-bit: pippin with the grouped expert kernel against
+#           mlx_lm.server at 1 and 64 streams, then in-process mlx-lm against pippin with
+#           and without the kernel (moe_session.sh)
 #   build   the random-weight 8B models (bf16, 4-bit) with the real Llama 3 tokenizer
 #   single  in-process single stream of the 4-bit model: mlx-lm, pippin, pippin without
 #           the kernel; `batch` the same at 64 rows
@@ -23,6 +31,9 @@ M8=random:llama-3.1-8b
 DENSE="PIPPIN_DENSE_QUANT=auto PIPPIN_DENSE_QUANT_ROWS=256"
 
 source bench/gpu/bench_lib.sh
+TILES=/tmp/gpu-tiles.json
+[ -f $TILES ] && export PIPPIN_QUANT_TILES=$TILES
+SHAPES=6144x4096,4096x4096,28672x4096,4096x14336,128256x4096
 
 for step in "$@"; do
   echo "=== $step $(date -u +%T)"
@@ -36,12 +47,22 @@ for step in "$@"; do
         (cd bench/gpu && timeout 100 python3 quant_matmul.py --n "${nk%,*}" --k "${nk#*,}" \
           --reps 5 --rows 1,4,16,32,64,128,256,512 --out "$OUT/qmm-${nk/,/x}.json")
       done 2>&1 | grep -v WARNING | tee "$OUT/probe.txt" ;;
-    sweep)
-      for nk in 6144,4096 4096,14336 28672,4096; do
-        (cd bench/gpu && timeout 150 python3 quant_matmul.py --sweep --n "${nk%,*}" \
-          --k "${nk#*,}" --reps 3 --bits 4 --rows 1,8,16,32,64,128,256 \
-          --out "$OUT/sweep-${nk/,/x}.json")
-      done 2>&1 | grep SWEEP | tee "$OUT/sweep.txt" ;;
+    tiles)
+      rm -f $TILES
+      for br in 4:1,4,16,32,64,128,256 8:1,16,64; do
+        (cd bench/gpu && timeout 280 python3 quant_matmul.py --sweep --shapes "$SHAPES" \
+          --reps 3 --bits "${br%:*}" --rows "${br#*:}" --table $TILES \
+          --out "$OUT/sweep-${br%:*}bit.json")
+      done 2>&1 | grep "SWEEP\|Error\|error" | tee "$OUT/sweep.txt"
+      cp $TILES "$OUT/tiles.json" && export PIPPIN_QUANT_TILES=$TILES ;;
+    cuda)
+      timeout 420 python3 -m pytest -v -m cuda -p no:cacheprovider -o faulthandler_timeout=60 \
+        -o console_output_style=times --durations=80 tests/kernels >"$OUT/cuda.txt" 2>&1
+      echo "rc $?"; grep -c PASSED "$OUT/cuda.txt"; grep "FAILED\|ERROR\|passed\|failed" \
+        "$OUT/cuda.txt" | tail -15 ;;
+    moe)
+      PIPPIN_ENV="PIPPIN_MOE_KERNEL=1" ENGINES="mlx_lm,pippin,pippin:PIPPIN_MOE_KERNEL=1" \
+        KV_MB=12000 TOTAL=560 bash bench/gpu/moe_session.sh qwen3-30b-a3b-4bit ;;
     build)
       build llama-3.1-8b llama-3.1-8b-4bit 2>&1 | grep built
       df -h /tmp | tail -1 ;;
