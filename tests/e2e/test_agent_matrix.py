@@ -499,6 +499,10 @@ def matrix(
     # Small steps: seven prompts prefilled side by side hold up the decodes of the answers
     # between them for one step each, seconds on a CPU at the default 2048.
     args += ("--prefill-step-size", "512")
+    # The agents' prompts (7 x 2 turns, at most ~10k tokens each) fit a small pool; the
+    # default (a tenth of the machine's memory, and as much again of MLX's buffer cache)
+    # took the server to 7-9 GB, and CI's 24 GB are shared with the other worker's servers.
+    args += ("--cache-memory-mb", "1536")
     with (
         run_server(str(qwen_gguf), *args, api_key=KEY, startup_timeout=900) as server,
         recording_proxy(server.url) as proxy,
@@ -507,6 +511,7 @@ def matrix(
         with ThreadPoolExecutor(len(SPECS)) as pool:
             futures = {s.name: pool.submit(run_agent, s, proxy, root / s.name) for s in SPECS}
             runs = {name: f.result() for name, f in futures.items()}
+        server.check_alive()
         # Side by side, an agent's requests share batches with the others', whose makeup
         # follows the machine's timing, and a batch's rounding can tip the greedy model's
         # near-even choices (seen once: Qwen Code writing to the wrong file). A task it is
@@ -521,6 +526,7 @@ def matrix(
                 alone = run_agent(spec, proxy, root / f"{spec.name}-alone")
                 alone.beside = o
                 runs[spec.name] = alone
+                server.check_alive()
         yield proxy, runs
 
 

@@ -64,6 +64,15 @@ class Server:
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
+    def check_alive(self) -> None:
+        """Raise, with the server's exit status and log tail, if its process has ended
+        (the kernel's OOM killer ends it with -9): clearer than the refused connections
+        its clients report next."""
+        code = self.proc.poll()
+        if code is not None:
+            why = " (killed: out of memory?)" if code == -9 else ""
+            raise RuntimeError(f"pippin exited with {code}{why}:\n{self.log()[-4000:]}")
+
     def _sdk_kwargs(self, kw: dict[str, object]) -> dict[str, object]:
         return {
             "base_url": f"{self.url}/v1",
