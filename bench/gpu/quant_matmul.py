@@ -43,7 +43,8 @@ def timed(fn, reps: int) -> float:  # type: ignore[no-untyped-def]
 
 
 def tilings(m: int, k: int, bits: int) -> list[quant_matmul.Tiles]:
-    """Every tiling the kernel builds for `m` rows (row tiles up to the rows' need)."""
+    """Every tiling the kernel builds for `m` rows (row tiles up to the rows' need), with
+    one iteration of weights in flight (`deeper` tries more on the fastest)."""
     out = []
     for mt in (1, 2, 4):
         if mt > 1 and 16 * mt // 2 >= m:
@@ -51,9 +52,19 @@ def tilings(m: int, k: int, bits: int) -> list[quant_matmul.Tiles]:
         for nt in (2, 4):  # one column tile a warp: never the fastest when tried
             for wn in (1, 2, 4, 8):
                 for wk in (1, 2, 4, 8):
-                    if quant_matmul.fits((mt, nt, wn, wk), k, bits):
-                        out.append((mt, nt, wn, wk))
+                    if quant_matmul.fits((mt, nt, wn, wk, 1), k, bits):
+                        out.append((mt, nt, wn, wk, 1))
     return out
+
+
+def deeper(best: list[quant_matmul.Tiles], k: int, bits: int) -> list[quant_matmul.Tiles]:
+    """The same tilings with 2 and 4 iterations of weights in flight."""
+    return [
+        (*t[:4], d)
+        for t in best
+        for d in (2, 4)
+        if quant_matmul.fits((*t[:4], d), k, bits)  # type: ignore[arg-type]
+    ]
 
 
 def sweep(args: argparse.Namespace) -> int:
@@ -77,13 +88,16 @@ def sweep(args: argparse.Namespace) -> int:
             for m in [int(r) for r in args.rows.split(",")]:
                 x = mx.random.normal((m, k)).astype(mx.bfloat16)
                 mx.eval(wq, s, b, x)
-                times = {
-                    tiles: timed(
+
+                def time_of(tiles: quant_matmul.Tiles) -> float:
+                    return timed(
                         lambda: quant_matmul.qmm(x, wq, s, b, 64, bits, tiles),  # noqa: B023
                         args.reps,
                     )
-                    for tiles in tilings(m, k, bits)
-                }
+
+                times = {t: time_of(t) for t in tilings(m, k, bits)}
+                for t in deeper(sorted(times, key=times.get)[:4], k, bits):
+                    times[t] = time_of(t)
                 chosen = quant_matmul.plan(m, n, k, bits)
                 best = sorted(times, key=times.get)[:3]
                 print(
@@ -120,7 +134,7 @@ def main() -> int:
     ap.add_argument(
         "--sweep",
         action="store_true",
-        help="instead: time the kernel at every tiling (MT, NT, WN, WK) for each row count "
+        help="instead: time the kernel at every tiling (MT, NT, WN, WK, DEPTH) for each row count "
         "and print the fastest three beside `plan`'s choice (to tune `quant_matmul.plan`)",
     )
     ap.add_argument("--shapes", help="with --sweep: NxK,... instead of --n and --k")

@@ -19,9 +19,9 @@ column per iteration.
 
 A block is WN x WK warps over 16 * MT rows: side by side, WN warps of 8 * NT columns each
 (they share each activation load through L1); WK warps split K and add their parts
-through shared memory. The weights of the next iteration are loaded
-before the current one is multiplied. Past `DENSE_ROWS` rows (prompt chunks) the weight
-is unpacked into the model's dtype and cuBLAS multiplies (`dense_quant`).
+through shared memory. Each warp loads its weights DEPTH iterations ahead of the one it
+multiplies. Past `DENSE_ROWS` rows (prompt chunks) the weight is unpacked into the model's
+dtype and cuBLAS multiplies (`dense_quant`).
 
 `qmm` is the product; `applies` says where the kernel takes a layer (CUDA, affine mode,
 4 or 8 bits, group size 32/64/128, bf16/fp16 activations and scales, K a multiple of 128
@@ -190,39 +190,47 @@ _CORE = r"""
         brow[j] = bx + nn * KG + (SPAN * t) / GS;
     }
 
-    uint4 wq[NT];
-    T sc[NT];
-    T bi[NT];
-    int it = wk;
+    // DEPTH iterations' weights in flight: ring slot d holds iteration base + d * WK.
+    uint4 wq[DEPTH][NT];
+    T sc[DEPTH][NT];
+    T bi[DEPTH][NT];
     #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-        if (nok[j] && it < iters) {
-            wq[j] = *reinterpret_cast<const uint4*>(wrow[j] + it * (KPI * BITS / 32));
-            sc[j] = srow[j][it * KPI / GS];
-            bi[j] = brow[j][it * KPI / GS];
-        } else {
-            wq[j] = make_uint4(0u, 0u, 0u, 0u);
-            sc[j] = static_cast<T>(0.f);
-            bi[j] = static_cast<T>(0.f);
+    for (int d = 0; d < DEPTH; ++d) {
+        const int it = wk + d * WK;
+        #pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            if (nok[j] && it < iters) {
+                wq[d][j] = *reinterpret_cast<const uint4*>(wrow[j] + it * (KPI * BITS / 32));
+                sc[d][j] = srow[j][it * KPI / GS];
+                bi[d][j] = brow[j][it * KPI / GS];
+            } else {
+                wq[d][j] = make_uint4(0u, 0u, 0u, 0u);
+                sc[d][j] = static_cast<T>(0.f);
+                bi[d][j] = static_cast<T>(0.f);
+            }
         }
     }
-    for (; it < iters; it += WK) {
+    for (int base = wk; base < iters; base += DEPTH * WK) {
+      #pragma unroll
+      for (int d = 0; d < DEPTH; ++d) {
+        const int it = base + d * WK;
+        if (it >= iters) break;
         uint4 cw[NT];
         T cs[NT];
         T cb[NT];
         #pragma unroll
         for (int j = 0; j < NT; ++j) {
-            cw[j] = wq[j];
-            cs[j] = sc[j];
-            cb[j] = bi[j];
+            cw[j] = wq[d][j];
+            cs[j] = sc[d][j];
+            cb[j] = bi[d][j];
         }
-        const int nx = it + WK;  // the next iteration's weights, in flight while this one runs
+        const int nx = it + DEPTH * WK;  // its slot's next iteration, in flight meanwhile
         #pragma unroll
         for (int j = 0; j < NT; ++j) {
             if (nok[j] && nx < iters) {
-                wq[j] = *reinterpret_cast<const uint4*>(wrow[j] + nx * (KPI * BITS / 32));
-                sc[j] = srow[j][nx * KPI / GS];
-                bi[j] = brow[j][nx * KPI / GS];
+                wq[d][j] = *reinterpret_cast<const uint4*>(wrow[j] + nx * (KPI * BITS / 32));
+                sc[d][j] = srow[j][nx * KPI / GS];
+                bi[d][j] = brow[j][nx * KPI / GS];
             }
         }
         #pragma unroll
@@ -269,6 +277,7 @@ _CORE = r"""
                 }
             }
         }
+      }
     }
 
     // One warp on K: each lane writes its own sums. Else the warps' parts of K are added
@@ -336,12 +345,13 @@ def applies(layer: nn.Module, dtype: mx.Dtype) -> bool:
     return k % (512 // layer.bits) == 0  # a whole warp iteration: 128 k (4 bits), 64 (8)
 
 
-Tiles = tuple[int, int, int, int]  # MT, NT, WN, WK
+Tiles = tuple[int, int, int, int, int]  # MT, NT, WN, WK, DEPTH
 
 
 def plan(m: int, n: int, k: int, bits: int, row_blocks: int = 0) -> Tiles:
-    """(MT, NT, WN, WK): row tiles of 16 per block, column tiles of 8 per warp, warps of a
-    block side by side on the columns, and warps splitting K, for `m` rows (of one expert)
+    """(MT, NT, WN, WK, DEPTH): row tiles of 16 per block, column tiles of 8 per warp, warps
+    of a block side by side on the columns, warps splitting K, and iterations of weights in
+    flight per warp, for `m` rows (of one expert)
     and `row_blocks` blocks along the rows (by default those m rows need). A table measured
     on this device (`quant_tiles`) decides where it has the shape; else: few rows, a block
     per 16 or 32 columns and up to 8 warps on K, so that the weights stream from enough
@@ -357,24 +367,26 @@ def plan(m: int, n: int, k: int, bits: int, row_blocks: int = 0) -> Tiles:
     wn = 1 if m < 8 else 4 if cols >= 4 * _SMS else 2 if cols >= 2 else 1
     blocks = -(-cols // wn) * (row_blocks or -(-m // (16 * mt)))
     wk = max(1, (8 if blocks < 2 * _SMS else 4 if blocks < 4 * _SMS else 2) // wn)
-    while wk > 1 and not fits((mt, nt, wn, wk), k, bits):
+    depth = 2 if mt == 1 else 1
+    while wk > 1 and not fits((mt, nt, wn, wk, depth), k, bits):
         wk //= 2
-    return mt, nt, wn, wk
+    return mt, nt, wn, wk, depth
 
 
 def fits(tiles: Tiles, k: int, bits: int) -> bool:
     """Whether a tiling builds and has work for every warp: at most 8 warps a block, the
     warps' partial sums within the static shared memory, no more warps on K than its
-    iterations."""
-    mt, nt, wn, wk = tiles
+    iterations, and its sums and weights in flight within about 96 registers."""
+    mt, nt, wn, wk, depth = tiles
     smem = wk * wn * mt * nt * 4 * 32 * 4 if wk > 1 else 0
-    return wn * wk <= 8 and wk <= k // (512 // bits) and smem <= _SMEM_LIMIT
+    regs = (mt + depth) * nt * 4
+    return wn * wk <= 8 and wk <= k // (512 // bits) and smem <= _SMEM_LIMIT and regs <= 96
 
 
 def _template(
     dtype: mx.Dtype, bits: int, group_size: int, tiles: Tiles
 ) -> list[tuple[str, object]]:
-    mt, nt, wn, wk = tiles
+    mt, nt, wn, wk, depth = tiles
     return [
         ("T", dtype),
         ("BITS", bits),
@@ -383,12 +395,13 @@ def _template(
         ("NT", nt),
         ("WN", wn),
         ("WK", wk),
+        ("DEPTH", depth),
     ]
 
 
 def _launch(n: int, tiles: Tiles) -> tuple[int, int]:
     """(threads along x, threads a block) for `n` output columns."""
-    _, nt, wn, wk = tiles
+    _, nt, wn, wk, _ = tiles
     return -(-n // (8 * nt * wn)) * 32 * wn * wk, 32 * wn * wk
 
 

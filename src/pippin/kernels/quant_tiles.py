@@ -7,7 +7,7 @@ table; tables for the devices measured so far are shipped in `tuned/`, vLLM's wa
 fused-MoE configurations. `PIPPIN_QUANT_TILES` names a table to use instead.
 
 A table (JSON): ``{"devices": [names the table is for, matched as substrings of the
-device's name], "shapes": {"BITS:NxK": {"ROWS": [MT, NT, WN, WK], ...}}}``. A product of
+device's name], "shapes": {"BITS:NxK": {"ROWS": [MT, NT, WN, WK, DEPTH], ...}}}``. A product of
 m rows takes the entry of the fewest measured rows at or above m; shapes and row counts
 the table lacks keep `quant_matmul.plan`'s rule.
 """
@@ -24,7 +24,8 @@ from pippin import envs
 
 TUNED = Path(__file__).parent / "tuned"
 
-Table = dict[str, dict[int, tuple[int, int, int, int]]]
+Tiles = tuple[int, int, int, int, int]  # as quant_matmul.Tiles
+Table = dict[str, dict[int, Tiles]]
 
 
 def device_name() -> str:
@@ -33,7 +34,7 @@ def device_name() -> str:
 
 def parse(doc: dict) -> Table:
     return {
-        shape: {int(rows): (t[0], t[1], t[2], t[3]) for rows, t in by_rows.items()}
+        shape: {int(rows): (t[0], t[1], t[2], t[3], t[4]) for rows, t in by_rows.items()}
         for shape, by_rows in doc.get("shapes", {}).items()
     }
 
@@ -53,7 +54,7 @@ def table() -> Table:
     return {}
 
 
-def lookup(m: int, n: int, k: int, bits: int) -> tuple[int, int, int, int] | None:
+def lookup(m: int, n: int, k: int, bits: int) -> Tiles | None:
     by_rows = table().get(f"{bits}:{n}x{k}")
     if not by_rows:
         return None
