@@ -5,8 +5,9 @@
 #           2026-12-06 a quiet `pytest -q ... | tail` here ran 560 s with no output)
 #   probe   quant_matmul.py on the 8B shape's fused q/k/v, down and fused gate/up: MLX's
 #           quantised matmul, the kernel, dequantise + dense, bf16 (ms per product)
-#   tiles   the kernel at every tiling (quant_matmul.py --sweep) over all five 8B projections (fused q/k/v, o, fused gate/up, down, LM
-#           head), 4-bit at 1-256 rows and 8-bit at 1/16/64, the fastest tilings written to
+#   tiles   the kernel at every tiling (quant_matmul.py --sweep) over the five 8B
+#           projections (fused q/k/v, o, fused gate/up, down, LM
+#           head), 4-bit at 1-256 rows (`tiles8`: 8-bit at 1/16/64), the fastest written to
 #           /tmp/gpu-tiles.json (and $OUT/tiles.json), which the later steps of this and
 #           later calls on the same machine take (PIPPIN_QUANT_TILES); the table to ship in
 #           src/pippin/kernels/tuned/
@@ -39,7 +40,7 @@ for step in "$@"; do
   echo "=== $step $(date -u +%T)"
   case $step in
     tests)
-      timeout 300 python3 -m pytest -v -p no:cacheprovider -o faulthandler_timeout=60 \
+      timeout "${TESTS_SECS:-300}" python3 -m pytest -v -p no:cacheprovider -o faulthandler_timeout=60 \
         tests/kernels/test_quant_matmul.py tests/kernels/test_dense_quant.py 2>&1 |
         grep -v WARNING | tee "$OUT/tests.txt" | tail -40 ;;
     probe)
@@ -47,13 +48,13 @@ for step in "$@"; do
         (cd bench/gpu && timeout 100 python3 quant_matmul.py --n "${nk%,*}" --k "${nk#*,}" \
           --reps 5 --rows 1,4,16,32,64,128,256,512 --out "$OUT/qmm-${nk/,/x}.json")
       done 2>&1 | grep -v WARNING | tee "$OUT/probe.txt" ;;
-    tiles)
-      rm -f $TILES
-      for br in 4:1,4,16,32,64,128,256 8:1,16,64; do
-        (cd bench/gpu && timeout 280 python3 quant_matmul.py --sweep --shapes "$SHAPES" \
-          --reps 3 --bits "${br%:*}" --rows "${br#*:}" --table $TILES \
-          --out "$OUT/sweep-${br%:*}bit.json")
-      done 2>&1 | grep "SWEEP\|Error\|error" | tee "$OUT/sweep.txt"
+    tiles | tiles8)
+      br=4:1,4,16,32,64,128,256
+      [ "$step" = tiles8 ] && br=8:1,16,64 || rm -f $TILES
+      (cd bench/gpu && timeout 400 python3 quant_matmul.py --sweep --shapes "$SHAPES" \
+        --reps 3 --bits "${br%:*}" --rows "${br#*:}" --table $TILES \
+        --out "$OUT/sweep-${br%:*}bit.json") 2>&1 | grep "SWEEP\|Error\|error" |
+        tee "$OUT/$step.txt"
       cp $TILES "$OUT/tiles.json" && export PIPPIN_QUANT_TILES=$TILES ;;
     cuda)
       timeout 420 python3 -m pytest -v -m cuda -p no:cacheprovider -o faulthandler_timeout=60 \
