@@ -54,5 +54,5 @@ SECS=$(limit "${SECS:-330}") OUTPUT_TOKENS=${OUT_TOKENS:-128} WARMUP=2 \
 
 echo "=== single $(date -u +%T)"
 timeout "$(limit "${SINGLE_SECS:-100}")" python3 bench/gpu/single_stream.py "$DIR" --prompt 512 \
-  --gen "${OUT_TOKENS:-128}" --repeat 2 --engines "${ENGINES:-mlx_lm,pippin}" 2>&1 | grep -v "WARNING" | tee "$OUT/single-$MODEL.log"
+  --gen "${OUT_TOKENS:-128}" --repeat 2 --engines "${ENGINES:-mlx_lm,pippin}" 2>&1 | grep --line-buffered -v "WARNING" | tee "$OUT/single-$MODEL.log"
 echo "=== done $(date -u +%T)"

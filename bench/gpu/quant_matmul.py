@@ -16,88 +16,85 @@ import argparse
 import json
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 
 import checkout  # noqa: F401  (src/ on the path, MLX settings)
 import mlx.core as mx
 import mlx.nn as nn
 
-from pippin.kernels import dense_quant, quant_matmul, quant_tiles
+from pippin.kernels import dense_quant, quant_matmul
 
 CHAIN = 32  # products evaluated at once, so that host time per evaluation is spread
+# A product's weights are read from several copies in turn, at least this many bytes in
+# all: one weight of the 8B shape's smaller projections (8-29 MB) fits the H100's 50 MB L2,
+# and timed alone it reads from there, not from memory as it does in a model (2026-12-06:
+# the sweep then favoured tilings that ran a model's decode 30% slower).
+FRESH_BYTES = 256 * 2**20
 
 
-def timed(fn, reps: int) -> float:  # type: ignore[no-untyped-def]
-    """Median milliseconds of one `fn()`, timed as `CHAIN` of them evaluated together,
-    after warm-up."""
-    for _ in range(3):
-        mx.eval(fn())
+def copies(nbytes: int) -> int:
+    """How many copies of a weight of `nbytes` make its products read from memory."""
+    return max(1, min(CHAIN, -(-FRESH_BYTES // nbytes)))
+
+
+def timed(fns, reps: int) -> float:  # type: ignore[no-untyped-def]
+    """Median milliseconds of one product, timed as `CHAIN` of them evaluated together
+    (`fns`: one per copy of the weight, taken in turn), after warm-up."""
+    for f in fns:
+        mx.eval(f())
     mx.synchronize()
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        mx.eval([fn() for _ in range(CHAIN)])
+        mx.eval([fns[i % len(fns)]() for i in range(CHAIN)])
         mx.synchronize()
         times.append(1e3 * (time.perf_counter() - t0) / CHAIN)
     return statistics.median(times)
 
 
-def tilings(m: int, k: int, bits: int) -> list[quant_matmul.Tiles]:
-    """Every tiling the kernel builds for `m` rows (row tiles up to the rows' need), with
-    one iteration of weights in flight (`deeper` tries more on the fastest)."""
-    out = []
-    for mt in (1, 2, 4):
-        if mt > 1 and 16 * mt // 2 >= m:
-            continue  # half its rows or more would be padding
-        for nt in (2, 4):  # one column tile a warp: never the fastest when tried
-            for wn in (1, 2, 4, 8):
-                for wk in (1, 2, 4, 8):
-                    if quant_matmul.fits((mt, nt, wn, wk, 1), k, bits):
-                        out.append((mt, nt, wn, wk, 1))
-    return out
-
-
-def deeper(best: list[quant_matmul.Tiles], k: int, bits: int) -> list[quant_matmul.Tiles]:
-    """The same tilings with 2 and 4 iterations of weights in flight."""
+def tilings(m: int, k: int, bits: int) -> list[tuple[int, int, int]]:
+    """Every tiling (MT, NT, WK) the kernel builds for `m` rows (row tiles up to the rows'
+    need)."""
     return [
-        (*t[:4], d)
-        for t in best
-        for d in (2, 4)
-        if quant_matmul.fits((*t[:4], d), k, bits)  # type: ignore[arg-type]
+        (mt, nt, wk)
+        for mt in (1, 2, 4)
+        if mt == 1 or 16 * mt // 2 < m  # else half its rows or more would be padding
+        for nt in (1, 2, 4)
+        for wk in (1, 2, 4, 8)
+        if quant_matmul.fits((mt, nt, wk), k, bits)
     ]
 
 
 def sweep(args: argparse.Namespace) -> int:
     """Every tiling the kernel's registers and shared memory allow, per shape (`--shapes`,
-    else `--n` x `--k`) and row count; with `--table`, the fastest of each written into
-    that table (`kernels/quant_tiles`)."""
+    else `--n` x `--k`) and row count, the weights read from memory (`copies`)."""
     mx.random.seed(0)
     shapes = (
         [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
         if args.shapes
         else [(args.n, args.k)]
     )
-    res: dict = {"device": quant_tiles.device_name(), "shapes": {}}
-    best_of: dict[str, dict[str, list[int]]] = {}
+    res: dict = {"device": str(mx.default_device()), "shapes": {}}
     for n, k in shapes:
-        w = (mx.random.normal((n, k)) * 0.02).astype(mx.bfloat16)
         for bits in [int(b) for b in args.bits.split(",")]:
-            wq, s, b = mx.quantize(w, group_size=64, bits=bits)
+            ws = []
+            for _ in range(copies(n * k * bits // 8)):
+                w = (mx.random.normal((n, k)) * 0.02).astype(mx.bfloat16)
+                ws.append(mx.quantize(w, group_size=64, bits=bits))
+                mx.eval(ws[-1])
+                del w
             key = f"{bits}:{n}x{k}"
             res["shapes"][key] = {}
             for m in [int(r) for r in args.rows.split(",")]:
                 x = mx.random.normal((m, k)).astype(mx.bfloat16)
-                mx.eval(wq, s, b, x)
-
-                def time_of(tiles: quant_matmul.Tiles) -> float:
-                    return timed(
-                        lambda: quant_matmul.qmm(x, wq, s, b, 64, bits, tiles),  # noqa: B023
-                        args.reps,
+                mx.eval(x)
+                times = {
+                    tiles: timed(
+                        [partial(quant_matmul.qmm, x, *q, 64, bits, tiles) for q in ws], args.reps
                     )
-
-                times = {t: time_of(t) for t in tilings(m, k, bits)}
-                for t in deeper(sorted(times, key=times.get)[:4], k, bits):
-                    times[t] = time_of(t)
+                    for tiles in tilings(m, k, bits)
+                }
                 chosen = quant_matmul.plan(m, n, k, bits)
                 best = sorted(times, key=times.get)[:3]
                 print(
@@ -110,16 +107,9 @@ def sweep(args: argparse.Namespace) -> int:
                     "plan": chosen,
                     "ms": {str(t): v for t, v in times.items()},
                 }
-                best_of.setdefault(key, {})[str(m)] = list(best[0])
-        del w
+            del ws
     if args.out:
         args.out.write_text(json.dumps(res, indent=2))
-    if args.table:
-        doc = json.loads(args.table.read_text()) if args.table.exists() else {}
-        doc.setdefault("devices", [res["device"]])
-        for key, by_rows in best_of.items():
-            doc.setdefault("shapes", {}).setdefault(key, {}).update(by_rows)
-        args.table.write_text(json.dumps(doc, indent=1, sort_keys=True))
     return 0
 
 
@@ -134,16 +124,10 @@ def main() -> int:
     ap.add_argument(
         "--sweep",
         action="store_true",
-        help="instead: time the kernel at every tiling (MT, NT, WN, WK, DEPTH) for each row count "
-        "and print the fastest three beside `plan`'s choice (to tune `quant_matmul.plan`)",
+        help="instead: time the kernel at every tiling (MT, NT, WK) for each row count and "
+        "print the fastest three beside `plan`'s choice (to tune `quant_matmul.plan`)",
     )
     ap.add_argument("--shapes", help="with --sweep: NxK,... instead of --n and --k")
-    ap.add_argument(
-        "--table",
-        type=Path,
-        help="with --sweep: merge each row count's fastest tiling into this table "
-        "(`PIPPIN_QUANT_TILES`, `src/pippin/kernels/tuned/`)",
-    )
     args = ap.parse_args()
     if args.sweep:
         return sweep(args)
@@ -158,18 +142,33 @@ def main() -> int:
         f"{'bits':>4} {'rows':>6} {'quantized':>10} {'kernel':>8} {'GB/s':>6} "
         f"{'dequant+mm':>11} {'bf16':>8}"
     )
+    dense_layers = [dense_layer] + [
+        nn.Linear(args.k, args.n, bias=False) for _ in range(copies(args.n * args.k * 2) - 1)
+    ]
+    for d in dense_layers[1:]:
+        d.set_dtype(mx.bfloat16)
+        mx.eval(d.parameters())
     for bits in [int(b) for b in args.bits.split(",")]:
-        q = nn.QuantizedLinear.from_linear(dense_layer, group_size=64, bits=bits)
-        mx.eval(q.parameters())
+        qs = [
+            nn.QuantizedLinear.from_linear(dense_layers[i % len(dense_layers)], 64, bits)
+            for i in range(copies(args.n * args.k * bits // 8))
+        ]
+        mx.eval([q.parameters() for q in qs])
         table = {}
         for m in rows:
             x = mx.random.normal((m, args.k)).astype(mx.bfloat16)
             mx.eval(x)
             t = {
-                "quantized": timed(lambda: q(x), args.reps),  # noqa: B023
-                "kernel": timed(lambda: quant_matmul.layer_qmm(q, x), args.reps),  # noqa: B023
-                "dense": timed(lambda: dense_quant.dense(q, x), args.reps),  # noqa: B023
-                "bf16": timed(lambda: dense_layer(x), args.reps),  # noqa: B023
+                "quantized": timed([lambda q=q: q(x) for q in qs], args.reps),  # noqa: B023
+                "kernel": timed(
+                    [lambda q=q: quant_matmul.layer_qmm(q, x) for q in qs],  # noqa: B023
+                    args.reps,
+                ),
+                "dense": timed(
+                    [lambda q=q: dense_quant.dense(q, x) for q in qs],  # noqa: B023
+                    args.reps,
+                ),
+                "bf16": timed([lambda d=d: d(x) for d in dense_layers], args.reps),  # noqa: B023
             }
             table[m] = t
             # Bytes of packed weights, scales and biases the product must read.

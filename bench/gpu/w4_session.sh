@@ -5,12 +5,9 @@
 #           2026-12-06 a quiet `pytest -q ... | tail` here ran 560 s with no output)
 #   probe   quant_matmul.py on the 8B shape's fused q/k/v, down and fused gate/up: MLX's
 #           quantised matmul, the kernel, dequantise + dense, bf16 (ms per product)
-#   tiles   the kernel at every tiling (quant_matmul.py --sweep) over the five 8B
-#           projections (fused q/k/v, o, fused gate/up, down, LM
-#           head), 4-bit at 1-256 rows (`tiles8`: 8-bit at 1/16/64), the fastest written to
-#           /tmp/gpu-tiles.json (and $OUT/tiles.json), which the later steps of this and
-#           later calls on the same machine take (PIPPIN_QUANT_TILES); the table to ship in
-#           src/pippin/kernels/tuned/
+#   sweep   the kernel at every tiling (quant_matmul.py --sweep) over the five 8B
+#           projections (fused q/k/v, o, fused gate/up, down, LM head), 4-bit at 1-256 rows
+#           (`sweep8`: 8-bit at 1/16/64), to tune `quant_matmul.plan`
 #   cuda    every `cuda` test under tests/kernels, each test's time (the fast set's source)
 #   moe     the Qwen3-30B-A3B shape, 4-bit: pippin with the grouped expert kernel against
 #           mlx_lm.server at 1 and 64 streams, then in-process mlx-lm against pippin with
@@ -32,8 +29,6 @@ M8=random:llama-3.1-8b
 DENSE="PIPPIN_DENSE_QUANT=auto PIPPIN_DENSE_QUANT_ROWS=256"
 
 source bench/gpu/bench_lib.sh
-TILES=/tmp/gpu-tiles.json
-[ -f $TILES ] && export PIPPIN_QUANT_TILES=$TILES
 SHAPES=6144x4096,4096x4096,28672x4096,4096x14336,128256x4096
 
 for step in "$@"; do
@@ -42,20 +37,18 @@ for step in "$@"; do
     tests)
       timeout "${TESTS_SECS:-300}" python3 -m pytest -v -p no:cacheprovider -o faulthandler_timeout=60 \
         tests/kernels/test_quant_matmul.py tests/kernels/test_dense_quant.py 2>&1 |
-        grep -v WARNING | tee "$OUT/tests.txt" | tail -40 ;;
+        grep --line-buffered -v WARNING | tee "$OUT/tests.txt" | tail -40 ;;
     probe)
       for nk in 6144,4096 4096,14336 28672,4096; do
         (cd bench/gpu && timeout 100 python3 quant_matmul.py --n "${nk%,*}" --k "${nk#*,}" \
           --reps 5 --rows 1,4,16,32,64,128,256,512 --out "$OUT/qmm-${nk/,/x}.json")
-      done 2>&1 | grep -v WARNING | tee "$OUT/probe.txt" ;;
-    tiles | tiles8)
+      done 2>&1 | grep --line-buffered -v WARNING | tee "$OUT/probe.txt" ;;
+    sweep | sweep8)
       br=4:1,4,16,32,64,128,256
-      [ "$step" = tiles8 ] && br=8:1,16,64 || rm -f $TILES
+      [ "$step" = sweep8 ] && br=8:1,16,64
       (cd bench/gpu && timeout 400 python3 quant_matmul.py --sweep --shapes "$SHAPES" \
-        --reps 3 --bits "${br%:*}" --rows "${br#*:}" --table $TILES \
-        --out "$OUT/sweep-${br%:*}bit.json") 2>&1 | grep "SWEEP\|Error\|error" |
-        tee "$OUT/$step.txt"
-      cp $TILES "$OUT/tiles.json" && export PIPPIN_QUANT_TILES=$TILES ;;
+        --reps 3 --bits "${br%:*}" --rows "${br#*:}" --out "$OUT/$step.json") 2>&1 |
+        grep --line-buffered "SWEEP\|Error\|error" | tee "$OUT/$step.txt" ;;
     cuda)
       timeout 420 python3 -m pytest -v -m cuda -p no:cacheprovider -o faulthandler_timeout=60 \
         -o console_output_style=times --durations=80 tests/kernels >"$OUT/cuda.txt" 2>&1
@@ -70,11 +63,11 @@ for step in "$@"; do
     single)
       timeout 170 python3 bench/gpu/single_stream.py "$ROOT/llama-3.1-8b-4bit" --repeat 2 \
         --gen 128 --prompt 256 --engines "mlx_lm,pippin,pippin:PIPPIN_QUANT_KERNEL=0" 2>&1 |
-        grep -v WARNING | tee "$OUT/single.txt" | tail -8 ;;
+        grep --line-buffered -v WARNING | tee "$OUT/single.txt" | tail -8 ;;
     batch)
       timeout 200 python3 bench/gpu/single_stream.py "$ROOT/llama-3.1-8b-4bit" --repeat 1 \
         --gen 64 --prompt 256 --batch 64 --engines "pippin,pippin:PIPPIN_QUANT_KERNEL=0,mlx_lm" \
-        2>&1 | grep -v WARNING | tee "$OUT/batch.txt" | tail -8 ;;
+        2>&1 | grep --line-buffered -v WARNING | tee "$OUT/batch.txt" | tail -8 ;;
     kernel)
       SECS=400 WARMUP=2 bench kernel "1 64" 8000 "4bit=pippin:$M8-4bit" \
         "PIPPIN_QUANT_KERNEL=0 4bit-off=pippin:$M8-4bit" >/dev/null 2>&1

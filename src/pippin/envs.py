@@ -133,12 +133,6 @@ VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
         "PIPPIN_DENSE_QUANT_ROWS) run pippin's W4A16/W8A16 tensor-core kernel; 0: MLX's "
         "quantised matmul.",
     ),
-    "PIPPIN_QUANT_TILES": (
-        _path("PIPPIN_QUANT_TILES"),
-        "A JSON table of the quantised kernel's tilings per shape and row count, as "
-        "`bench/gpu/quant_matmul.py --sweep --table` writes it, used in place of the table "
-        "shipped for the device (kernels/tuned/).",
-    ),
     "PIPPIN_MOE_KERNEL": (
         _flag("PIPPIN_MOE_KERNEL", "0"),
         "1: on CUDA, mixture-of-experts MLPs with affine-quantised experts run them through "

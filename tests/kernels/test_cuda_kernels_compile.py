@@ -201,27 +201,6 @@ def test_quant_matmul_compiles(
 
 
 @needs_nvrtc
-@pytest.mark.parametrize(
-    "tiles", [(1, 2, 1, 1, 1), (4, 4, 4, 1, 2), (2, 2, 2, 4, 1), (1, 4, 8, 1, 4)]
-)
-@pytest.mark.parametrize("bits", [4, 8])
-def test_quant_matmul_tilings_compile(
-    recorder: Recorder, tiles: tuple[int, int, int, int, int], bits: int
-) -> None:
-    """Warps side by side on the columns (WN), one warp on K (no shared memory), and weights
-    of several iterations in flight (DEPTH)."""
-    from pippin.kernels import quant_matmul
-
-    k, n = 512, 96
-    w, s, b = mx.quantize(mx.zeros((n, k), dtype=mx.bfloat16), group_size=64, bits=bits)
-    quant_matmul.qmm(mx.zeros((40, k), dtype=mx.bfloat16), w, s, b, 64, bits, tiles)
-    (launch,) = recorder.launches
-    t = dict(launch.template)
-    assert (t["MT"], t["NT"], t["WN"], t["WK"], t["DEPTH"]) == tiles
-    _compile_all(recorder)
-
-
-@needs_nvrtc
 @pytest.mark.parametrize("tokens", [1, 64, 200])
 @pytest.mark.parametrize("bits", [4, 8])
 def test_grouped_quant_matmul_compiles(recorder: Recorder, tokens: int, bits: int) -> None:

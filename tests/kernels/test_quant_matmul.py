@@ -42,34 +42,6 @@ def test_every_row_plan(m: int, bits: int, gs: int) -> None:
     _check(m, 200, 1024, bits, gs, mx.bfloat16)  # 200 columns: a partial column tile
 
 
-# (MT, NT, WN, WK, DEPTH): one warp on K (each lane writes its sums), warps side by side on
-# the columns with and without warps on K, a block wider than the 200 columns, and 1-4
-# iterations of weights in flight (more than a warp's iterations of K, too).
-TILINGS = [
-    (1, 2, 1, 1, 1),
-    (1, 4, 4, 2, 2),
-    (2, 2, 2, 4, 3),
-    (4, 4, 4, 1, 1),
-    (4, 2, 8, 1, 2),
-    (1, 1, 8, 1, 4),
-    (1, 2, 1, 8, 4),
-]
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("tiles", TILINGS)
-@pytest.mark.parametrize("bits", [4, 8])
-def test_every_tiling(tiles: quant_matmul.Tiles, bits: int) -> None:
-    wq, s, b = _case(200, 1024, bits, 64, mx.bfloat16)
-    for m in (1, 19, 70):
-        x = mx.random.normal((m, 1024), key=mx.random.key(m)).astype(mx.bfloat16)
-        got = quant_matmul.qmm(x, wq, s, b, 64, bits, tiles).astype(mx.float32)
-        want = quant_matmul.qmm(x, wq, s, b, 64, bits, (1, 2, 1, 2, 1)).astype(mx.float32)
-        ref = mx.quantized_matmul(x, wq, s, b, transpose=True, group_size=64, bits=bits)
-        scale = np.abs(np.array(ref.astype(mx.float32))).max()
-        assert np.abs(np.array(got) - np.array(want)).max() <= 0.01 * scale, (tiles, m)
-
-
 @pytest.mark.cuda
 @pytest.mark.parametrize("bits,gs", [(4, 32), (4, 128), (8, 32), (8, 128)])
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
@@ -220,36 +192,3 @@ def test_moe_model_takes_the_grouped_kernel_and_keeps_its_logits(tiny_models) ->
         patches.undo(model)
         mlx_err, our_err = (np.abs(y - exact).max() for y in (mlx, ours))
         assert our_err <= 1.5 * mlx_err + 0.01 * np.abs(exact).max(), shape
-
-
-def test_plan_takes_a_measured_table_where_it_has_the_shape(
-    tmp_path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`PIPPIN_QUANT_TILES`: a product takes the entry of the fewest measured rows at or
-    above its own; other shapes, bits and larger row counts keep `plan`'s rule."""
-    import json
-
-    from pippin.kernels import quant_tiles
-
-    table = {
-        "devices": ["x"],
-        "shapes": {"4:4096x1024": {"1": [1, 2, 1, 1, 1], "16": [1, 4, 4, 2, 2]}},
-    }
-    path = tmp_path / "tiles.json"
-    path.write_text(json.dumps(table))
-    monkeypatch.setenv("PIPPIN_QUANT_TILES", str(path))
-    quant_tiles.table.cache_clear()
-    try:
-        assert quant_matmul.plan(1, 4096, 1024, 4) == (1, 2, 1, 1, 1)
-        assert quant_matmul.plan(2, 4096, 1024, 4) == (1, 4, 4, 2, 2)
-        assert quant_matmul.plan(16, 4096, 1024, 4) == (1, 4, 4, 2, 2)
-        for m, n, bits in ((17, 4096, 4), (1, 2048, 4), (1, 4096, 8)):
-            assert quant_tiles.lookup(m, n, 1024, bits) is None
-        monkeypatch.delenv("PIPPIN_QUANT_TILES")
-        quant_tiles.table.cache_clear()
-        rule = quant_matmul.plan(17, 4096, 1024, 4)
-        monkeypatch.setenv("PIPPIN_QUANT_TILES", str(path))
-        quant_tiles.table.cache_clear()
-        assert quant_matmul.plan(17, 4096, 1024, 4) == rule
-    finally:
-        quant_tiles.table.cache_clear()

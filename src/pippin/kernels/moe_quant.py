@@ -98,7 +98,7 @@ def warm(model: nn.Module, top_k: int) -> int:
             for tokens in range(1, MAX_TOKENS + 1):
                 p = tokens * top_k
                 plan = quant_matmul.gather_plan(p, e, n, k, layer.bits, tokens)
-                key = (dtype, layer.bits, layer.group_size, plan[0], down)  # the template
+                key = (dtype, layer.bits, layer.group_size, plan[:3], down)  # the template
                 if key in seen:
                     continue
                 seen.add(key)

@@ -17,11 +17,10 @@ permuted the same way with one `prmt` per register. Each word's eight k lie in o
 quantisation group (group sizes 32, 64, 128), so a thread needs one scale and bias per
 column per iteration.
 
-A block is WN x WK warps over 16 * MT rows: side by side, WN warps of 8 * NT columns each
-(they share each activation load through L1); WK warps split K and add their parts
-through shared memory. Each warp loads its weights DEPTH iterations ahead of the one it
-multiplies. Past `DENSE_ROWS` rows (prompt chunks) the weight is unpacked into the model's
-dtype and cuBLAS multiplies (`dense_quant`).
+A block is WK warps over 8 * NT output columns and 16 * MT rows; the warps split K and
+add their parts through shared memory. The weights of the next iteration are loaded
+before the current one is multiplied. Past `DENSE_ROWS` rows (prompt chunks) the weight
+is unpacked into the model's dtype and cuBLAS multiplies (`dense_quant`).
 
 `qmm` is the product; `applies` says where the kernel takes a layer (CUDA, affine mode,
 4 or 8 bits, group size 32/64/128, bf16/fp16 activations and scales, K a multiple of 128
@@ -34,7 +33,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from pippin.kernels import device, quant_tiles
+from pippin.kernels import device
 
 BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)
@@ -149,11 +148,10 @@ _CORE = r"""
     const int KG = K / GS;
     const int iters = K / KPI;
     const int lane = threadIdx.x & 31;
-    const int wn = (threadIdx.x >> 5) % WN;  // this warp's columns within the block
-    const int wk = (threadIdx.x >> 5) / WN;  // its share of K
+    const int warp = threadIdx.x >> 5;
     const int g = lane >> 2;
     const int t = lane & 3;
-    const int n0 = (blockIdx.x * WN + wn) * (8 * NT);
+    const int n0 = blockIdx.x * (8 * NT);
 
     float acc[MT][NT][4];
     #pragma unroll
@@ -190,47 +188,39 @@ _CORE = r"""
         brow[j] = bx + nn * KG + (SPAN * t) / GS;
     }
 
-    // DEPTH iterations' weights in flight: ring slot d holds iteration base + d * WK.
-    uint4 wq[DEPTH][NT];
-    T sc[DEPTH][NT];
-    T bi[DEPTH][NT];
+    uint4 wq[NT];
+    T sc[NT];
+    T bi[NT];
+    int it = warp;
     #pragma unroll
-    for (int d = 0; d < DEPTH; ++d) {
-        const int it = wk + d * WK;
-        #pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            if (nok[j] && it < iters) {
-                wq[d][j] = *reinterpret_cast<const uint4*>(wrow[j] + it * (KPI * BITS / 32));
-                sc[d][j] = srow[j][it * KPI / GS];
-                bi[d][j] = brow[j][it * KPI / GS];
-            } else {
-                wq[d][j] = make_uint4(0u, 0u, 0u, 0u);
-                sc[d][j] = static_cast<T>(0.f);
-                bi[d][j] = static_cast<T>(0.f);
-            }
+    for (int j = 0; j < NT; ++j) {
+        if (nok[j] && it < iters) {
+            wq[j] = *reinterpret_cast<const uint4*>(wrow[j] + it * (KPI * BITS / 32));
+            sc[j] = srow[j][it * KPI / GS];
+            bi[j] = brow[j][it * KPI / GS];
+        } else {
+            wq[j] = make_uint4(0u, 0u, 0u, 0u);
+            sc[j] = static_cast<T>(0.f);
+            bi[j] = static_cast<T>(0.f);
         }
     }
-    for (int base = wk; base < iters; base += DEPTH * WK) {
-      #pragma unroll
-      for (int d = 0; d < DEPTH; ++d) {
-        const int it = base + d * WK;
-        if (it >= iters) break;
+    for (; it < iters; it += WK) {
         uint4 cw[NT];
         T cs[NT];
         T cb[NT];
         #pragma unroll
         for (int j = 0; j < NT; ++j) {
-            cw[j] = wq[d][j];
-            cs[j] = sc[d][j];
-            cb[j] = bi[d][j];
+            cw[j] = wq[j];
+            cs[j] = sc[j];
+            cb[j] = bi[j];
         }
-        const int nx = it + DEPTH * WK;  // its slot's next iteration, in flight meanwhile
+        const int nx = it + WK;  // the next iteration's weights, in flight while this one runs
         #pragma unroll
         for (int j = 0; j < NT; ++j) {
             if (nok[j] && nx < iters) {
-                wq[d][j] = *reinterpret_cast<const uint4*>(wrow[j] + nx * (KPI * BITS / 32));
-                sc[d][j] = srow[j][nx * KPI / GS];
-                bi[d][j] = brow[j][nx * KPI / GS];
+                wq[j] = *reinterpret_cast<const uint4*>(wrow[j] + nx * (KPI * BITS / 32));
+                sc[j] = srow[j][nx * KPI / GS];
+                bi[j] = brow[j][nx * KPI / GS];
             }
         }
         #pragma unroll
@@ -277,53 +267,33 @@ _CORE = r"""
                 }
             }
         }
-      }
     }
 
-    // One warp on K: each lane writes its own sums. Else the warps' parts of K are added
-    // through shared memory, then each thread writes some.
-    if constexpr (WK == 1) {
+    // The warps' parts of K, added through shared memory; then each thread writes some.
+    constexpr int PER = MT * NT * 4;
+    __shared__ float part[WK * PER * 32];
+    #pragma unroll
+    for (int i = 0; i < MT; ++i) {
         #pragma unroll
-        for (int i = 0; i < MT; ++i) {
+        for (int j = 0; j < NT; ++j) {
             #pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                #pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                    const int p = p0 + i * 16 + g + (c >> 1) * 8;
-                    const int col = n0 + j * 8 + t * 2 + (c & 1);
-                    if (p < p1 && col < N)
-                        out[(size_t)orow_of(p) * N + col] = static_cast<T>(acc[i][j][c]);
-                }
-            }
+            for (int c = 0; c < 4; ++c)
+                part[(warp * PER + (i * NT + j) * 4 + c) * 32 + lane] = acc[i][j][c];
         }
-    } else {
-        constexpr int PER = MT * NT * 4;
-        __shared__ float part[WK * WN * PER * 32];
-        const int warp = threadIdx.x >> 5;  // wk * WN + wn
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < PER * 32; e += WK * 32) {
+        float sum = 0.f;
         #pragma unroll
-        for (int i = 0; i < MT; ++i) {
-            #pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                #pragma unroll
-                for (int c = 0; c < 4; ++c)
-                    part[(warp * PER + (i * NT + j) * 4 + c) * 32 + lane] = acc[i][j][c];
-            }
-        }
-        __syncthreads();
-        for (int e = threadIdx.x; e < WN * PER * 32; e += WN * WK * 32) {
-            float sum = 0.f;
-            #pragma unroll
-            for (int v = 0; v < WK; ++v) sum += part[v * WN * PER * 32 + e];
-            const int ln = e & 31;
-            const int idx = (e >> 5) % PER;  // (i * NT + j) * 4 + c
-            const int en = (e >> 5) / PER;   // the warp of the block's columns
-            const int c = idx & 3;
-            const int j = (idx >> 2) % NT;
-            const int i = (idx >> 2) / NT;
-            const int p = p0 + i * 16 + (ln >> 2) + (c >> 1) * 8;
-            const int col = (blockIdx.x * WN + en) * (8 * NT) + j * 8 + (ln & 3) * 2 + (c & 1);
-            if (p < p1 && col < N) out[(size_t)orow_of(p) * N + col] = static_cast<T>(sum);
-        }
+        for (int v = 0; v < WK; ++v) sum += part[v * PER * 32 + e];
+        const int ln = e & 31;
+        const int idx = e >> 5;  // (i * NT + j) * 4 + c
+        const int c = idx & 3;
+        const int j = (idx >> 2) % NT;
+        const int i = (idx >> 2) / NT;
+        const int p = p0 + i * 16 + (ln >> 2) + (c >> 1) * 8;
+        const int col = n0 + j * 8 + (ln & 3) * 2 + (c & 1);
+        if (p < p1 && col < N) out[(size_t)orow_of(p) * N + col] = static_cast<T>(sum);
     }
 """
 
@@ -345,64 +315,33 @@ def applies(layer: nn.Module, dtype: mx.Dtype) -> bool:
     return k % (512 // layer.bits) == 0  # a whole warp iteration: 128 k (4 bits), 64 (8)
 
 
-Tiles = tuple[int, int, int, int, int]  # MT, NT, WN, WK, DEPTH
-
-
-def plan(m: int, n: int, k: int, bits: int, row_blocks: int = 0) -> Tiles:
-    """(MT, NT, WN, WK, DEPTH): row tiles of 16 per block, column tiles of 8 per warp, warps
-    of a block side by side on the columns, warps splitting K, and iterations of weights in
-    flight per warp, for `m` rows (of one expert)
-    and `row_blocks` blocks along the rows (by default those m rows need). A table measured
-    on this device (`quant_tiles`) decides where it has the shape; else: few rows, a block
-    per 16 or 32 columns and up to 8 warps on K, so that the weights stream from enough
-    warps to fill the memory system; from 8 rows, warps side by side on the columns, which
-    share each activation load through L1 (every block reads all of x: at 64 rows that,
-    not the weights, was the kernel's traffic); many rows, 64 rows a block."""
-    tuned = quant_tiles.lookup(m, n, k, bits)
-    if tuned is not None and not row_blocks and fits(tuned, k, bits):
-        return tuned
+def plan(m: int, n: int, k: int, bits: int, row_blocks: int = 0) -> tuple[int, int, int]:
+    """(MT, NT, WK): row tiles of 16 per block, column tiles of 8 per warp, warps per block
+    splitting K, for `m` rows (of one expert) and `row_blocks` blocks along the rows (by
+    default those m rows need). Few rows: a block per 16 or 32 columns and up to 8 warps on
+    K, so that the weights stream from enough warps to fill the memory system; many rows:
+    64 rows a block, the weights re-read per 64 rows from L2."""
     mt = 1 if m <= 16 else 2 if m <= 32 else 4
     nt = 4 if n >= 32 * 2 * _SMS or mt == 4 else 2
-    cols = -(-n // (8 * nt))
-    wn = 1 if m < 8 else 4 if cols >= 4 * _SMS else 2 if cols >= 2 else 1
-    blocks = -(-cols // wn) * (row_blocks or -(-m // (16 * mt)))
-    wk = max(1, (8 if blocks < 2 * _SMS else 4 if blocks < 4 * _SMS else 2) // wn)
-    depth = 2 if mt == 1 else 1
-    while wk > 1 and not fits((mt, nt, wn, wk, depth), k, bits):
+    blocks = -(-n // (8 * nt)) * (row_blocks or -(-m // (16 * mt)))
+    wk = 8 if blocks < 2 * _SMS else 4 if blocks < 4 * _SMS else 2
+    while wk > 1 and not fits((mt, nt, wk), k, bits):
         wk //= 2
-    return mt, nt, wn, wk, depth
+    return mt, nt, wk
 
 
-def fits(tiles: Tiles, k: int, bits: int) -> bool:
-    """Whether a tiling builds and has work for every warp: at most 8 warps a block, the
-    warps' partial sums within the static shared memory, no more warps on K than its
-    iterations, and its sums and weights in flight within about 96 registers."""
-    mt, nt, wn, wk, depth = tiles
-    smem = wk * wn * mt * nt * 4 * 32 * 4 if wk > 1 else 0
-    regs = (mt + depth) * nt * 4
-    return wn * wk <= 8 and wk <= k // (512 // bits) and smem <= _SMEM_LIMIT and regs <= 96
+def fits(tiles: tuple[int, int, int], k: int, bits: int) -> bool:
+    """Whether tiling (MT, NT, WK) builds and has work for every warp: the warps' partial
+    sums within the static shared memory, no more warps than iterations of K."""
+    mt, nt, wk = tiles
+    return wk <= k // (512 // bits) and wk * mt * nt * 4 * 32 * 4 <= _SMEM_LIMIT
 
 
 def _template(
-    dtype: mx.Dtype, bits: int, group_size: int, tiles: Tiles
+    dtype: mx.Dtype, bits: int, group_size: int, tiles: tuple[int, int, int]
 ) -> list[tuple[str, object]]:
-    mt, nt, wn, wk, depth = tiles
-    return [
-        ("T", dtype),
-        ("BITS", bits),
-        ("GS", group_size),
-        ("MT", mt),
-        ("NT", nt),
-        ("WN", wn),
-        ("WK", wk),
-        ("DEPTH", depth),
-    ]
-
-
-def _launch(n: int, tiles: Tiles) -> tuple[int, int]:
-    """(threads along x, threads a block) for `n` output columns."""
-    _, nt, wn, wk, _ = tiles
-    return -(-n // (8 * nt * wn)) * 32 * wn * wk, 32 * wn * wk
+    mt, nt, wk = tiles
+    return [("T", dtype), ("BITS", bits), ("GS", group_size), ("MT", mt), ("NT", nt), ("WK", wk)]
 
 
 def qmm(
@@ -412,24 +351,23 @@ def qmm(
     biases: mx.array,
     group_size: int,
     bits: int,
-    tiles: Tiles | None = None,
+    tiles: tuple[int, int, int] | None = None,
 ) -> mx.array:
-    """`x @ dequantize(w).T` for x [..., K] of at most `MAX_ROWS` rows; `tiles` instead of
-    `plan`'s (for measuring: `bench/gpu/quant_matmul.py --sweep`)."""
+    """`x @ dequantize(w).T` for x [..., K] of at most `MAX_ROWS` rows; `tiles` (MT, NT, WK)
+    instead of `plan`'s (for measuring: `bench/gpu/quant_matmul.py --sweep`)."""
     k = x.shape[-1]
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
     m, n = x2.shape[0], w.shape[0]
-    tiles = tiles or plan(m, n, k, bits)
-    threads, block = _launch(n, tiles)
+    mt, nt, wk = tiles or plan(m, n, k, bits)
     kernel = device.cuda_kernel(
         "pippin_quant_matmul", ("x", "w", "scales", "biases"), _DENSE + _CORE, _HEADER
     )
     (out,) = kernel(
         inputs=[x2, w, scales, biases],
-        template=_template(x.dtype, bits, group_size, tiles),
-        grid=(threads, -(-m // (16 * tiles[0])), 1),
-        threadgroup=(block, 1, 1),
+        template=_template(x.dtype, bits, group_size, (mt, nt, wk)),
+        grid=(-(-n // (8 * nt)) * 32 * wk, -(-m // (16 * mt)), 1),
+        threadgroup=(32 * wk, 1, 1),
         output_shapes=[(m, n)],
         output_dtypes=[x.dtype],
     )
@@ -444,12 +382,12 @@ def sort_pairs(indices: mx.array) -> tuple[mx.array, mx.array]:
     return flat[order], order
 
 
-def gather_plan(p: int, e: int, n: int, k: int, bits: int, tokens: int) -> tuple[Tiles, int]:
+def gather_plan(p: int, e: int, n: int, k: int, bits: int, tokens: int) -> tuple[int, ...]:
     """`plan` for `p` pairs over `e` experts (an expert's rows: about 4x the mean; blocks
     busy: one per expert with pairs), and the chunks of 16 * MT pairs per expert that
     `tokens` (an expert's most pairs) need."""
-    tiles = plan(4 * p // e + 1, n, k, bits, row_blocks=min(e, p))
-    return tiles, -(-tokens // (16 * tiles[0]))
+    mt, nt, wk = plan(4 * p // e + 1, n, k, bits, row_blocks=min(e, p))
+    return mt, nt, wk, -(-tokens // (16 * mt))
 
 
 def gather_qmm(
@@ -472,8 +410,7 @@ def gather_qmm(
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
     p, (e, n) = ids.size, w.shape[:2]
-    tiles, chunks = gather_plan(p, e, n, k, bits, tokens)
-    threads, block = _launch(n, tiles)
+    mt, nt, wk, chunks = gather_plan(p, e, n, k, bits, tokens)
     kernel = device.cuda_kernel(
         "pippin_gather_quant_matmul",
         ("x", "w", "scales", "biases", "ids", "order"),
@@ -483,12 +420,12 @@ def gather_qmm(
     (out,) = kernel(
         inputs=[x2, w, scales, biases, ids, order],
         template=[
-            *_template(x.dtype, bits, group_size, tiles),
+            *_template(x.dtype, bits, group_size, (mt, nt, wk)),
             ("XG", gather_x),
             ("OG", scatter_out),
         ],
-        grid=(threads, e * chunks, 1),
-        threadgroup=(block, 1, 1),
+        grid=(-(-n // (8 * nt)) * 32 * wk, e * chunks, 1),
+        threadgroup=(32 * wk, 1, 1),
         output_shapes=[(p, n)],
         output_dtypes=[x.dtype],
     )
