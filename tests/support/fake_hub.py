@@ -104,6 +104,8 @@ class FakeHub:
         self.log: list[Served] = []
         self.faults = _Faults()
         self.lock = threading.Lock()
+        self.busy = 0  # requests being answered
+        self.idle = threading.Condition(self.lock)
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -172,6 +174,14 @@ class FakeHub:
             return hashlib.sha256(b"not " + f.sha256.encode()).hexdigest()
         return f.sha256
 
+    def settled(self, timeout: float = 120) -> None:
+        """Wait until no request is being answered. A request is logged when its answer
+        ends, and a client that left mid-file ends it only once a write to the closed
+        connection fails, after the client has moved on."""
+        with self.idle:
+            if not self.idle.wait_for(lambda: self.busy == 0, timeout):
+                raise AssertionError(f"{self.busy} request(s) still being answered")
+
     def gets(self, repo: str, path: str) -> list[Served]:
         """The GETs of a file, in order."""
         with self.lock:
@@ -223,6 +233,8 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
 
         def _answer(self, head: bool) -> None:
             served = Served(self.command, None, None, self.headers.get("Range"), 200)
+            with hub.lock:
+                hub.busy += 1
             try:
                 self._route(head, served)
             except (BrokenPipeError, ConnectionResetError):  # the client left mid-file
@@ -230,6 +242,8 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             finally:
                 with hub.lock:
                     hub.log.append(served)
+                    hub.busy -= 1
+                    hub.idle.notify_all()
 
         def _route(self, head: bool, served: Served) -> None:
             path = unquote(urlsplit(self.path).path)
