@@ -2,13 +2,17 @@
 # pippin's W4A16/W8A16 tensor-core kernel (kernels/quant_matmul.py) on the GPU, in steps
 # that fit a device call. Usage: bash bench/gpu/w4_session.sh STEP [STEP ...]
 #   tests   the kernel's `cuda` tests, verbose, each test's stack dumped after 60 s (on
-#           2026-12-06 a quiet `pytest -q ... | tail` here ran 560 s with no output)
+#           2026-12-06 a quiet `pytest -q ... | tail` here ran 560 s with no output), in 8
+#           processes: the CUDA tests wait on NVRTC, which builds each kernel template on
+#           the host (one process ran 25 of them in 150 s, each a new template), not on
+#           the GPU; MLX keeps the builds in /tmp/mlx/<version>/ptx for later processes
 #   probe   quant_matmul.py on the 8B shape's fused q/k/v, down and fused gate/up: MLX's
 #           quantised matmul, the kernel, dequantise + dense, bf16 (ms per product)
 #   sweep   the kernel at every tiling (quant_matmul.py --sweep) over the five 8B
 #           projections (fused q/k/v, o, fused gate/up, down, LM head), 4-bit at 1-256 rows
 #           (`sweep8`: 8-bit at 1/16/64), to tune `quant_matmul.plan`
-#   cuda    every `cuda` test under tests/kernels, each test's time (the fast set's source)
+#   cuda    every `cuda` test under tests/kernels (8 processes, as `tests`), the slowest
+#           80 tests' times
 #   moe     the Qwen3-30B-A3B shape, 4-bit: pippin with the grouped expert kernel against
 #           mlx_lm.server at 1 and 64 streams, then in-process mlx-lm against pippin with
 #           and without the kernel (moe_session.sh)
@@ -35,7 +39,8 @@ for step in "$@"; do
   echo "=== $step $(date -u +%T)"
   case $step in
     tests)
-      timeout "${TESTS_SECS:-300}" python3 -m pytest -v -p no:cacheprovider -o faulthandler_timeout=60 \
+      timeout "${TESTS_SECS:-300}" python3 -m pytest -v -n 8 -p no:cacheprovider \
+        -o faulthandler_timeout=60 --durations=20 \
         tests/kernels/test_quant_matmul.py tests/kernels/test_dense_quant.py 2>&1 |
         grep --line-buffered -v WARNING | tee "$OUT/tests.txt" | tail -40 ;;
     probe)
@@ -50,8 +55,8 @@ for step in "$@"; do
         --reps 3 --bits "${br%:*}" --rows "${br#*:}" --out "$OUT/$step.json") 2>&1 |
         grep --line-buffered "SWEEP\|Error\|error" | tee "$OUT/$step.txt" ;;
     cuda)
-      timeout 420 python3 -m pytest -v -m cuda -p no:cacheprovider -o faulthandler_timeout=60 \
-        -o console_output_style=times --durations=80 tests/kernels >"$OUT/cuda.txt" 2>&1
+      timeout 420 python3 -m pytest -v -n 8 -m cuda -p no:cacheprovider \
+        -o faulthandler_timeout=60 --durations=80 tests/kernels >"$OUT/cuda.txt" 2>&1
       echo "rc $?"; grep -c PASSED "$OUT/cuda.txt"; grep "FAILED\|ERROR\|passed\|failed" \
         "$OUT/cuda.txt" | tail -15 ;;
     moe)
