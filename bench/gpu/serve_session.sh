@@ -6,6 +6,10 @@
 #          256 out); then its single stream in-process against mlx-lm
 #   8b     Llama-3.1-8B shape, pippin and mlx_lm.server at 64 and 256 streams
 #   ttft   8 concurrent 16k-token prompts on the 8B shape, pippin and mlx_lm.server
+#   swing  the 1B shape at 64 streams, three repetitions of 128 requests, pippin as it is
+#          against pippin with MLX_CUDA_GRAPH_CACHE_SIZE=4000: a test of one cause of the
+#          2x swings seen there (MLX keeps 400 CUDA graphs by default; prompt chunks of
+#          many lengths may evict the decode steps' graphs, which are then built again)
 # Results (tables, JSON, logs) in $OUT; server logs' tails in $OUT/server-logs.txt.
 # Env: as bench/gpu/bench_lib.sh (SECS, ...).
 set -u
@@ -37,6 +41,11 @@ for step in "$@"; do
       build llama-3.1-8b
       WORKLOAD=long-context OUTPUT_TOKENS=32 MAX_LEN=20480 bench ttft-8b 8 24000 \
         "pippin=pippin:$M8" "mlx_lm=mlx_lm:$M8" ;;
+    swing)
+      build llama-3.2-1b
+      OUTPUT_TOKENS=256 PER_CLIENT=2 BENCH_ARGS="--repetitions 3" SECS=${SECS:-450} \
+        bench swing-1b 64 16000 "pippin=pippin:$M1" \
+        "MLX_CUDA_GRAPH_CACHE_SIZE=4000 graphs4k=pippin:$M1" ;;
     *) echo "unknown step $step" ;;
   esac
 done
