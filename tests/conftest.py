@@ -58,13 +58,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 SLOW_FILES = (
     "tests/e2e/test_agent_matrix.py",  # minutes: seven agents on the real 0.5B model
     "tests/bench/test_soak.py",  # 116
-    "tests/e2e/test_claude_code.py",  # 104
     "tests/api/test_api_mcp.py",  # 87
     "tests/api/test_reliability.py",  # 78
     "tests/api/test_api_tools_qwen.py",  # 76
     "tests/kernels/test_cuda_kernels_compile.py",  # 66
     "tests/bench/test_bench.py",  # 52
     "tests/store/test_model_store.py",  # 51
+    "tests/e2e/test_claude_code.py",  # 53
     "tests/engine/test_hybrid_speculation.py",  # 49
     "tests/engine/test_engine_process.py",  # 43
     "tests/bench/test_bench_models.py",  # 41
