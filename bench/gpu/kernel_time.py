@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import time
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -38,6 +36,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from gpu_bench import CONFIGS
+from launches import Launch, after, copies, timed
 
 from pippin.kernels import (
     device,
@@ -46,33 +45,6 @@ from pippin.kernels import (
     paged_attention,
     patches,
 )
-
-CYCLE_BYTES = 200e6  # more than the H200's 50 MB L2
-
-
-Launch = Callable[[mx.array | None], mx.array]  # one launch, after the array given if any
-
-
-def _after(a: mx.array, dep: mx.array | None) -> mx.array:
-    return a if dep is None else mx.depends(a, dep)
-
-
-def _timed(fns: list[Launch], reps: int, chain: bool) -> float:
-    """µs per call, the calls cycling through `fns` (each a copy of the same work); with
-    `chain`, each call after the previous one's output."""
-    mx.eval([f(None) for f in fns])  # builds, compiles, first touches
-    mx.synchronize()
-    outs: list[mx.array] = []
-    for i in range(reps):  # the graph, built before the clock
-        outs.append(fns[i % len(fns)](outs[-1] if chain and outs else None))
-    t = time.perf_counter()
-    mx.eval(outs)
-    mx.synchronize()
-    return (time.perf_counter() - t) / reps * 1e6
-
-
-def _copies(nbytes: int) -> int:
-    return max(1, math.ceil(CYCLE_BYTES / nbytes))
 
 
 def projection_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, int, bool, bool, bool]]:
@@ -97,7 +69,7 @@ def projections(
     for name, (n, k, norm, swiglu, res) in projection_shapes(cfg).items():
         weights = [
             (mx.random.normal((n, k)) * k**-0.5).astype(dtype)
-            for _ in range(_copies(n * k * dtype.size))
+            for _ in range(copies(n * k * dtype.size))
         ]
         rms = nn.RMSNorm(k)
         rms.weight = (1 + 0.1 * mx.random.normal((k,))).astype(dtype)
@@ -107,10 +79,10 @@ def projections(
         mx.eval(weights, x, r, rms.weight)
 
         def call(fn: Callable, p: fused_layer.Gemv, x=x, r=r) -> Launch:
-            return lambda dep: fn(p, _after(x, dep), r)
+            return lambda dep: fn(p, after(x, dep), r)
 
-        us = _timed([call(kernel, p) for p in plans], reps, chain)
-        ref = _timed([call(fused_layer.reference_gemv, p) for p in plans], reps, chain)
+        us = timed([call(kernel, p) for p in plans], reps, chain)
+        ref = timed([call(fused_layer.reference_gemv, p) for p in plans], reps, chain)
         gbs = n * k * dtype.size / us / 1e3
         out.append({"kernel": name, "rows": rows, "pippin_us": us, "mlx_us": ref, "GB/s": gbs})
         print(
@@ -143,7 +115,7 @@ def attention(
             mx.random.normal((hkv, num_blocks * bs, d)).astype(dtype),
             mx.random.normal((hkv, num_blocks * bs, d)).astype(dtype),
         )
-        for _ in range(_copies(pool_bytes))
+        for _ in range(copies(pool_bytes))
     ]
     q = mx.random.normal((rows, hq, 1, d)).astype(dtype)
     kv = [
@@ -162,13 +134,13 @@ def attention(
     scale = d**-0.5
 
     def ours(k: mx.array, v: mx.array) -> Launch:
-        return lambda dep: kernel(_after(q, dep), k, v, tables, offsets, scale, bs)
+        return lambda dep: kernel(after(q, dep), k, v, tables, offsets, scale, bs)
 
     def theirs(k: mx.array, v: mx.array) -> Launch:
-        return lambda dep: mx.fast.scaled_dot_product_attention(_after(q, dep), k, v, scale=scale)
+        return lambda dep: mx.fast.scaled_dot_product_attention(after(q, dep), k, v, scale=scale)
 
-    us = _timed([ours(k, v) for k, v in pools], reps, chain)
-    ref = _timed([theirs(k, v) for k, v in kv], reps, chain)
+    us = timed([ours(k, v) for k, v in pools], reps, chain)
+    ref = timed([theirs(k, v) for k, v in kv], reps, chain)
     attn = _fused_block(cfg, dtype)
     t, o = np.array(tables), np.array(offsets)
     slots = mx.array(t[np.arange(rows), o // bs] * bs + o % bs, dtype=mx.int32)
@@ -179,9 +151,9 @@ def attention(
     )
 
     def fused(k: mx.array, v: mx.array) -> Launch:
-        return lambda dep: block(attn, _after(qkv, dep), [k, v], lay)
+        return lambda dep: block(attn, after(qkv, dep), [k, v], lay)
 
-    fus = _timed([fused(k, v) for k, v in pools], reps, chain)
+    fus = timed([fused(k, v) for k, v in pools], reps, chain)
     read = 2 * rows * hkv * context * d * dtype.size
     print(
         f"attention rows {rows:3d}  context {context:6d}  pippin {us:8.1f} µs "
@@ -238,7 +210,7 @@ def main() -> int:
     dtype = getattr(mx, args.dtype)
     rows = [int(r) for r in args.rows.split(",")]
     tiny = mx.zeros((8,), dtype)
-    floor = _timed([lambda dep: _after(tiny, dep) * 2], args.reps, args.chain)
+    floor = timed([lambda dep: after(tiny, dep) * 2], args.reps, args.chain)
     print(f"{'chained' if args.chain else 'independent'} launches; a tiny op: {floor:.1f} µs")
     results: list[dict] = [{"kernel": "floor", "us": floor}]
     for r in rows:

@@ -15,49 +15,31 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from functools import partial
 from pathlib import Path
 
 import checkout  # noqa: F401  (src/ on the path, MLX settings)
+import launches
 import mlx.core as mx
 import mlx.nn as nn
 
 from pippin.kernels import dense_quant, quant_matmul
 
 CHAIN = 32  # products evaluated at once, so that host time per evaluation is spread
-# A product's weights are read from several copies in turn, at least this many bytes in
-# all: one weight of the 8B shape's smaller projections (8-29 MB) fits the H100's 50 MB L2,
-# and timed alone it reads from there, not from memory as it does in a model (2026-12-06:
-# the sweep then favoured tilings that ran a model's decode 30% slower).
-FRESH_BYTES = 256 * 2**20
 
 
 def copies(nbytes: int) -> int:
-    """How many copies of a weight of `nbytes` make its products read from memory."""
-    return max(1, min(CHAIN, -(-FRESH_BYTES // nbytes)))
+    """Copies of a weight of `nbytes` to read in turn (`launches.copies`), no more than one
+    evaluation takes."""
+    return min(CHAIN, launches.copies(nbytes))
 
 
 def timed(fns, reps: int, x: mx.array) -> float:  # type: ignore[no-untyped-def]
-    """Median milliseconds of one product `fn(x)`, timed as `CHAIN` of them evaluated
-    together (`fns`: one per copy of the weight, taken in turn), after warm-up. Each
-    product's input waits for the previous product's output (`mx.depends`, no work), as a
-    model's products do: independent ones overlap on the device, which hides a kernel's
-    start and end (measured that way, a tiling with one long-running warp per column
-    block looked fastest)."""
-    for f in fns:
-        mx.eval(f(x))
-    mx.synchronize()
-    times = []
-    for _ in range(reps):
-        outs: list[mx.array] = []
-        for i in range(CHAIN):  # the graph, built before the clock
-            outs.append(fns[i % len(fns)](mx.depends(x, outs[-1]) if outs else x))
-        t0 = time.perf_counter()
-        mx.eval(outs)
-        mx.synchronize()
-        times.append(1e3 * (time.perf_counter() - t0) / CHAIN)
-    return statistics.median(times)
+    """Median milliseconds of one product `fn(x)` over `reps` evaluations of `CHAIN` of
+    them (`fns`: one per copy of the weight, taken in turn), each product after the one
+    before (`launches.timed`)."""
+    chained = [lambda dep, f=f: f(launches.after(x, dep)) for f in fns]
+    return statistics.median(launches.timed(chained, CHAIN) / 1e3 for _ in range(reps))
 
 
 def _qmm(x: mx.array, q: tuple, bits: int, tiles: tuple[int, int, int]) -> mx.array:
