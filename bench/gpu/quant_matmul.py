@@ -23,7 +23,7 @@ import launches
 import mlx.core as mx
 import mlx.nn as nn
 
-from pippin.kernels import dense_quant, quant_matmul
+from pippin.kernels import dense_quant, device, quant_matmul, quant_matvec
 
 CHAIN = 32  # products evaluated at once, so that host time per evaluation is spread
 
@@ -106,6 +106,107 @@ def sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+_READ = r"""
+    // Every 16 bytes of w once (a grid-stride loop), xor-ed: the copy rate a product of
+    // these weights could reach.
+    const size_t n = w_shape[0] * (size_t)w_shape[1] / 4;
+    const uint4* v = reinterpret_cast<const uint4*>(w);
+    uint32_t a = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const uint4 q = v[i];
+        a ^= q.x ^ q.y ^ q.z ^ q.w;
+    }
+    for (int o = 16; o > 0; o >>= 1) a ^= __shfl_xor_sync(0xffffffffu, a, o);
+    if ((threadIdx.x & 31) == 0)
+        out[(blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32] = a;
+"""
+
+
+def read_all(w: mx.array, dep: mx.array | None) -> mx.array:
+    """`_READ` over `w`, 8 blocks of 512 threads a multiprocessor."""
+    threads = 132 * 8 * 512
+    (out,) = device.cuda_kernel("bench_read", ("w",), _READ)(
+        inputs=[w if dep is None else mx.depends(w, dep)],
+        template=[],
+        grid=(threads, 1, 1),
+        threadgroup=(512, 1, 1),
+        output_shapes=[(threads // 32,)],
+        output_dtypes=[mx.uint32],
+    )
+    return out
+
+
+def matvec_tilings(k: int, bits: int) -> list[tuple[int, int]]:
+    steps = k // (512 // bits)
+    return [(wk, u) for wk in (1, 2, 4, 8) for u in (1, 2, 4) if wk <= steps]
+
+
+def matvec_sweep(args: argparse.Namespace) -> int:
+    """Per shape and row count (at most `quant_matvec.MAX_ROWS`): MLX's product, the
+    matmul form at its plan, the matvec form at every tiling (WK, U), and a plain read of
+    the packed weights, each read from memory and chained (`launches`)."""
+    mx.random.seed(0)
+    res: dict = {"device": str(mx.default_device()), "shapes": {}}
+    for n, k in [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]:
+        for bits in [int(b) for b in args.bits.split(",")]:
+            ws = []
+            for _ in range(copies(n * k * bits // 8)):
+                w = (mx.random.normal((n, k)) * 0.02).astype(mx.bfloat16)
+                ws.append(mx.quantize(w, group_size=64, bits=bits))
+                mx.eval(ws[-1])
+                del w
+            key = f"{bits}:{n}x{k}"
+            nbytes = n * k * (bits / 8 + 4 / 64)
+            read = statistics.median(
+                launches.timed([partial(read_all, q[0]) for q in ws], CHAIN) / 1e3
+                for _ in range(args.reps)
+            )
+            print(f"READ {key}: {read:.4f} ms ({n * k * bits / 8 / read / 1e6:.0f} GB/s)")
+            res["shapes"][key] = {"read_ms": read}
+            for m in [int(r) for r in args.rows.split(",")]:
+                x = mx.random.normal((m, k)).astype(mx.bfloat16)
+                mx.eval(x)
+                mlx = timed(
+                    [
+                        lambda x, q=q, bits=bits: mx.quantized_matmul(
+                            x, *q, transpose=True, group_size=64, bits=bits
+                        )
+                        for q in ws
+                    ],
+                    args.reps,
+                    x,
+                )
+                mma = timed([partial(_qmm, q=q, bits=bits, tiles=None) for q in ws], args.reps, x)
+                times = {
+                    tiles: timed(
+                        [partial(quant_matvec.qmv, w=q[0], scales=q[1], biases=q[2],
+                                 group_size=64, bits=bits, tiles=tiles) for q in ws],
+                        args.reps,
+                        x,
+                    )
+                    for tiles in matvec_tilings(k, bits)
+                }  # fmt: skip
+                chosen = quant_matvec.plan(n, k, bits)
+                best = sorted(times, key=times.get)[:3]
+                print(
+                    f"MATVEC {key} rows={m}: mlx {mlx:.4f} mma {mma:.4f} plan {chosen} "
+                    f"{times[chosen]:.4f} ms ({nbytes / times[chosen] / 1e6:.0f} GB/s); best "
+                    + ", ".join(f"{t} {times[t]:.4f}" for t in best),
+                    flush=True,
+                )
+                res["shapes"][key][m] = {
+                    "mlx": mlx,
+                    "mma": mma,
+                    "plan": chosen,
+                    "ms": {str(t): v for t, v in times.items()},
+                }
+            del ws
+    if args.out:
+        args.out.write_text(json.dumps(res, indent=2))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--k", type=int, default=4096, help="input width")
@@ -121,7 +222,15 @@ def main() -> int:
         "print the fastest three beside `plan`'s choice (to tune `quant_matmul.plan`)",
     )
     ap.add_argument("--shapes", help="with --sweep: NxK,... instead of --n and --k")
+    ap.add_argument(
+        "--matvec",
+        action="store_true",
+        help="instead: the matvec form (quant_matvec) at every tiling (WK, U) beside MLX's "
+        "product, the matmul form and a plain read of the weights, over --shapes",
+    )
     args = ap.parse_args()
+    if args.matvec:
+        return matvec_sweep(args)
     if args.sweep:
         return sweep(args)
     mx.random.seed(0)

@@ -11,14 +11,17 @@
 #   sweep   the kernel at every tiling (quant_matmul.py --sweep) over the five 8B
 #           projections (fused q/k/v, o, fused gate/up, down, LM head), 4-bit at 1-256 rows
 #           (`sweep8`: 8-bit at 1/16/64), to tune `quant_matmul.plan`
+#   matvec  the 1-8 row form (quant_matvec.py) at every tiling (WK, U) over the five 8B
+#           projections, 4-bit at 1, 2, 4 and 8 rows (`matvec8`: 8-bit at 1 and 4), beside
+#           MLX's product, the matmul form and a plain read of the weights
 #   cuda    every `cuda` test under tests/kernels (8 processes, as `tests`), the slowest
 #           80 tests' times
 #   moe     the Qwen3-30B-A3B shape, 4-bit: pippin with the grouped expert kernel against
 #           mlx_lm.server at 1 and 64 streams, then in-process mlx-lm against pippin with
 #           and without the kernel (moe_session.sh)
 #   build   the random-weight 8B models (bf16, 4-bit) with the real Llama 3 tokenizer
-#   single  in-process single stream of the 4-bit model: mlx-lm, pippin, pippin without
-#           the kernel; `batch` the same at 64 rows
+#   single  in-process single stream of the 4-bit model: mlx-lm, pippin, pippin with the
+#           matmul form for every row count, pippin without the kernels; `batch` the same at 64 rows
 #   kernel  pippin bench at 1 and 64 streams: the 4-bit model with the kernel and without
 #   bf16    pippin bench at 1, 16 and 64 streams: bf16 against 4-bit (kernel, and dense
 #           prompt chunks from 256 rows)
@@ -41,7 +44,8 @@ for step in "$@"; do
     tests)
       timeout "${TESTS_SECS:-300}" python3 -m pytest -v -n 8 -p no:cacheprovider \
         -o faulthandler_timeout=60 --durations=20 \
-        tests/kernels/test_quant_matmul.py tests/kernels/test_dense_quant.py 2>&1 |
+        tests/kernels/test_quant_matmul.py tests/kernels/test_quant_matvec.py \
+        tests/kernels/test_dense_quant.py 2>&1 |
         grep --line-buffered -v WARNING | tee "$OUT/tests.txt" | tail -40 ;;
     probe)
       for nk in 6144,4096 4096,14336 28672,4096; do
@@ -54,6 +58,12 @@ for step in "$@"; do
       (cd bench/gpu && timeout 400 python3 quant_matmul.py --sweep --shapes "$SHAPES" \
         --reps 3 --bits "${br%:*}" --rows "${br#*:}" --out "$OUT/$step.json") 2>&1 |
         grep --line-buffered "SWEEP\|Error\|error" | tee "$OUT/$step.txt" ;;
+    matvec | matvec8)
+      br=4:1,2,4,8
+      [ "$step" = matvec8 ] && br=8:1,4
+      (cd bench/gpu && timeout 400 python3 quant_matmul.py --matvec --shapes "$SHAPES" \
+        --reps 3 --bits "${br%:*}" --rows "${br#*:}" --out "$OUT/$step.json") 2>&1 |
+        grep --line-buffered "MATVEC\|READ\|Error\|error" | tee "$OUT/$step.txt" ;;
     cuda)
       timeout 420 python3 -m pytest -v -n 8 -m cuda -p no:cacheprovider \
         -o faulthandler_timeout=60 --durations=80 tests/kernels >"$OUT/cuda.txt" 2>&1
@@ -66,8 +76,9 @@ for step in "$@"; do
       build llama-3.1-8b llama-3.1-8b-4bit 2>&1 | grep built
       df -h /tmp | tail -1 ;;
     single)
-      timeout 170 python3 bench/gpu/single_stream.py "$ROOT/llama-3.1-8b-4bit" --repeat 2 \
-        --gen 128 --prompt 256 --engines "mlx_lm,pippin,pippin:PIPPIN_QUANT_KERNEL=0" 2>&1 |
+      timeout 240 python3 bench/gpu/single_stream.py "$ROOT/llama-3.1-8b-4bit" --repeat 2 \
+        --gen 128 --prompt 256 --engines "mlx_lm,pippin,pippin:PIPPIN_QUANT_KERNEL=mma,pippin:PIPPIN_QUANT_KERNEL=0" \
+        2>&1 |
         grep --line-buffered -v WARNING | tee "$OUT/single.txt" | tail -8 ;;
     batch)
       timeout 200 python3 bench/gpu/single_stream.py "$ROOT/llama-3.1-8b-4bit" --repeat 1 \

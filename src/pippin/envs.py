@@ -130,8 +130,9 @@ VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
     "PIPPIN_QUANT_KERNEL": (
         _flag("PIPPIN_QUANT_KERNEL", "auto"),
         "auto (the default): on CUDA, quantised layers' products of up to 256 rows (below "
-        "PIPPIN_DENSE_QUANT_ROWS) run pippin's W4A16/W8A16 tensor-core kernel; 0: MLX's "
-        "quantised matmul.",
+        "PIPPIN_DENSE_QUANT_ROWS) run pippin's W4A16/W8A16 tensor-core kernels (1-8 rows the "
+        "matvec form, more the matmul); mma: the matmul form for all; 0: MLX's quantised "
+        "matmul.",
     ),
     "PIPPIN_MOE_KERNEL": (
         _flag("PIPPIN_MOE_KERNEL", "0"),

@@ -201,6 +201,24 @@ def test_quant_matmul_compiles(
 
 
 @needs_nvrtc
+@pytest.mark.parametrize("bits,group_size", [(4, 64), (4, 32), (4, 128), (8, 64), (8, 128)])
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+def test_quant_matvec_compiles(
+    recorder: Recorder, bits: int, group_size: int, dtype: mx.Dtype
+) -> None:
+    """The 1-8 row product (weights as the MMA's A) for each packing, activation dtype and
+    split of K (one warp; several, summed through shared memory)."""
+    from pippin.kernels import quant_matvec
+
+    k, n = 1024, 200
+    w, s, b = mx.quantize(mx.zeros((n, k), dtype=dtype), group_size=group_size, bits=bits)
+    for rows, tiles in ((1, None), (8, (1, 3)), (3, (4, 2))):
+        quant_matvec.qmv(mx.zeros((rows, k), dtype=dtype), w, s, b, group_size, bits, tiles)
+    assert [dict(x.template)["WK"] for x in recorder.launches][1:] == [1, 4]
+    _compile_all(recorder)
+
+
+@needs_nvrtc
 @pytest.mark.parametrize("tokens", [1, 64, 200])
 @pytest.mark.parametrize("bits", [4, 8])
 def test_grouped_quant_matmul_compiles(recorder: Recorder, tokens: int, bits: int) -> None:
@@ -240,7 +258,7 @@ def test_warm_builds_each_quantised_template_once(
     patches.quantised_products(model, 64, kernel=True)
     patches.warm_quantised(model, 64)
     names = {x.name for x in recorder.launches}
-    assert names == {"pippin_quant_matmul", "pippin_gather_quant_matmul"}
+    assert names == {"pippin_quant_matmul", "pippin_quant_matvec", "pippin_gather_quant_matmul"}
     templates = [(x.name, tuple(x.template)) for x in recorder.launches]
     assert len(set(templates)) == len(templates)  # none built twice
     dense = [dict(x.template) for x in recorder.launches if x.name == "pippin_quant_matmul"]

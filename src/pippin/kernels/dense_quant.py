@@ -12,8 +12,9 @@ runs a dense matmul; fewer rows keep the quantised product. Plain MLX ops, so th
 path runs (and is tested) on the CPU; the results differ from the quantised product only
 by the rounding of the unpacked weight to the model's dtype.
 
-On CUDA the inputs below that bound take pippin's tensor-core kernel (`quant_matmul`)
-where it applies to the layer (`PIPPIN_QUANT_KERNEL`), MLX's quantised product elsewhere.
+On CUDA the inputs below that bound take pippin's tensor-core kernels where they apply to
+the layer (`PIPPIN_QUANT_KERNEL`): `quant_matvec` up to 8 rows, `quant_matmul` above; MLX's
+quantised product elsewhere.
 
 Installed by `patches.quantised_products` when `PIPPIN_DENSE_QUANT` or the kernel asks for
 it (`PIPPIN_DENSE_QUANT_ROWS`) and taken back by `patches.undo`.
@@ -26,11 +27,12 @@ import functools
 import mlx.core as mx
 import mlx.nn as nn
 
-from pippin.kernels import quant_matmul
+from pippin.kernels import quant_matmul, quant_matvec
 from pippin.kernels.device import on_cuda
 
 ROWS_ATTR = "_pippin_dense_rows"
 KERNEL_ATTR = "_pippin_kernel_dtype"  # the activations' dtype `quant_matmul` takes, or None
+MATVEC_ATTR = "_pippin_matvec_rows"  # inputs of up to this many rows take `quant_matvec`
 MODES = ("affine",)
 
 
@@ -63,8 +65,11 @@ def call(self: nn.QuantizedLinear, x: mx.array) -> mx.array:
     if rows >= getattr(self, ROWS_ATTR):
         return dense(self, x)
     kernel = getattr(self, KERNEL_ATTR, None)
-    if kernel is not None and x.dtype == kernel and 0 < rows <= quant_matmul.MAX_ROWS:
-        return quant_matmul.layer_qmm(self, x)
+    if kernel is not None and x.dtype == kernel and 0 < rows:
+        if rows <= getattr(self, MATVEC_ATTR, 0):
+            return quant_matvec.layer_qmv(self, x)
+        if rows <= quant_matmul.MAX_ROWS:
+            return quant_matmul.layer_qmm(self, x)
     return nn.QuantizedLinear.__call__(self, x)
 
 

@@ -59,11 +59,18 @@ from pippin.kernels import (
     paged_attention,
     prefill_attention,
     quant_matmul,
+    quant_matvec,
 )
 from pippin.kernels.config import KernelConfig
 
 # The attribute each class swap leaves on a module, and on its subclass the base class.
-_PLAN_ATTRS = ("_pippin_fused", "_pippin_plan", dense_quant.ROWS_ATTR, dense_quant.KERNEL_ATTR)
+_PLAN_ATTRS = (
+    "_pippin_fused",
+    "_pippin_plan",
+    dense_quant.ROWS_ATTR,
+    dense_quant.KERNEL_ATTR,
+    dense_quant.MATVEC_ATTR,
+)
 _BASE = "_pippin_base"
 _ORIGINAL = "_pippin_original"  # on a wrapped function: mlx-lm's own
 
@@ -122,7 +129,8 @@ def apply(
     kernel = config.quant_kernel != "0" and device.on_cuda()  # the kernel is CUDA's alone
     rows = config.dense_quant_rows if dense else sys.maxsize
     if dense or kernel:
-        out.dense_quant, out.quant_kernel = quantised_products(model, rows, kernel)
+        matvec = kernel and config.quant_kernel != "mma"
+        out.dense_quant, out.quant_kernel = quantised_products(model, rows, kernel, matvec)
     if kernel:
         out.moe_kernel = config.moe_kernel == "1" and quantised_experts(model)
         if not paged_attention.force_reference:  # tests on the CPU stand in for CUDA
@@ -343,6 +351,7 @@ def warm_quantised(model: nn.Module, rows: int) -> None:
         if type(m) is kinds and getattr(m, dense_quant.KERNEL_ATTR, None) is not None
     ]
     quant_matmul.warm(layers, rows)
+    quant_matvec.warm([m for m in layers if getattr(m, dense_quant.MATVEC_ATTR, 0)])
     args = getattr(model, "args", None)
     top_k = getattr(args, "num_experts_per_tok", None)
     if isinstance(top_k, int):
@@ -380,10 +389,13 @@ def select_head_rows(model: nn.Module) -> head_rows.HeadRows | None:
 # --- 6. quantised prompt chunks --------------------------------------------------------
 
 
-def quantised_products(model: nn.Module, rows: int, kernel: bool) -> tuple[int, int]:
+def quantised_products(
+    model: nn.Module, rows: int, kernel: bool, matvec: bool = True
+) -> tuple[int, int]:
     """Run inputs of at least `rows` rows through every affine quantised linear layer of
     `model` as a dense product (`dense_quant`), and with `kernel` fewer rows through
-    `quant_matmul` where it applies; how many layers take each."""
+    pippin's kernels where they apply (`quant_matvec` up to its rows if `matvec`, else
+    `quant_matmul`); how many layers take each."""
     cls = dense_quant.subclass(_BASE)
     dense = kernels = 0
     for _, m in model.named_modules():
@@ -391,6 +403,7 @@ def quantised_products(model: nn.Module, rows: int, kernel: bool) -> tuple[int, 
             setattr(m, dense_quant.ROWS_ATTR, rows)
             dtype = dense_quant.kernel_dtype(m) if kernel else None
             setattr(m, dense_quant.KERNEL_ATTR, dtype)
+            setattr(m, dense_quant.MATVEC_ATTR, quant_matvec.MAX_ROWS if matvec and dtype else 0)
             m.__class__ = cls
             dense += rows < sys.maxsize
             kernels += dtype is not None

@@ -42,7 +42,7 @@ MAX_ROWS = 256  # the kernel's rows; the caller takes the dense product above it
 _SMS = 132  # streaming multiprocessors of an H100 (H200 too): enough blocks to fill them
 _SMEM_LIMIT = 48 * 1024
 
-_HEADER = r"""
+HEADER = r"""
 // Dequantise, per dtype: 4-bit pairs through the exponent trick, 8-bit through fp32.
 __device__ __forceinline__ uint32_t pippin_q4_pair(uint32_t word, int p, __nv_bfloat16 s,
                                                    __nv_bfloat16 b) {
@@ -361,7 +361,7 @@ def qmm(
     m, n = x2.shape[0], w.shape[0]
     mt, nt, wk = tiles or plan(m, n, k, bits)
     kernel = device.cuda_kernel(
-        "pippin_quant_matmul", ("x", "w", "scales", "biases"), _DENSE + _CORE, _HEADER
+        "pippin_quant_matmul", ("x", "w", "scales", "biases"), _DENSE + _CORE, HEADER
     )
     (out,) = kernel(
         inputs=[x2, w, scales, biases],
@@ -415,7 +415,7 @@ def gather_qmm(
         "pippin_gather_quant_matmul",
         ("x", "w", "scales", "biases", "ids", "order"),
         _GROUPED + _CORE,
-        _HEADER,
+        HEADER,
     )
     (out,) = kernel(
         inputs=[x2, w, scales, biases, ids, order],

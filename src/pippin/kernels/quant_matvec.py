@@ -1,0 +1,223 @@
+"""W4A16 / W8A16 products of 1-8 rows (decode) on tensor cores, the weights as the MMA's
+A operand (CUDA).
+
+`quant_matmul` gives the activations the MMA's 16-row A operand and the weights its 8-column
+B operand, so at one row 15 of the 16 rows are padding, each MMA covers 128 weights and the
+loop does little loading per instruction. At 1-8 rows (a decode step of a few streams) the
+roles swap here, as TensorRT-LLM's and vLLM's small-batch paths do: a warp's MMA
+`m16n8k16` takes 16 output columns of dequantised weights as A (256 weights an MMA) and up
+to 8 activation rows as B. The dequantisation and the pairing of packed words with
+activations are `quant_matmul`'s (its header): lane (g, t) takes columns g and g + 8 of its
+block, 16 bytes of each a step, and the activations of the same k for row g.
+
+A block is WK warps on 16 columns, splitting K; each warp loads the weights, scales and
+activations of U steps before it multiplies any of them, so that enough bytes are in flight
+to keep the memory system busy (one step at a time left a 4-bit 8B decode at about a third
+of the H100's bandwidth). The warps' sums meet in shared memory.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from pippin.kernels import device
+from pippin.kernels.quant_matmul import HEADER
+
+MAX_ROWS = 8  # the MMA's B columns
+_SMS = 132  # streaming multiprocessors of an H100 (H200 too)
+_WARPS_PER_SM = 16  # warps to aim for across the grid: the loads in flight
+
+_SOURCE = r"""
+    // x [M, K] (T, M <= 8), w [N, K * BITS / 32] (uint32), scales and biases [N, K / GS].
+    const int M = x_shape[0];
+    const int K = x_shape[1];
+    const int N = w_shape[0];
+    constexpr int SPAN = BITS == 4 ? 32 : 16;  // k of one lane's 16-byte load
+    constexpr int KPS = 4 * SPAN;              // k of one warp step
+    constexpr int ROUNDS = SPAN / 8;           // MMA pairs (k32) a step
+    const int KW = K * BITS / 32;
+    const int KG = K / GS;
+    const int steps = K / KPS;
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int g = lane >> 2;
+    const int t = lane & 3;
+    const int na = blockIdx.x * 16 + g;
+    const int nb = na + 8;
+    const bool oka = na < N;
+    const bool okb = nb < N;
+    const size_t ra = oka ? na : 0;
+    const size_t rb = okb ? nb : 0;
+    const uint32_t* wa = w + ra * KW + SPAN * t * BITS / 32;
+    const uint32_t* wb = w + rb * KW + SPAN * t * BITS / 32;
+    const T* sa = scales + ra * KG;
+    const T* ba = biases + ra * KG;
+    const T* sb = scales + rb * KG;
+    const T* bb = biases + rb * KG;
+    const bool xok = g < M;
+    const T* xr = x + (size_t)(xok ? g : 0) * K + SPAN * t;
+    const T zero = static_cast<T>(0.f);
+
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int s0 = warp; s0 < steps; s0 += WK * U) {
+        uint4 qa[U], qb[U];
+        T csa[U], cba[U], csb[U], cbb[U];
+        uint4 xv[U][ROUNDS];
+        #pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int s = s0 + u * WK;
+            qa[u] = make_uint4(0u, 0u, 0u, 0u);
+            qb[u] = qa[u];
+            csa[u] = cba[u] = csb[u] = cbb[u] = zero;
+            #pragma unroll
+            for (int r = 0; r < ROUNDS; ++r) xv[u][r] = qa[u];
+            if (s < steps) {
+                const int gi = (s * KPS + SPAN * t) / GS;
+                if (oka) {
+                    qa[u] = *reinterpret_cast<const uint4*>(wa + s * (KPS * BITS / 32));
+                    csa[u] = sa[gi];
+                    cba[u] = ba[gi];
+                }
+                if (okb) {
+                    qb[u] = *reinterpret_cast<const uint4*>(wb + s * (KPS * BITS / 32));
+                    csb[u] = sb[gi];
+                    cbb[u] = bb[gi];
+                }
+                if (xok) {
+                    #pragma unroll
+                    for (int r = 0; r < ROUNDS; ++r)
+                        xv[u][r] = *reinterpret_cast<const uint4*>(xr + s * KPS + 8 * r);
+                }
+            }
+        }
+        #pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (s0 + u * WK < steps) {  // the same for the whole warp
+                const uint32_t* wda = reinterpret_cast<const uint32_t*>(&qa[u]);
+                const uint32_t* wdb = reinterpret_cast<const uint32_t*>(&qb[u]);
+                #pragma unroll
+                for (int r = 0; r < ROUNDS; ++r) {
+                    const uint4 v = xv[u][r];
+                    // The activations of k (8 of this lane's span) as the pairs (e, e + 4)
+                    // the weights give.
+                    const uint32_t x0 = __byte_perm(v.x, v.z, 0x5410);
+                    const uint32_t x1 = __byte_perm(v.x, v.z, 0x7632);
+                    const uint32_t x2 = __byte_perm(v.y, v.w, 0x5410);
+                    const uint32_t x3 = __byte_perm(v.y, v.w, 0x7632);
+                    uint32_t pa[4], pb[4];
+                    if (BITS == 4) {
+                        #pragma unroll
+                        for (int p = 0; p < 4; ++p) {
+                            pa[p] = pippin_q4_pair(wda[r], p, csa[u], cba[u]);
+                            pb[p] = pippin_q4_pair(wdb[r], p, csb[u], cbb[u]);
+                        }
+                    } else {
+                        const float fsa = static_cast<float>(csa[u]);
+                        const float fba = static_cast<float>(cba[u]);
+                        const float fsb = static_cast<float>(csb[u]);
+                        const float fbb = static_cast<float>(cbb[u]);
+                        #pragma unroll
+                        for (int p = 0; p < 4; ++p) {
+                            pa[p] = pippin_pack(fmaf(pippin_byte(wda[2 * r], p), fsa, fba),
+                                                fmaf(pippin_byte(wda[2 * r + 1], p), fsa, fba),
+                                                T());
+                            pb[p] = pippin_pack(fmaf(pippin_byte(wdb[2 * r], p), fsb, fbb),
+                                                fmaf(pippin_byte(wdb[2 * r + 1], p), fsb, fbb),
+                                                T());
+                        }
+                    }
+                    pippin_mma(acc, pa[0], pb[0], pa[1], pb[1], x0, x1, T());
+                    pippin_mma(acc, pa[2], pb[2], pa[3], pb[3], x2, x3, T());
+                }
+            }
+        }
+    }
+
+    // acc: (column na, rows 2t and 2t + 1), then (column nb, the same rows).
+    if (WK > 1) {
+        __shared__ float part[WK * 4 * 32];
+        #pragma unroll
+        for (int c = 0; c < 4; ++c) part[(warp * 4 + c) * 32 + lane] = acc[c];
+        __syncthreads();
+        if (warp != 0) return;
+        #pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            float sum = 0.f;
+            #pragma unroll
+            for (int v = 0; v < WK; ++v) sum += part[(v * 4 + c) * 32 + lane];
+            acc[c] = sum;
+        }
+    }
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = 2 * t + h;
+        if (row < M) {
+            if (oka) out[(size_t)row * N + na] = static_cast<T>(acc[h]);
+            if (okb) out[(size_t)row * N + nb] = static_cast<T>(acc[2 + h]);
+        }
+    }
+"""
+
+
+def plan(n: int, k: int, bits: int) -> tuple[int, int]:
+    """(WK, U): warps per block splitting K and steps loaded at once per warp. Enough warps
+    across the grid to keep `_WARPS_PER_SM` on each multiprocessor, as long as each warp
+    keeps four steps of K or more; as many steps in flight as a warp has, up to 4."""
+    steps = k // (512 // bits)
+    blocks = -(-n // 16)
+    wk = 1
+    while wk < 8 and blocks * wk < _WARPS_PER_SM * _SMS and steps >= 4 * wk:
+        wk *= 2
+    return wk, max(1, min(4, steps // wk))
+
+
+def qmv(
+    x: mx.array,
+    w: mx.array,
+    scales: mx.array,
+    biases: mx.array,
+    group_size: int,
+    bits: int,
+    tiles: tuple[int, int] | None = None,
+) -> mx.array:
+    """`x @ dequantize(w).T` for x [..., K] of at most `MAX_ROWS` rows (the layers
+    `quant_matmul.applies` to); `tiles` (WK, U) instead of `plan`'s, for measuring."""
+    k = x.shape[-1]
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k)
+    m, n = x2.shape[0], w.shape[0]
+    wk, u = tiles or plan(n, k, bits)
+    kernel = device.cuda_kernel(
+        "pippin_quant_matvec", ("x", "w", "scales", "biases"), _SOURCE, HEADER
+    )
+    (out,) = kernel(
+        inputs=[x2, w, scales, biases],
+        template=[("T", x.dtype), ("BITS", bits), ("GS", group_size), ("WK", wk), ("U", u)],
+        grid=(-(-n // 16) * 32 * wk, 1, 1),
+        threadgroup=(32 * wk, 1, 1),
+        output_shapes=[(m, n)],
+        output_dtypes=[x.dtype],
+    )
+    return out.reshape(*lead, n)
+
+
+def layer_qmv(layer: nn.QuantizedLinear, x: mx.array) -> mx.array:
+    """`layer(x)` through `qmv` (its bias added after)."""
+    y = qmv(x, layer["weight"], layer["scales"], layer["biases"], layer.group_size, layer.bits)
+    return y + layer["bias"] if "bias" in layer else y
+
+
+def warm(layers: list[nn.Module]) -> int:
+    """Build now every template `qmv` takes for `layers` (as `quant_matmul.warm`); how many
+    products ran."""
+    seen: set[tuple] = set()
+    for layer in layers:
+        w = layer["weight"]
+        n, k = w.shape[0], w.shape[1] * 32 // layer.bits
+        dtype = layer["scales"].dtype
+        key = (dtype, layer.bits, layer.group_size, plan(n, k, layer.bits))
+        if key not in seen:
+            seen.add(key)
+            mx.eval(layer_qmv(layer, mx.zeros((1, k), dtype=dtype)))
+    return len(seen)
