@@ -11,8 +11,8 @@
 #   sweep   the kernel at every tiling (quant_matmul.py --sweep) over the five 8B
 #           projections (fused q/k/v, o, fused gate/up, down, LM head), 4-bit at 1-256 rows
 #           (`sweep8`: 8-bit at 1/16/64), to tune `quant_matmul.plan`
-#   matvec  the 1-8 row form (quant_matvec.py) at every tiling (WK, U) over the five 8B
-#           projections, 4-bit at 1, 2, 4 and 8 rows (`matvec8`: 8-bit at 1 and 4), beside
+#   matvec  the 1-16 row form (quant_matvec.py) at every tiling (WK, U) over the five 8B
+#           projections, 4-bit at 1, 2, 4, 8 and 16 rows (`matvec8`: 8-bit at 1 and 4), beside
 #           MLX's product, the matmul form and a plain read of the weights
 #   cuda    every `cuda` test under tests/kernels (8 processes, as `tests`), the slowest
 #           80 tests' times
@@ -59,7 +59,7 @@ for step in "$@"; do
         --reps 3 --bits "${br%:*}" --rows "${br#*:}" --out "$OUT/$step.json") 2>&1 |
         grep --line-buffered "SWEEP\|Error\|error" | tee "$OUT/$step.txt" ;;
     matvec | matvec8)
-      br=4:1,2,4,8
+      br=4:1,2,4,8,16
       [ "$step" = matvec8 ] && br=8:1,4
       (cd bench/gpu && timeout 400 python3 quant_matmul.py --matvec --shapes "$SHAPES" \
         --reps 3 --bits "${br%:*}" --rows "${br#*:}" --out "$OUT/$step.json") 2>&1 |

@@ -206,15 +206,16 @@ def test_quant_matmul_compiles(
 def test_quant_matvec_compiles(
     recorder: Recorder, bits: int, group_size: int, dtype: mx.Dtype
 ) -> None:
-    """The 1-8 row product (weights as the MMA's A) for each packing, activation dtype and
+    """The 1-16 row product (weights as the MMA's A) for each packing, activation dtype and
     split of K (one warp; several, summed through shared memory)."""
     from pippin.kernels import quant_matvec
 
     k, n = 1024, 200
     w, s, b = mx.quantize(mx.zeros((n, k), dtype=dtype), group_size=group_size, bits=bits)
-    for rows, tiles in ((1, None), (8, (1, 3)), (3, (4, 2))):
+    for rows, tiles in ((1, None), (8, (1, 3)), (3, (4, 2)), (12, None)):
         quant_matvec.qmv(mx.zeros((rows, k), dtype=dtype), w, s, b, group_size, bits, tiles)
-    assert [dict(x.template)["WK"] for x in recorder.launches][1:] == [1, 4]
+    plans = [dict(x.template) for x in recorder.launches]
+    assert [(p["WK"], p["NB"]) for p in plans][1:] == [(1, 1), (4, 1), (plans[3]["WK"], 2)]
     _compile_all(recorder)
 
 

@@ -1,4 +1,4 @@
-"""The 1-8 row W4A16 / W8A16 product (`kernels.quant_matvec`) against MLX's own
+"""The 1-16 row W4A16 / W8A16 product (`kernels.quant_matvec`) against MLX's own
 `quantized_matmul` on CUDA, by `test_quant_matmul`'s measure: every row count, packing and
 activation dtype, the splits of K its plan and a sweep take, partial column tiles; and the
 patched model takes it for decode rows."""
@@ -27,7 +27,7 @@ def test_every_row_count(m: int, bits: int) -> None:
 @pytest.mark.parametrize("bits,gs", [(4, 32), (4, 128), (8, 32), (8, 128)])
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
 def test_every_packing_and_dtype(bits: int, gs: int, dtype: mx.Dtype) -> None:
-    for m in (1, 5):
+    for m in (1, 5, 11):
         _check(m, 96, 512, bits, gs, dtype, quant_matvec.qmv)
 
 
@@ -36,33 +36,34 @@ def test_every_packing_and_dtype(bits: int, gs: int, dtype: mx.Dtype) -> None:
 def test_every_split_of_k(tiles: tuple[int, int]) -> None:
     """Warps on K and steps in flight, K's steps (16 at 4 bits) a multiple of neither."""
     product = partial(quant_matvec.qmv, tiles=tiles)
-    for m in (1, 8):
+    for m in (1, 8, 13):
         _check(m, 72, 2048, 4, 64, mx.bfloat16, product)
     _check(2, 40, 1152, 8, 64, mx.bfloat16, product)
+    _check(16, 40, 1152, 8, 64, mx.bfloat16, product)
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("n,k", [(6144, 4096), (28672, 4096), (4096, 14336), (1024, 128)])
 def test_model_shapes(n: int, k: int) -> None:
     """The 8B shape's projections at `plan`'s splits, and a K of one step."""
-    for m in (1, 4):
+    for m in (1, 4, 16):
         _check(m, n, k, 4, 64, mx.bfloat16, quant_matvec.qmv)
 
 
 @pytest.mark.cuda
 def test_rows_are_independent_and_agree_with_the_matmul_form() -> None:
     wq, s, b = _case(160, 512, 4, 64, mx.bfloat16)
-    x = mx.random.normal((7, 512)).astype(mx.bfloat16)
+    x = mx.random.normal((15, 512)).astype(mx.bfloat16)
     full = np.array(quant_matvec.qmv(x, wq, s, b, 64, 4).astype(mx.float32))
     mma = np.array(quant_matmul.qmm(x, wq, s, b, 64, 4).astype(mx.float32))
     assert np.allclose(full, mma, atol=2e-2)
-    for i in (0, 3, 6):
+    for i in (0, 3, 9, 14):
         one = np.array(quant_matvec.qmv(x[i : i + 1], wq, s, b, 64, 4).astype(mx.float32))
         assert np.allclose(one[0], full[i], atol=1e-2), i
 
 
 def test_patched_layers_take_it_up_to_its_rows(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Decode rows go to the matvec form, 9 or more to the matmul form."""
+    """Decode rows go to the matvec form, 17 or more to the matmul form."""
     from pippin.kernels import patches
 
     lin = nn.Linear(256, 64, bias=False)
@@ -75,8 +76,8 @@ def test_patched_layers_take_it_up_to_its_rows(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(quant_matvec, "layer_qmv", lambda m, x: calls.append("mv") or x[..., :64])
     monkeypatch.setattr(quant_matmul, "layer_qmm", lambda m, x: calls.append("mm") or x[..., :64])
     layer(mx.zeros((1, 256), dtype=mx.bfloat16))
-    layer(mx.zeros((8, 256), dtype=mx.bfloat16))
-    layer(mx.zeros((9, 256), dtype=mx.bfloat16))
+    layer(mx.zeros((16, 256), dtype=mx.bfloat16))
+    layer(mx.zeros((17, 256), dtype=mx.bfloat16))
     assert calls == ["mv", "mv", "mm"]
     patches.quantised_products(model, 256, kernel=True, matvec=False)
     layer(mx.zeros((1, 256), dtype=mx.bfloat16))

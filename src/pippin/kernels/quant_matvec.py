@@ -1,14 +1,15 @@
-"""W4A16 / W8A16 products of 1-8 rows (decode) on tensor cores, the weights as the MMA's
+"""W4A16 / W8A16 products of 1-16 rows (decode) on tensor cores, the weights as the MMA's
 A operand (CUDA).
 
 `quant_matmul` gives the activations the MMA's 16-row A operand and the weights its 8-column
 B operand, so at one row 15 of the 16 rows are padding, each MMA covers 128 weights and the
-loop does little loading per instruction. At 1-8 rows (a decode step of a few streams) the
+loop does little loading per instruction. At 1-16 rows (a decode step of a few streams) the
 roles swap here, as TensorRT-LLM's and vLLM's small-batch paths do: a warp's MMA
-`m16n8k16` takes 16 output columns of dequantised weights as A (256 weights an MMA) and up
-to 8 activation rows as B. The dequantisation and the pairing of packed words with
-activations are `quant_matmul`'s (its header): lane (g, t) takes columns g and g + 8 of its
-block, 16 bytes of each a step, and the activations of the same k for row g.
+`m16n8k16` takes 16 output columns of dequantised weights as A (256 weights an MMA) and
+8 activation rows as B (two MMAs per A past 8 rows: `NB`). The dequantisation and the
+pairing of packed words with activations are `quant_matmul`'s (its header): lane (g, t)
+takes columns g and g + 8 of its block, 16 bytes of each a step, and the activations of
+the same k for rows g (and 8 + g).
 
 A block is WK warps on 16 columns, splitting K; each warp loads the weights, scales and
 activations of U steps before it multiplies any of them, so that enough bytes are in flight
@@ -24,12 +25,13 @@ import mlx.nn as nn
 from pippin.kernels import device
 from pippin.kernels.quant_matmul import HEADER
 
-MAX_ROWS = 8  # the MMA's B columns
+MAX_ROWS = 16  # two of the MMA's 8-column B operands
 _SMS = 132  # streaming multiprocessors of an H100 (H200 too)
 _WARPS_PER_SM = 16  # warps to aim for across the grid: the loads in flight
 
 _SOURCE = r"""
-    // x [M, K] (T, M <= 8), w [N, K * BITS / 32] (uint32), scales and biases [N, K / GS].
+    // x [M, K] (T, M <= 8 * NB), w [N, K * BITS / 32] (uint32), scales and biases
+    // [N, K / GS] (T).
     const int M = x_shape[0];
     const int K = x_shape[1];
     const int N = w_shape[0];
@@ -55,15 +57,26 @@ _SOURCE = r"""
     const T* ba = biases + ra * KG;
     const T* sb = scales + rb * KG;
     const T* bb = biases + rb * KG;
-    const bool xok = g < M;
-    const T* xr = x + (size_t)(xok ? g : 0) * K + SPAN * t;
+    // Rows g and (NB = 2) 8 + g of x: this lane's B operands.
+    bool xok[NB];
+    const T* xr[NB];
+    #pragma unroll
+    for (int j = 0; j < NB; ++j) {
+        xok[j] = 8 * j + g < M;
+        xr[j] = x + (size_t)(xok[j] ? 8 * j + g : 0) * K + SPAN * t;
+    }
     const T zero = static_cast<T>(0.f);
 
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    float acc[NB][4];
+    #pragma unroll
+    for (int j = 0; j < NB; ++j) {
+        #pragma unroll
+        for (int c = 0; c < 4; ++c) acc[j][c] = 0.f;
+    }
     for (int s0 = warp; s0 < steps; s0 += WK * U) {
         uint4 qa[U], qb[U];
         T csa[U], cba[U], csb[U], cbb[U];
-        uint4 xv[U][ROUNDS];
+        uint4 xv[U][NB][ROUNDS];
         #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int s = s0 + u * WK;
@@ -71,7 +84,10 @@ _SOURCE = r"""
             qb[u] = qa[u];
             csa[u] = cba[u] = csb[u] = cbb[u] = zero;
             #pragma unroll
-            for (int r = 0; r < ROUNDS; ++r) xv[u][r] = qa[u];
+            for (int j = 0; j < NB; ++j) {
+                #pragma unroll
+                for (int r = 0; r < ROUNDS; ++r) xv[u][j][r] = qa[u];
+            }
             if (s < steps) {
                 const int gi = (s * KPS + SPAN * t) / GS;
                 if (oka) {
@@ -84,10 +100,14 @@ _SOURCE = r"""
                     csb[u] = sb[gi];
                     cbb[u] = bb[gi];
                 }
-                if (xok) {
-                    #pragma unroll
-                    for (int r = 0; r < ROUNDS; ++r)
-                        xv[u][r] = *reinterpret_cast<const uint4*>(xr + s * KPS + 8 * r);
+                #pragma unroll
+                for (int j = 0; j < NB; ++j) {
+                    if (xok[j]) {
+                        #pragma unroll
+                        for (int r = 0; r < ROUNDS; ++r)
+                            xv[u][j][r] =
+                                *reinterpret_cast<const uint4*>(xr[j] + s * KPS + 8 * r);
+                    }
                 }
             }
         }
@@ -98,13 +118,6 @@ _SOURCE = r"""
                 const uint32_t* wdb = reinterpret_cast<const uint32_t*>(&qb[u]);
                 #pragma unroll
                 for (int r = 0; r < ROUNDS; ++r) {
-                    const uint4 v = xv[u][r];
-                    // The activations of k (8 of this lane's span) as the pairs (e, e + 4)
-                    // the weights give.
-                    const uint32_t x0 = __byte_perm(v.x, v.z, 0x5410);
-                    const uint32_t x1 = __byte_perm(v.x, v.z, 0x7632);
-                    const uint32_t x2 = __byte_perm(v.y, v.w, 0x5410);
-                    const uint32_t x3 = __byte_perm(v.y, v.w, 0x7632);
                     uint32_t pa[4], pb[4];
                     if (BITS == 4) {
                         #pragma unroll
@@ -127,49 +140,69 @@ _SOURCE = r"""
                                                 T());
                         }
                     }
-                    pippin_mma(acc, pa[0], pb[0], pa[1], pb[1], x0, x1, T());
-                    pippin_mma(acc, pa[2], pb[2], pa[3], pb[3], x2, x3, T());
+                    #pragma unroll
+                    for (int j = 0; j < NB; ++j) {
+                        // The activations of k (8 of this lane's span) as the pairs
+                        // (e, e + 4) the weights give.
+                        const uint4 v = xv[u][j][r];
+                        pippin_mma(acc[j], pa[0], pb[0], pa[1], pb[1],
+                                   __byte_perm(v.x, v.z, 0x5410),
+                                   __byte_perm(v.x, v.z, 0x7632), T());
+                        pippin_mma(acc[j], pa[2], pb[2], pa[3], pb[3],
+                                   __byte_perm(v.y, v.w, 0x5410),
+                                   __byte_perm(v.y, v.w, 0x7632), T());
+                    }
                 }
             }
         }
     }
 
-    // acc: (column na, rows 2t and 2t + 1), then (column nb, the same rows).
+    // acc[j]: (column na, rows 8j + 2t and 8j + 2t + 1), then (column nb, the same rows).
     if (WK > 1) {
-        __shared__ float part[WK * 4 * 32];
+        __shared__ float part[WK * NB * 4 * 32];
         #pragma unroll
-        for (int c = 0; c < 4; ++c) part[(warp * 4 + c) * 32 + lane] = acc[c];
+        for (int j = 0; j < NB; ++j) {
+            #pragma unroll
+            for (int c = 0; c < 4; ++c) part[((warp * NB + j) * 4 + c) * 32 + lane] = acc[j][c];
+        }
         __syncthreads();
         if (warp != 0) return;
         #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-            float sum = 0.f;
+        for (int j = 0; j < NB; ++j) {
             #pragma unroll
-            for (int v = 0; v < WK; ++v) sum += part[(v * 4 + c) * 32 + lane];
-            acc[c] = sum;
+            for (int c = 0; c < 4; ++c) {
+                float sum = 0.f;
+                #pragma unroll
+                for (int v = 0; v < WK; ++v) sum += part[((v * NB + j) * 4 + c) * 32 + lane];
+                acc[j][c] = sum;
+            }
         }
     }
     #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int row = 2 * t + h;
-        if (row < M) {
-            if (oka) out[(size_t)row * N + na] = static_cast<T>(acc[h]);
-            if (okb) out[(size_t)row * N + nb] = static_cast<T>(acc[2 + h]);
+    for (int j = 0; j < NB; ++j) {
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = 8 * j + 2 * t + h;
+            if (row < M) {
+                if (oka) out[(size_t)row * N + na] = static_cast<T>(acc[j][h]);
+                if (okb) out[(size_t)row * N + nb] = static_cast<T>(acc[j][2 + h]);
+            }
         }
     }
 """
 
 
-def plan(n: int, k: int, bits: int) -> tuple[int, int]:
-    """(WK, U): warps per block splitting K and steps loaded at once per warp. Enough warps
-    across the grid to keep `_WARPS_PER_SM` on each multiprocessor, as long as each warp
-    keeps four steps of K or more; as many steps in flight as a warp has, up to 4."""
+def plan(n: int, k: int, bits: int, m: int = 1) -> tuple[int, int]:
+    """(WK, U) for `m` rows: warps per block splitting K and steps loaded at once per warp.
+    Enough warps across the grid to keep `_WARPS_PER_SM` on each multiprocessor, as long as
+    each warp keeps four steps of K or more; as many steps in flight as a warp has, up to 4
+    (2 past 8 rows: each step's activations take registers per 8 rows)."""
     steps = k // (512 // bits)
     blocks = -(-n // 16)
     wk = 1
     while wk < 8 and blocks * wk < _WARPS_PER_SM * _SMS and steps >= 4 * wk:
         wk *= 2
-    return wk, max(1, min(4, steps // wk))
+    return wk, max(1, min(4 if m <= 8 else 2, steps // wk))
 
 
 def qmv(
@@ -187,13 +220,20 @@ def qmv(
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
     m, n = x2.shape[0], w.shape[0]
-    wk, u = tiles or plan(n, k, bits)
+    wk, u = tiles or plan(n, k, bits, m)
     kernel = device.cuda_kernel(
         "pippin_quant_matvec", ("x", "w", "scales", "biases"), _SOURCE, HEADER
     )
     (out,) = kernel(
         inputs=[x2, w, scales, biases],
-        template=[("T", x.dtype), ("BITS", bits), ("GS", group_size), ("WK", wk), ("U", u)],
+        template=[
+            ("T", x.dtype),
+            ("BITS", bits),
+            ("GS", group_size),
+            ("WK", wk),
+            ("U", u),
+            ("NB", 1 if m <= 8 else 2),
+        ],
         grid=(-(-n // 16) * 32 * wk, 1, 1),
         threadgroup=(32 * wk, 1, 1),
         output_shapes=[(m, n)],
@@ -216,8 +256,9 @@ def warm(layers: list[nn.Module]) -> int:
         w = layer["weight"]
         n, k = w.shape[0], w.shape[1] * 32 // layer.bits
         dtype = layer["scales"].dtype
-        key = (dtype, layer.bits, layer.group_size, plan(n, k, layer.bits))
-        if key not in seen:
-            seen.add(key)
-            mx.eval(layer_qmv(layer, mx.zeros((1, k), dtype=dtype)))
+        for m in (1, MAX_ROWS):
+            key = (dtype, layer.bits, layer.group_size, m > 8, plan(n, k, layer.bits, m))
+            if key not in seen:
+                seen.add(key)
+                mx.eval(layer_qmv(layer, mx.zeros((m, k), dtype=dtype)))
     return len(seen)
