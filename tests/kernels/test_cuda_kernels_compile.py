@@ -222,18 +222,24 @@ def test_quant_matvec_compiles(
 @needs_nvrtc
 @pytest.mark.parametrize("tokens", [1, 64, 200])
 @pytest.mark.parametrize("bits", [4, 8])
-def test_grouped_quant_matmul_compiles(recorder: Recorder, tokens: int, bits: int) -> None:
-    """The experts' form: token rows gathered (gate/up), pair rows scattered (down)."""
-    from pippin.kernels import quant_matmul
+@pytest.mark.parametrize("form", ["gather_qmm", "gather_qmv"])
+def test_grouped_quant_matmul_compiles(
+    recorder: Recorder, tokens: int, bits: int, form: str
+) -> None:
+    """The experts' forms (matmul, matvec): token rows gathered (gate/up), pair rows
+    scattered (down)."""
+    from pippin.kernels import quant_matmul, quant_matvec
+
+    product = getattr(quant_matmul if form == "gather_qmm" else quant_matvec, form)
 
     e, top_k, k, n = 8, 2, 256, 128
     w, s, b = mx.quantize(mx.zeros((e, n, k), dtype=mx.bfloat16), group_size=64, bits=bits)
     indices = mx.zeros((tokens, top_k), dtype=mx.uint32)
     ids, order = quant_matmul.sort_pairs(indices)
     x = mx.zeros((tokens, k), dtype=mx.bfloat16)
-    quant_matmul.gather_qmm(x, w, s, b, ids, order, tokens, 64, bits, True, False)
+    product(x, w, s, b, ids, order, tokens, 64, bits, True, False)
     pairs = mx.zeros((tokens * top_k, k), dtype=mx.bfloat16)
-    quant_matmul.gather_qmm(pairs, w, s, b, ids, order, tokens, 64, bits, False, True)
+    product(pairs, w, s, b, ids, order, tokens, 64, bits, False, True)
     assert [dict(x.template)["XG"] for x in recorder.launches] == [True, False]
     assert all(x.grid[1] % e == 0 for x in recorder.launches)
     _compile_all(recorder)
@@ -259,7 +265,12 @@ def test_warm_builds_each_quantised_template_once(
     patches.quantised_products(model, 64, kernel=True)
     patches.warm_quantised(model, 64)
     names = {x.name for x in recorder.launches}
-    assert names == {"pippin_quant_matmul", "pippin_quant_matvec", "pippin_gather_quant_matmul"}
+    assert names == {
+        "pippin_quant_matmul",
+        "pippin_quant_matvec",
+        "pippin_gather_quant_matmul",
+        "pippin_gather_quant_matvec",
+    }
     templates = [(x.name, tuple(x.template)) for x in recorder.launches]
     assert len(set(templates)) == len(templates)  # none built twice
     dense = [dict(x.template) for x in recorder.launches if x.name == "pippin_quant_matmul"]

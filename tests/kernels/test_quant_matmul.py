@@ -10,7 +10,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from pippin.kernels import quant_matmul
+from pippin.kernels import quant_matmul, quant_matvec
 
 
 def _case(n: int, k: int, bits: int, gs: int, dtype: mx.Dtype, seed: int = 0):  # type: ignore[no-untyped-def]
@@ -132,9 +132,11 @@ def _experts(e: int, n: int, k: int, bits: int, dtype: mx.Dtype = mx.bfloat16): 
 @pytest.mark.cuda
 @pytest.mark.parametrize("tokens", [1, 5, 40, 130])
 @pytest.mark.parametrize("bits", [4, 8])
-def test_grouped_product_matches_gather_qmm(tokens: int, bits: int) -> None:
+@pytest.mark.parametrize("product", [quant_matmul.gather_qmm, quant_matvec.gather_qmv])
+def test_grouped_product_matches_gather_qmm(tokens: int, bits: int, product) -> None:  # type: ignore[no-untyped-def]
     """Each token's rows through its top-k experts: the token rows gathered (gate/up) and
-    the pair rows scattered back (down), against `mx.gather_qmm` on the same pairs."""
+    the pair rows scattered back (down), against `mx.gather_qmm` on the same pairs; both
+    forms (the matvec one in blocks of 8 or 16 pairs of an expert)."""
     e, top_k, n, k = 16, 4, 192, 256
     wq, s, b = _experts(e, n, k, bits)
     x = mx.random.normal((tokens, k), key=mx.random.key(3)).astype(mx.bfloat16)
@@ -147,7 +149,7 @@ def test_grouped_product_matches_gather_qmm(tokens: int, bits: int) -> None:
     ref = np.array(ref.reshape(tokens * top_k, n).astype(mx.float32))
     ids, order = quant_matmul.sort_pairs(indices)
     # Gate/up: token rows in, sorted pair rows out.
-    sorted_out = quant_matmul.gather_qmm(x, wq, s, b, ids, order, tokens, 64, bits, True, False)
+    sorted_out = product(x, wq, s, b, ids, order, tokens, 64, bits, True, False)
     back = np.empty_like(ref)
     back[np.array(order)] = np.array(sorted_out.astype(mx.float32))
     scale = np.abs(ref).max()
@@ -156,7 +158,7 @@ def test_grouped_product_matches_gather_qmm(tokens: int, bits: int) -> None:
     pairs = mx.array(back, dtype=mx.bfloat16)[order]  # the inputs, in sorted order
     k2 = n
     wq2, s2, b2 = _experts(e, 128, k2, bits)
-    got = quant_matmul.gather_qmm(pairs, wq2, s2, b2, ids, order, tokens, 64, bits, False, True)
+    got = product(pairs, wq2, s2, b2, ids, order, tokens, 64, bits, False, True)
     want = mx.gather_qmm(
         mx.array(back, dtype=mx.bfloat16).reshape(tokens, top_k, 1, k2),
         wq2,

@@ -3,7 +3,8 @@
 mlx-lm's `SwitchGLU` runs each projection through `mx.gather_qmm`, whose CUDA form is far
 slower than a dense product of the same bytes (mlx issue #4339: about 24x). Here its class
 becomes a subclass whose `__call__` sorts the (token, expert) pairs once and runs the three
-projections through `quant_matmul.gather_qmm`: the gate and up products read each token's
+projections through `quant_matvec.gather_qmv` (an expert's pairs within 16 rows: decode)
+or `quant_matmul.gather_qmm`: the gate and up products read each token's
 row for its pairs in expert order, the activation runs on those rows, and the down product
 writes each pair's row back in the pairs' own order, so no gather or scatter op runs
 between them. The experts' biases (gpt-oss) are added as mlx-lm adds them.
@@ -20,7 +21,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from pippin.kernels import quant_matmul
+from pippin.kernels import quant_matmul, quant_matvec
 
 CLASSES = (("switch_layers", "SwitchGLU"),)
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
@@ -48,7 +49,9 @@ def _project(
     scatter_out: bool,
     flat: mx.array,
 ) -> mx.array:
-    y = quant_matmul.gather_qmm(
+    few = quant_matvec.takes(ids.size, layer["weight"].shape[0])
+    product = quant_matvec.gather_qmv if few else quant_matmul.gather_qmm
+    y = product(
         x,
         layer["weight"],
         layer["scales"],
@@ -97,8 +100,16 @@ def warm(model: nn.Module, top_k: int) -> int:
             dtype = layer["scales"].dtype
             for tokens in range(1, MAX_TOKENS + 1):
                 p = tokens * top_k
-                plan = quant_matmul.gather_plan(p, e, n, k, layer.bits, tokens)
-                key = (dtype, layer.bits, layer.group_size, plan[:3], down)  # the template
+                if quant_matvec.takes(p, e):
+                    plan = quant_matvec.gather_template(
+                        dtype, layer.bits, layer.group_size, p, e, n, k, tokens
+                    )
+                    product = quant_matvec.gather_qmv
+                else:
+                    plan = (dtype, layer.bits, layer.group_size)
+                    plan += quant_matmul.gather_plan(p, e, n, k, layer.bits, tokens)[:3]
+                    product = quant_matmul.gather_qmm
+                key = (product.__name__, *plan, down)  # the template
                 if key in seen:
                     continue
                 seen.add(key)
@@ -107,7 +118,7 @@ def warm(model: nn.Module, top_k: int) -> int:
                 order = mx.arange(p, dtype=mx.uint32)
                 w, s, b = layer["weight"], layer["scales"], layer["biases"]
                 mx.eval(
-                    quant_matmul.gather_qmm(
+                    product(
                         x, w, s, b, ids, order, tokens, layer.group_size, layer.bits, not down, down
                     )
                 )

@@ -91,12 +91,12 @@ __device__ __forceinline__ void pippin_mma(float* c, uint32_t a0, uint32_t a1, u
 
 # Each kernel's first lines set: K, N, the tile's first row p0 and its rows' end p1, the
 # expert's weights (wx, sx, bx), and where row p of the tile reads x (xrow_of) and writes
-# out (orow_of).
-_DENSE = r"""
+# out (orow_of). TILE, the rows of a block, comes before (`tile_rows`).
+DENSE = r"""
     // x [M, K] (T), w [N, K * BITS / 32] (uint32), scales and biases [N, K / GS] (T).
     const int K = x_shape[1];
     const int N = w_shape[0];
-    const int p0 = blockIdx.y * (16 * MT);
+    const int p0 = blockIdx.y * TILE;
     const int p1 = x_shape[0];
     const uint32_t* wx = w;
     const T* sx = scales;
@@ -106,11 +106,11 @@ _DENSE = r"""
 """
 
 # Mixture of experts: pairs (a token, one of its experts) sorted by expert (`ids`,
-# ascending); block y = expert e * chunks + c takes the c-th 16 * MT pairs of e. Blocks
+# ascending); block y = expert e * chunks + c takes the c-th TILE pairs of e. Blocks
 # past an expert's pairs leave at once. Sorted pair p is the token's pair order[p]: with XG
 # it reads x row order[p] / (P / rows of x) (the token's), else row p; with OG it writes
 # out row order[p] (the pairs' own order), else row p.
-_GROUPED = r"""
+GROUPED = r"""
     // x [R, K], w [E, N, K * BITS / 32], scales and biases [E, N, K / GS], ids [P].
     const int K = x_shape[1];
     const int N = w_shape[1];
@@ -131,7 +131,7 @@ _GROUPED = r"""
         if ((int)ids[mid] <= e) lo = mid + 1; else hi = mid;
     }
     const int p1 = lo;
-    const int p0 = lb + (blockIdx.y % chunks) * (16 * MT);
+    const int p0 = lb + (blockIdx.y % chunks) * TILE;
     if (p0 >= p1) return;  // the whole block: no barrier is reached
     const uint32_t* wx = w + (size_t)e * N * (K * BITS / 32);
     const T* sx = scales + (size_t)e * N * (K / GS);
@@ -139,6 +139,8 @@ _GROUPED = r"""
     auto xrow_of = [&](int p) { return XG ? (int)order[p] / div : p; };
     auto orow_of = [&](int p) { return OG ? (int)order[p] : p; };
 """
+
+_TILE = "    constexpr int TILE = 16 * MT;\n"
 
 _CORE = r"""
     constexpr int SPAN = BITS == 4 ? 32 : 16;  // k of one thread's 16-byte load
@@ -361,7 +363,7 @@ def qmm(
     m, n = x2.shape[0], w.shape[0]
     mt, nt, wk = tiles or plan(m, n, k, bits)
     kernel = device.cuda_kernel(
-        "pippin_quant_matmul", ("x", "w", "scales", "biases"), _DENSE + _CORE, HEADER
+        "pippin_quant_matmul", ("x", "w", "scales", "biases"), _TILE + DENSE + _CORE, HEADER
     )
     (out,) = kernel(
         inputs=[x2, w, scales, biases],
@@ -414,7 +416,7 @@ def gather_qmm(
     kernel = device.cuda_kernel(
         "pippin_gather_quant_matmul",
         ("x", "w", "scales", "biases", "ids", "order"),
-        _GROUPED + _CORE,
+        _TILE + GROUPED + _CORE,
         HEADER,
     )
     (out,) = kernel(

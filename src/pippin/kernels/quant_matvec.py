@@ -23,18 +23,16 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from pippin.kernels import device
-from pippin.kernels.quant_matmul import HEADER
+from pippin.kernels.quant_matmul import DENSE, GROUPED, HEADER
 
 MAX_ROWS = 16  # two of the MMA's 8-column B operands
 _SMS = 132  # streaming multiprocessors of an H100 (H200 too)
 _WARPS_PER_SM = 16  # warps to aim for across the grid: the loads in flight
 
-_SOURCE = r"""
-    // x [M, K] (T, M <= 8 * NB), w [N, K * BITS / 32] (uint32), scales and biases
-    // [N, K / GS] (T).
-    const int M = x_shape[0];
-    const int K = x_shape[1];
-    const int N = w_shape[0];
+# After `quant_matmul`'s prologues (DENSE, GROUPED): rows p0 to p1 (at most TILE) of x.
+_TILE = "    constexpr int TILE = 8 * NB;\n"
+
+_CORE = r"""
     constexpr int SPAN = BITS == 4 ? 32 : 16;  // k of one lane's 16-byte load
     constexpr int KPS = 4 * SPAN;              // k of one warp step
     constexpr int ROUNDS = SPAN / 8;           // MMA pairs (k32) a step
@@ -51,19 +49,19 @@ _SOURCE = r"""
     const bool okb = nb < N;
     const size_t ra = oka ? na : 0;
     const size_t rb = okb ? nb : 0;
-    const uint32_t* wa = w + ra * KW + SPAN * t * BITS / 32;
-    const uint32_t* wb = w + rb * KW + SPAN * t * BITS / 32;
-    const T* sa = scales + ra * KG;
-    const T* ba = biases + ra * KG;
-    const T* sb = scales + rb * KG;
-    const T* bb = biases + rb * KG;
+    const uint32_t* wa = wx + ra * KW + SPAN * t * BITS / 32;
+    const uint32_t* wb = wx + rb * KW + SPAN * t * BITS / 32;
+    const T* sa = sx + ra * KG;
+    const T* ba = bx + ra * KG;
+    const T* sb = sx + rb * KG;
+    const T* bb = bx + rb * KG;
     // Rows g and (NB = 2) 8 + g of x: this lane's B operands.
     bool xok[NB];
     const T* xr[NB];
     #pragma unroll
     for (int j = 0; j < NB; ++j) {
-        xok[j] = 8 * j + g < M;
-        xr[j] = x + (size_t)(xok[j] ? 8 * j + g : 0) * K + SPAN * t;
+        xok[j] = p0 + 8 * j + g < p1;
+        xr[j] = x + (size_t)(xok[j] ? xrow_of(p0 + 8 * j + g) : 0) * K + SPAN * t;
     }
     const T zero = static_cast<T>(0.f);
 
@@ -182,23 +180,25 @@ _SOURCE = r"""
     for (int j = 0; j < NB; ++j) {
         #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const int row = 8 * j + 2 * t + h;
-            if (row < M) {
-                if (oka) out[(size_t)row * N + na] = static_cast<T>(acc[j][h]);
-                if (okb) out[(size_t)row * N + nb] = static_cast<T>(acc[j][2 + h]);
+            const int p = p0 + 8 * j + 2 * t + h;
+            if (p < p1) {
+                const size_t o = (size_t)orow_of(p) * N;
+                if (oka) out[o + na] = static_cast<T>(acc[j][h]);
+                if (okb) out[o + nb] = static_cast<T>(acc[j][2 + h]);
             }
         }
     }
 """
 
 
-def plan(n: int, k: int, bits: int, m: int = 1) -> tuple[int, int]:
-    """(WK, U) for `m` rows: warps per block splitting K and steps loaded at once per warp.
+def plan(n: int, k: int, bits: int, m: int = 1, row_blocks: int = 1) -> tuple[int, int]:
+    """(WK, U) for `m` rows (`row_blocks` blocks of them busy, as experts with pairs): warps
+    per block splitting K and steps loaded at once per warp.
     Enough warps across the grid to keep `_WARPS_PER_SM` on each multiprocessor, as long as
     each warp keeps four steps of K or more; as many steps in flight as a warp has, up to 4
     (2 past 8 rows: each step's activations take registers per 8 rows)."""
     steps = k // (512 // bits)
-    blocks = -(-n // 16)
+    blocks = -(-n // 16) * row_blocks
     wk = 1
     while wk < 8 and blocks * wk < _WARPS_PER_SM * _SMS and steps >= 4 * wk:
         wk *= 2
@@ -222,24 +222,81 @@ def qmv(
     m, n = x2.shape[0], w.shape[0]
     wk, u = tiles or plan(n, k, bits, m)
     kernel = device.cuda_kernel(
-        "pippin_quant_matvec", ("x", "w", "scales", "biases"), _SOURCE, HEADER
+        "pippin_quant_matvec", ("x", "w", "scales", "biases"), _TILE + DENSE + _CORE, HEADER
     )
     (out,) = kernel(
         inputs=[x2, w, scales, biases],
-        template=[
-            ("T", x.dtype),
-            ("BITS", bits),
-            ("GS", group_size),
-            ("WK", wk),
-            ("U", u),
-            ("NB", 1 if m <= 8 else 2),
-        ],
+        template=_template(x.dtype, bits, group_size, wk, u, m),
         grid=(-(-n // 16) * 32 * wk, 1, 1),
         threadgroup=(32 * wk, 1, 1),
         output_shapes=[(m, n)],
         output_dtypes=[x.dtype],
     )
     return out.reshape(*lead, n)
+
+
+def _template(
+    dtype: mx.Dtype, bits: int, group_size: int, wk: int, u: int, rows: int
+) -> list[tuple[str, object]]:
+    nb = 1 if rows <= 8 else 2
+    return [("T", dtype), ("BITS", bits), ("GS", group_size), ("WK", wk), ("U", u), ("NB", nb)]
+
+
+def gather_template(
+    dtype: mx.Dtype, bits: int, group_size: int, p: int, e: int, n: int, k: int, tokens: int
+) -> tuple:
+    """What `gather_qmv` builds a template of for these pairs (`moe_quant.warm`)."""
+    rows = min(tokens, 4 * p // e + 1)
+    return (dtype, bits, group_size, rows > 8, plan(n, k, bits, rows, row_blocks=min(e, p)))
+
+
+def takes(p: int, e: int) -> bool:
+    """Whether `gather_qmv` (rather than `quant_matmul.gather_qmm`) takes `p` pairs over
+    `e` experts: an expert's rows (about 4x the mean, as `quant_matmul.gather_plan`
+    reckons) within two 8-row operands."""
+    return 4 * p // e + 1 <= MAX_ROWS
+
+
+def gather_qmv(
+    x: mx.array,
+    w: mx.array,
+    scales: mx.array,
+    biases: mx.array,
+    ids: mx.array,
+    order: mx.array,
+    tokens: int,
+    group_size: int,
+    bits: int,
+    gather_x: bool,
+    scatter_out: bool,
+) -> mx.array:
+    """`quant_matmul.gather_qmm` in the matvec form: blocks of 8 or 16 pairs of one
+    expert (`takes`). The template: `gather_template`."""
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k)
+    p, (e, n) = ids.size, w.shape[:2]
+    rows = min(tokens, 4 * p // e + 1)
+    wk, u = plan(n, k, bits, rows, row_blocks=min(e, p))
+    tile = 8 if rows <= 8 else 16
+    kernel = device.cuda_kernel(
+        "pippin_gather_quant_matvec",
+        ("x", "w", "scales", "biases", "ids", "order"),
+        _TILE + GROUPED + _CORE,
+        HEADER,
+    )
+    (out,) = kernel(
+        inputs=[x2, w, scales, biases, ids, order],
+        template=[
+            *_template(x.dtype, bits, group_size, wk, u, rows),
+            ("XG", gather_x),
+            ("OG", scatter_out),
+        ],
+        grid=(-(-n // 16) * 32 * wk, e * -(-tokens // tile), 1),
+        threadgroup=(32 * wk, 1, 1),
+        output_shapes=[(p, n)],
+        output_dtypes=[x.dtype],
+    )
+    return out
 
 
 def layer_qmv(layer: nn.QuantizedLinear, x: mx.array) -> mx.array:
