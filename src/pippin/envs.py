@@ -130,7 +130,7 @@ VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
     "PIPPIN_QUANT_KERNEL": (
         _flag("PIPPIN_QUANT_KERNEL", "auto"),
         "auto (the default): on CUDA, quantised layers' products of up to 256 rows (below "
-        "PIPPIN_DENSE_QUANT_ROWS) run pippin's W4A16/W8A16 tensor-core kernels (1-16 rows the "
+        "PIPPIN_DENSE_QUANT_ROWS) run pippin's W4A16/W8A16 tensor-core kernels (1-8 rows the "
         "matvec form, more the matmul); mma: the matmul form for all; 0: MLX's quantised "
         "matmul.",
     ),

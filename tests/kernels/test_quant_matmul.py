@@ -137,7 +137,7 @@ def test_grouped_product_matches_gather_qmm(tokens: int, bits: int, product) -> 
     """Each token's rows through its top-k experts: the token rows gathered (gate/up) and
     the pair rows scattered back (down), against `mx.gather_qmm` on the same pairs; both
     forms (the matvec one in blocks of 8 or 16 pairs of an expert)."""
-    e, top_k, n, k = 16, 4, 192, 256
+    e, top_k, n, k = 16, 4, 256, 256  # n: the down product's K, a whole 4-bit iteration
     wq, s, b = _experts(e, n, k, bits)
     x = mx.random.normal((tokens, k), key=mx.random.key(3)).astype(mx.bfloat16)
     # Distinct experts per token, as a router's top-k gives them (some experts idle).

@@ -63,7 +63,7 @@ def test_rows_are_independent_and_agree_with_the_matmul_form() -> None:
 
 
 def test_patched_layers_take_it_up_to_its_rows(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Decode rows go to the matvec form, 17 or more to the matmul form."""
+    """Decode rows go to the matvec form, 9 or more to the matmul form."""
     from pippin.kernels import patches
 
     lin = nn.Linear(256, 64, bias=False)
@@ -71,13 +71,13 @@ def test_patched_layers_take_it_up_to_its_rows(monkeypatch: pytest.MonkeyPatch) 
     model = nn.Sequential(nn.QuantizedLinear.from_linear(lin, group_size=64, bits=4))
     patches.quantised_products(model, 256, kernel=True)
     layer = model.layers[0]
-    assert getattr(layer, dense_quant.MATVEC_ATTR) == quant_matvec.MAX_ROWS
+    assert getattr(layer, dense_quant.MATVEC_ATTR) == quant_matvec.DENSE_ROWS == 8
     calls: list[str] = []
     monkeypatch.setattr(quant_matvec, "layer_qmv", lambda m, x: calls.append("mv") or x[..., :64])
     monkeypatch.setattr(quant_matmul, "layer_qmm", lambda m, x: calls.append("mm") or x[..., :64])
     layer(mx.zeros((1, 256), dtype=mx.bfloat16))
-    layer(mx.zeros((16, 256), dtype=mx.bfloat16))
-    layer(mx.zeros((17, 256), dtype=mx.bfloat16))
+    layer(mx.zeros((8, 256), dtype=mx.bfloat16))
+    layer(mx.zeros((9, 256), dtype=mx.bfloat16))
     assert calls == ["mv", "mv", "mm"]
     patches.quantised_products(model, 256, kernel=True, matvec=False)
     layer(mx.zeros((1, 256), dtype=mx.bfloat16))

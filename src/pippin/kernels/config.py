@@ -28,7 +28,7 @@ class KernelConfig:
     # from 256-512 rows, and 64 streams' TTFT p50 fell from 3.7 s to 1.2 s with it.
     dense_quant: str = "auto"  # auto (CUDA) | 1 | 0
     dense_quant_rows: int = 256
-    # Quantised layers' fewer rows through pippin's tensor-core kernels: auto (CUDA: 1-16
+    # Quantised layers' fewer rows through pippin's tensor-core kernels: auto (CUDA: 1-8
     # rows `quant_matvec`, more `quant_matmul`) | mma (`quant_matmul` for all) | 0.
     quant_kernel: str = "auto"
     # Quantised experts through the kernel's grouped form (CUDA): 1 | 0. Off until a GPU run

@@ -13,7 +13,7 @@ path runs (and is tested) on the CPU; the results differ from the quantised prod
 by the rounding of the unpacked weight to the model's dtype.
 
 On CUDA the inputs below that bound take pippin's tensor-core kernels where they apply to
-the layer (`PIPPIN_QUANT_KERNEL`): `quant_matvec` up to 16 rows, `quant_matmul` above; MLX's
+the layer (`PIPPIN_QUANT_KERNEL`): `quant_matvec` up to 8 rows, `quant_matmul` above; MLX's
 quantised product elsewhere.
 
 Installed by `patches.quantised_products` when `PIPPIN_DENSE_QUANT` or the kernel asks for

@@ -403,7 +403,7 @@ def quantised_products(
             setattr(m, dense_quant.ROWS_ATTR, rows)
             dtype = dense_quant.kernel_dtype(m) if kernel else None
             setattr(m, dense_quant.KERNEL_ATTR, dtype)
-            setattr(m, dense_quant.MATVEC_ATTR, quant_matvec.MAX_ROWS if matvec and dtype else 0)
+            setattr(m, dense_quant.MATVEC_ATTR, quant_matvec.DENSE_ROWS if matvec and dtype else 0)
             m.__class__ = cls
             dense += rows < sys.maxsize
             kernels += dtype is not None

@@ -26,8 +26,9 @@ from pippin.kernels import device
 from pippin.kernels.quant_matmul import DENSE, GROUPED, HEADER
 
 MAX_ROWS = 16  # two of the MMA's 8-column B operands
-_SMS = 132  # streaming multiprocessors of an H100 (H200 too)
-_WARPS_PER_SM = 16  # warps to aim for across the grid: the loads in flight
+# Dense layers' rows up to which this form beats `quant_matmul` (H100, 8B shape: at 16 rows
+# the matmul form took 0.342 ms over the five projections, this form 0.372 at its best).
+DENSE_ROWS = 8
 
 # After `quant_matmul`'s prologues (DENSE, GROUPED): rows p0 to p1 (at most TILE) of x.
 _TILE = "    constexpr int TILE = 8 * NB;\n"
@@ -192,17 +193,15 @@ _CORE = r"""
 
 
 def plan(n: int, k: int, bits: int, m: int = 1, row_blocks: int = 1) -> tuple[int, int]:
-    """(WK, U) for `m` rows (`row_blocks` blocks of them busy, as experts with pairs): warps
-    per block splitting K and steps loaded at once per warp.
-    Enough warps across the grid to keep `_WARPS_PER_SM` on each multiprocessor, as long as
-    each warp keeps four steps of K or more; as many steps in flight as a warp has, up to 4
-    (2 past 8 rows: each step's activations take registers per 8 rows)."""
+    """(WK, U) for `m` rows: warps per block splitting K and steps loaded at once per warp.
+    Measured on an H100 (bench/gpu/quant_matmul.py --matvec, the 8B shape's five
+    projections, weights read from memory, products chained): 4 warps, one step at a time,
+    came within 4% of each shape's best tiling at 1-4 rows and 7% at 8; past 8 rows, 2
+    warps two steps at a time. `n` and `row_blocks` (busy blocks along the rows) are kept
+    for a plan that needs the grid's size."""
     steps = k // (512 // bits)
-    blocks = -(-n // 16) * row_blocks
-    wk = 1
-    while wk < 8 and blocks * wk < _WARPS_PER_SM * _SMS and steps >= 4 * wk:
-        wk *= 2
-    return wk, max(1, min(4 if m <= 8 else 2, steps // wk))
+    wk, u = (4, 1) if m <= 8 else (2, 2)
+    return min(wk, steps), u
 
 
 def qmv(
@@ -313,9 +312,8 @@ def warm(layers: list[nn.Module]) -> int:
         w = layer["weight"]
         n, k = w.shape[0], w.shape[1] * 32 // layer.bits
         dtype = layer["scales"].dtype
-        for m in (1, MAX_ROWS):
-            key = (dtype, layer.bits, layer.group_size, m > 8, plan(n, k, layer.bits, m))
-            if key not in seen:
-                seen.add(key)
-                mx.eval(layer_qmv(layer, mx.zeros((m, k), dtype=dtype)))
+        key = (dtype, layer.bits, layer.group_size, plan(n, k, layer.bits))  # to DENSE_ROWS
+        if key not in seen:
+            seen.add(key)
+            mx.eval(layer_qmv(layer, mx.zeros((1, k), dtype=dtype)))
     return len(seen)
