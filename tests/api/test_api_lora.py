@@ -138,9 +138,11 @@ def test_load_use_unload_at_run_time(server: Server, setup: dict[str, Path]) -> 
     )
     assert again.status_code == 400 and "already been loaded" in again.json()["error"]["message"]
 
-    # Running with it: unloading waits for the request (409), then goes.
+    # Running with it: unloading waits for the request (409), then goes. 2,000 tokens: the
+    # request must still run when the unload arrives (40 once finished first, on an idle
+    # machine: the server has its first chunk out before the client reads it).
     stream = server.client().completions.create(
-        model="lake", prompt=PROMPT, max_tokens=40, temperature=0, stream=True,
+        model="lake", prompt=PROMPT, max_tokens=2000, temperature=0, stream=True,
         extra_body={"ignore_eos": True},
     )  # fmt: skip
     next(iter(stream))  # the request is in the engine

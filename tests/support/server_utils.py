@@ -111,7 +111,10 @@ def run_server(
     if api_key:
         cmd += ["--api-key", api_key]
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC_DIR), env.get("PYTHONPATH")) if p)
+    no_torch = str(Path(__file__).parent / "no_torch")  # as a user's install: no torch
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (no_torch, str(SRC_DIR), env.get("PYTHONPATH")) if p
+    )
     env.pop("PIPPIN_API_KEY", None)
     fd, log_name = tempfile.mkstemp(prefix="pippin-server-", suffix=".log")
     log_path = Path(log_name)
