@@ -33,7 +33,8 @@ TinyModelFactory = Callable[..., Path]
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """`cuda` tests skip where MLX has no CUDA backend (elsewhere a reference path stands
-    in for each kernel and is tested on its own); tests under `tests/e2e/` are `e2e`."""
+    in for each kernel and is tested on its own); tests under `tests/e2e/` are `e2e`; a
+    few cases of each `cuda` test are `cuda_fast` (`_fast_cases`)."""
     from pippin.kernels import paged_attention
 
     skip = pytest.mark.skip(
@@ -47,6 +48,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
         if e2e_dir in Path(str(item.fspath)).resolve().parents:
             item.add_marker(pytest.mark.e2e)
+    for item in _fast_cases(items):
+        item.add_marker(pytest.mark.cuda_fast)
+
+
+def _fast_cases(items: list[pytest.Item]) -> list[pytest.Item]:
+    """Of each `cuda` test function, its first, middle and last case (collection order:
+    the first and last values of its parameters): the set a GPU session runs before every
+    measurement (`-m cuda_fast`). On an H100 each case waits mostly on NVRTC building the
+    templates it is the first to use, so the full set (294 cases) ran past 8 minutes."""
+    cases: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            cases.setdefault(item.nodeid.split("[")[0], []).append(item)
+    return [c[i] for c in cases.values() for i in sorted({0, len(c) // 2, len(c) - 1})]
 
 
 # The files that take longest (seconds on CI's 2 cores, one at a time), longest first.

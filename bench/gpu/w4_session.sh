@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # pippin's W4A16/W8A16 tensor-core kernel (kernels/quant_matmul.py) on the GPU, in steps
 # that fit a device call. Usage: bash bench/gpu/w4_session.sh STEP [STEP ...]
-#   tests   the kernel's `cuda` tests, verbose, each test's stack dumped after 60 s (on
-#           2026-12-06 a quiet `pytest -q ... | tail` here ran 560 s with no output), in 8
-#           processes: the CUDA tests wait on NVRTC, which builds each kernel template on
+#   tests   the fast set of the kernels' `cuda` tests (`cuda_fast`: the first, middle and
+#           last case of each, 52 of 294; tests/conftest.py), verbose, each test's stack
+#           dumped after 60 s (on 2026-12-06 a quiet `pytest -q ... | tail` here ran 560 s
+#           with no output), in 8 processes: the CUDA tests wait on NVRTC, which builds each kernel template on
 #           the host (one process ran 25 of them in 150 s, each a new template), not on
 #           the GPU; MLX keeps the builds in /tmp/mlx/<version>/ptx for later processes
 #   probe   quant_matmul.py on the 8B shape's fused q/k/v, down and fused gate/up: MLX's
@@ -44,8 +45,7 @@ for step in "$@"; do
     tests)
       timeout "${TESTS_SECS:-300}" python3 -m pytest -v -n 8 -p no:cacheprovider \
         -o faulthandler_timeout=60 --durations=20 \
-        tests/kernels/test_quant_matmul.py tests/kernels/test_quant_matvec.py \
-        tests/kernels/test_dense_quant.py 2>&1 |
+        -m cuda_fast tests/kernels 2>&1 |
         grep --line-buffered -v WARNING | tee "$OUT/tests.txt" | tail -40 ;;
     probe)
       for nk in 6144,4096 4096,14336 28672,4096; do
