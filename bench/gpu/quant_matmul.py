@@ -137,14 +137,21 @@ def read_all(w: mx.array, dep: mx.array | None) -> mx.array:
     return out
 
 
-def matvec_tilings(k: int, bits: int) -> list[tuple[int, int]]:
+def matvec_tilings(k: int, bits: int) -> list[tuple[int, int, int]]:
+    """(WK, U, CT): 4 steps in flight with one column tile only (registers)."""
     steps = k // (512 // bits)
-    return [(wk, u) for wk in (1, 2, 4, 8) for u in (1, 2, 4) if wk <= steps]
+    return [
+        (wk, u, ct)
+        for wk in (1, 2, 4, 8)
+        for u in (1, 2, 4)
+        for ct in (1, 2, 4)
+        if wk <= steps and (u < 4 or ct == 1)
+    ]
 
 
 def matvec_sweep(args: argparse.Namespace) -> int:
     """Per shape and row count (at most `quant_matvec.MAX_ROWS`): MLX's product, the
-    matmul form at its plan, the matvec form at every tiling (WK, U), and a plain read of
+    matmul form at its plan, the matvec form at every tiling (WK, U, CT), and a plain read of
     the packed weights, each read from memory and chained (`launches`)."""
     mx.random.seed(0)
     res: dict = {"device": str(mx.default_device()), "shapes": {}}
@@ -225,7 +232,7 @@ def main() -> int:
     ap.add_argument(
         "--matvec",
         action="store_true",
-        help="instead: the matvec form (quant_matvec) at every tiling (WK, U) beside MLX's "
+        help="instead: the matvec form (quant_matvec) at every tiling (WK, U, CT) beside MLX's "
         "product, the matmul form and a plain read of the weights, over --shapes",
     )
     args = ap.parse_args()

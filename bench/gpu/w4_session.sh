@@ -12,7 +12,7 @@
 #   sweep   the kernel at every tiling (quant_matmul.py --sweep) over the five 8B
 #           projections (fused q/k/v, o, fused gate/up, down, LM head), 4-bit at 1-256 rows
 #           (`sweep8`: 8-bit at 1/16/64), to tune `quant_matmul.plan`
-#   matvec  the 1-16 row form (quant_matvec.py) at every tiling (WK, U) over the five 8B
+#   matvec  the 1-16 row form (quant_matvec.py) at every tiling (WK, U, CT) over the five 8B
 #           projections, 4-bit at 1, 2, 4, 8 and 16 rows (`matvec8`: 8-bit at 1 and 4), beside
 #           MLX's product, the matmul form and a plain read of the weights
 #   cuda    every `cuda` test under tests/kernels (8 processes, as `tests`), the slowest

@@ -212,10 +212,15 @@ def test_quant_matvec_compiles(
 
     k, n = 1024, 200
     w, s, b = mx.quantize(mx.zeros((n, k), dtype=dtype), group_size=group_size, bits=bits)
-    for rows, tiles in ((1, None), (8, (1, 3)), (3, (4, 2)), (12, None)):
+    for rows, tiles in ((1, None), (8, (1, 3, 1)), (3, (4, 2, 4)), (12, None), (16, (2, 2, 2))):
         quant_matvec.qmv(mx.zeros((rows, k), dtype=dtype), w, s, b, group_size, bits, tiles)
     plans = [dict(x.template) for x in recorder.launches]
-    assert [(p["WK"], p["NB"]) for p in plans][1:] == [(1, 1), (4, 1), (plans[3]["WK"], 2)]
+    assert [(p["WK"], p["CT"], p["NB"]) for p in plans][1:] == [
+        (1, 1, 1),
+        (4, 4, 1),
+        (plans[3]["WK"], plans[3]["CT"], 2),
+        (2, 2, 2),
+    ]
     _compile_all(recorder)
 
 

@@ -32,9 +32,13 @@ def test_every_packing_and_dtype(bits: int, gs: int, dtype: mx.Dtype) -> None:
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("tiles", [(1, 1), (1, 4), (2, 3), (4, 2), (8, 1), (8, 4)])
-def test_every_split_of_k(tiles: tuple[int, int]) -> None:
-    """Warps on K and steps in flight, K's steps (16 at 4 bits) a multiple of neither."""
+@pytest.mark.parametrize(
+    "tiles",
+    [(1, 1, 1), (1, 4, 1), (2, 3, 2), (4, 2, 4), (8, 1, 2), (8, 4, 1), (4, 1, 4), (2, 2, 3)],
+)
+def test_every_split_of_k(tiles: tuple[int, int, int]) -> None:
+    """Warps on K, steps in flight and column tiles per warp; K's steps (16 at 4 bits) a
+    multiple of neither, the columns (72, 40) of no whole block at 2-4 tiles."""
     product = partial(quant_matvec.qmv, tiles=tiles)
     for m in (1, 8, 13):
         _check(m, 72, 2048, 4, 64, mx.bfloat16, product)

@@ -11,8 +11,8 @@ pairing of packed words with activations are `quant_matmul`'s (its header): lane
 takes columns g and g + 8 of its block, 16 bytes of each a step, and the activations of
 the same k for rows g (and 8 + g).
 
-A block is WK warps on 16 columns, splitting K; each warp loads the weights, scales and
-activations of U steps before it multiplies any of them, so that enough bytes are in flight
+A block is WK warps on 16 * CT columns, splitting K; each warp loads the weights, scales
+and activations of U steps before it multiplies any of them, so that enough bytes are in flight
 to keep the memory system busy (one step at a time left a 4-bit 8B decode at about a third
 of the H100's bandwidth). The warps' sums meet in shared memory.
 """
@@ -44,18 +44,31 @@ _CORE = r"""
     const int warp = threadIdx.x >> 5;
     const int g = lane >> 2;
     const int t = lane & 3;
-    const int na = blockIdx.x * 16 + g;
-    const int nb = na + 8;
-    const bool oka = na < N;
-    const bool okb = nb < N;
-    const size_t ra = oka ? na : 0;
-    const size_t rb = okb ? nb : 0;
-    const uint32_t* wa = wx + ra * KW + SPAN * t * BITS / 32;
-    const uint32_t* wb = wx + rb * KW + SPAN * t * BITS / 32;
-    const T* sa = sx + ra * KG;
-    const T* ba = bx + ra * KG;
-    const T* sb = sx + rb * KG;
-    const T* bb = bx + rb * KG;
+    // Column tile c of the warp: columns na[c] = 16 c + g and nb[c] = na[c] + 8 of the
+    // block's 16 * CT; the tiles share the activations' loads.
+    int na[CT], nb[CT];
+    bool oka[CT], okb[CT];
+    const uint32_t* wa[CT];
+    const uint32_t* wb[CT];
+    const T* sa[CT];
+    const T* ba[CT];
+    const T* sb[CT];
+    const T* bb[CT];
+    #pragma unroll
+    for (int c = 0; c < CT; ++c) {
+        na[c] = (blockIdx.x * CT + c) * 16 + g;
+        nb[c] = na[c] + 8;
+        oka[c] = na[c] < N;
+        okb[c] = nb[c] < N;
+        const size_t ra = oka[c] ? na[c] : 0;
+        const size_t rb = okb[c] ? nb[c] : 0;
+        wa[c] = wx + ra * KW + SPAN * t * BITS / 32;
+        wb[c] = wx + rb * KW + SPAN * t * BITS / 32;
+        sa[c] = sx + ra * KG;
+        ba[c] = bx + ra * KG;
+        sb[c] = sx + rb * KG;
+        bb[c] = bx + rb * KG;
+    }
     // Rows g and (NB = 2) 8 + g of x: this lane's B operands.
     bool xok[NB];
     const T* xr[NB];
@@ -65,143 +78,163 @@ _CORE = r"""
         xr[j] = x + (size_t)(xok[j] ? xrow_of(p0 + 8 * j + g) : 0) * K + SPAN * t;
     }
     const T zero = static_cast<T>(0.f);
+    const uint4 none = make_uint4(0u, 0u, 0u, 0u);
 
-    float acc[NB][4];
+    float acc[CT][NB][4];
     #pragma unroll
-    for (int j = 0; j < NB; ++j) {
+    for (int c = 0; c < CT; ++c) {
         #pragma unroll
-        for (int c = 0; c < 4; ++c) acc[j][c] = 0.f;
+        for (int j = 0; j < NB; ++j) {
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) acc[c][j][e] = 0.f;
+        }
     }
     for (int s0 = warp; s0 < steps; s0 += WK * U) {
-        uint4 qa[U], qb[U];
-        T csa[U], cba[U], csb[U], cbb[U];
+        uint4 qa[U][CT], qb[U][CT];
+        T csa[U][CT], cba[U][CT], csb[U][CT], cbb[U][CT];
         uint4 xv[U][NB][ROUNDS];
         #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int s = s0 + u * WK;
-            qa[u] = make_uint4(0u, 0u, 0u, 0u);
-            qb[u] = qa[u];
-            csa[u] = cba[u] = csb[u] = cbb[u] = zero;
+            const bool in = s < steps;  // the same for the whole warp
+            const int gi = (s * KPS + SPAN * t) / GS;
+            #pragma unroll
+            for (int c = 0; c < CT; ++c) {
+                qa[u][c] = qb[u][c] = none;
+                csa[u][c] = cba[u][c] = csb[u][c] = cbb[u][c] = zero;
+                if (in && oka[c]) {
+                    qa[u][c] = *reinterpret_cast<const uint4*>(wa[c] + s * (KPS * BITS / 32));
+                    csa[u][c] = sa[c][gi];
+                    cba[u][c] = ba[c][gi];
+                }
+                if (in && okb[c]) {
+                    qb[u][c] = *reinterpret_cast<const uint4*>(wb[c] + s * (KPS * BITS / 32));
+                    csb[u][c] = sb[c][gi];
+                    cbb[u][c] = bb[c][gi];
+                }
+            }
             #pragma unroll
             for (int j = 0; j < NB; ++j) {
                 #pragma unroll
-                for (int r = 0; r < ROUNDS; ++r) xv[u][j][r] = qa[u];
-            }
-            if (s < steps) {
-                const int gi = (s * KPS + SPAN * t) / GS;
-                if (oka) {
-                    qa[u] = *reinterpret_cast<const uint4*>(wa + s * (KPS * BITS / 32));
-                    csa[u] = sa[gi];
-                    cba[u] = ba[gi];
-                }
-                if (okb) {
-                    qb[u] = *reinterpret_cast<const uint4*>(wb + s * (KPS * BITS / 32));
-                    csb[u] = sb[gi];
-                    cbb[u] = bb[gi];
-                }
-                #pragma unroll
-                for (int j = 0; j < NB; ++j) {
-                    if (xok[j]) {
-                        #pragma unroll
-                        for (int r = 0; r < ROUNDS; ++r)
-                            xv[u][j][r] =
-                                *reinterpret_cast<const uint4*>(xr[j] + s * KPS + 8 * r);
-                    }
-                }
+                for (int r = 0; r < ROUNDS; ++r)
+                    xv[u][j][r] = in && xok[j]
+                        ? *reinterpret_cast<const uint4*>(xr[j] + s * KPS + 8 * r)
+                        : none;
             }
         }
         #pragma unroll
         for (int u = 0; u < U; ++u) {
             if (s0 + u * WK < steps) {  // the same for the whole warp
-                const uint32_t* wda = reinterpret_cast<const uint32_t*>(&qa[u]);
-                const uint32_t* wdb = reinterpret_cast<const uint32_t*>(&qb[u]);
                 #pragma unroll
-                for (int r = 0; r < ROUNDS; ++r) {
-                    uint32_t pa[4], pb[4];
-                    if (BITS == 4) {
-                        #pragma unroll
-                        for (int p = 0; p < 4; ++p) {
-                            pa[p] = pippin_q4_pair(wda[r], p, csa[u], cba[u]);
-                            pb[p] = pippin_q4_pair(wdb[r], p, csb[u], cbb[u]);
-                        }
-                    } else {
-                        const float fsa = static_cast<float>(csa[u]);
-                        const float fba = static_cast<float>(cba[u]);
-                        const float fsb = static_cast<float>(csb[u]);
-                        const float fbb = static_cast<float>(cbb[u]);
-                        #pragma unroll
-                        for (int p = 0; p < 4; ++p) {
-                            pa[p] = pippin_pack(fmaf(pippin_byte(wda[2 * r], p), fsa, fba),
-                                                fmaf(pippin_byte(wda[2 * r + 1], p), fsa, fba),
-                                                T());
-                            pb[p] = pippin_pack(fmaf(pippin_byte(wdb[2 * r], p), fsb, fbb),
-                                                fmaf(pippin_byte(wdb[2 * r + 1], p), fsb, fbb),
-                                                T());
-                        }
-                    }
+                for (int c = 0; c < CT; ++c) {
+                    const uint32_t* wda = reinterpret_cast<const uint32_t*>(&qa[u][c]);
+                    const uint32_t* wdb = reinterpret_cast<const uint32_t*>(&qb[u][c]);
                     #pragma unroll
-                    for (int j = 0; j < NB; ++j) {
-                        // The activations of k (8 of this lane's span) as the pairs
-                        // (e, e + 4) the weights give.
-                        const uint4 v = xv[u][j][r];
-                        pippin_mma(acc[j], pa[0], pb[0], pa[1], pb[1],
-                                   __byte_perm(v.x, v.z, 0x5410),
-                                   __byte_perm(v.x, v.z, 0x7632), T());
-                        pippin_mma(acc[j], pa[2], pb[2], pa[3], pb[3],
-                                   __byte_perm(v.y, v.w, 0x5410),
-                                   __byte_perm(v.y, v.w, 0x7632), T());
+                    for (int r = 0; r < ROUNDS; ++r) {
+                        uint32_t pa[4], pb[4];
+                        if (BITS == 4) {
+                            #pragma unroll
+                            for (int q = 0; q < 4; ++q) {
+                                pa[q] = pippin_q4_pair(wda[r], q, csa[u][c], cba[u][c]);
+                                pb[q] = pippin_q4_pair(wdb[r], q, csb[u][c], cbb[u][c]);
+                            }
+                        } else {
+                            const float fsa = static_cast<float>(csa[u][c]);
+                            const float fba = static_cast<float>(cba[u][c]);
+                            const float fsb = static_cast<float>(csb[u][c]);
+                            const float fbb = static_cast<float>(cbb[u][c]);
+                            #pragma unroll
+                            for (int q = 0; q < 4; ++q) {
+                                pa[q] = pippin_pack(fmaf(pippin_byte(wda[2 * r], q), fsa, fba),
+                                                    fmaf(pippin_byte(wda[2 * r + 1], q), fsa, fba),
+                                                    T());
+                                pb[q] = pippin_pack(fmaf(pippin_byte(wdb[2 * r], q), fsb, fbb),
+                                                    fmaf(pippin_byte(wdb[2 * r + 1], q), fsb, fbb),
+                                                    T());
+                            }
+                        }
+                        #pragma unroll
+                        for (int j = 0; j < NB; ++j) {
+                            // The activations of k (8 of this lane's span) as the pairs
+                            // (e, e + 4) the weights give.
+                            const uint4 v = xv[u][j][r];
+                            pippin_mma(acc[c][j], pa[0], pb[0], pa[1], pb[1],
+                                       __byte_perm(v.x, v.z, 0x5410),
+                                       __byte_perm(v.x, v.z, 0x7632), T());
+                            pippin_mma(acc[c][j], pa[2], pb[2], pa[3], pb[3],
+                                       __byte_perm(v.y, v.w, 0x5410),
+                                       __byte_perm(v.y, v.w, 0x7632), T());
+                        }
                     }
                 }
             }
         }
     }
 
-    // acc[j]: (column na, rows 8j + 2t and 8j + 2t + 1), then (column nb, the same rows).
+    // acc[c][j]: (column na[c], rows 8j + 2t and 8j + 2t + 1), then (column nb[c], the
+    // same rows).
+    constexpr int PER = CT * NB * 4;
     if (WK > 1) {
-        __shared__ float part[WK * NB * 4 * 32];
+        __shared__ float part[WK * PER * 32];
         #pragma unroll
-        for (int j = 0; j < NB; ++j) {
+        for (int c = 0; c < CT; ++c) {
             #pragma unroll
-            for (int c = 0; c < 4; ++c) part[((warp * NB + j) * 4 + c) * 32 + lane] = acc[j][c];
+            for (int j = 0; j < NB; ++j) {
+                #pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    part[(warp * PER + (c * NB + j) * 4 + e) * 32 + lane] = acc[c][j][e];
+            }
         }
         __syncthreads();
         if (warp != 0) return;
         #pragma unroll
-        for (int j = 0; j < NB; ++j) {
+        for (int c = 0; c < CT; ++c) {
             #pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                float sum = 0.f;
+            for (int j = 0; j < NB; ++j) {
                 #pragma unroll
-                for (int v = 0; v < WK; ++v) sum += part[((v * NB + j) * 4 + c) * 32 + lane];
-                acc[j][c] = sum;
+                for (int e = 0; e < 4; ++e) {
+                    float sum = 0.f;
+                    #pragma unroll
+                    for (int v = 0; v < WK; ++v)
+                        sum += part[(v * PER + (c * NB + j) * 4 + e) * 32 + lane];
+                    acc[c][j][e] = sum;
+                }
             }
         }
     }
     #pragma unroll
-    for (int j = 0; j < NB; ++j) {
+    for (int c = 0; c < CT; ++c) {
         #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int p = p0 + 8 * j + 2 * t + h;
-            if (p < p1) {
-                const size_t o = (size_t)orow_of(p) * N;
-                if (oka) out[o + na] = static_cast<T>(acc[j][h]);
-                if (okb) out[o + nb] = static_cast<T>(acc[j][2 + h]);
+        for (int j = 0; j < NB; ++j) {
+            #pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int p = p0 + 8 * j + 2 * t + h;
+                if (p < p1) {
+                    const size_t o = (size_t)orow_of(p) * N;
+                    if (oka[c]) out[o + na[c]] = static_cast<T>(acc[c][j][h]);
+                    if (okb[c]) out[o + nb[c]] = static_cast<T>(acc[c][j][2 + h]);
+                }
             }
         }
     }
 """
 
 
-def plan(n: int, k: int, bits: int, m: int = 1, row_blocks: int = 1) -> tuple[int, int]:
-    """(WK, U) for `m` rows: warps per block splitting K and steps loaded at once per warp.
-    Measured on an H100 (bench/gpu/quant_matmul.py --matvec, the 8B shape's five
-    projections, weights read from memory, products chained): 4 warps, one step at a time,
-    came within 4% of each shape's best tiling at 1-4 rows and 7% at 8; past 8 rows, 2
-    warps two steps at a time. `n` and `row_blocks` (busy blocks along the rows) are kept
-    for a plan that needs the grid's size."""
+Tiles = tuple[int, int, int]
+
+
+def plan(n: int, k: int, bits: int, m: int = 1, row_blocks: int = 1) -> Tiles:
+    """(WK, U, CT) for `m` rows: warps per block splitting K, steps loaded at once per
+    warp, column tiles of 16 per warp. Measured on an H100 (bench/gpu/quant_matmul.py
+    --matvec, the 8B shape's five projections, weights read from memory, products chained,
+    one column tile): 4 warps, one step at a time, came within 4% of each shape's best
+    tiling at 1-4 rows and 7% at 8; past 8 rows, 2 warps two steps at a time. More column
+    tiles (fewer loads of the activations per weight byte, which past a few rows may bound
+    the product) are not measured yet. `n` and `row_blocks` (busy blocks along the rows)
+    are kept for a plan that needs the grid's size."""
     steps = k // (512 // bits)
     wk, u = (4, 1) if m <= 8 else (2, 2)
-    return min(wk, steps), u
+    return min(wk, steps), u, 1
 
 
 def qmv(
@@ -211,22 +244,22 @@ def qmv(
     biases: mx.array,
     group_size: int,
     bits: int,
-    tiles: tuple[int, int] | None = None,
+    tiles: Tiles | None = None,
 ) -> mx.array:
     """`x @ dequantize(w).T` for x [..., K] of at most `MAX_ROWS` rows (the layers
-    `quant_matmul.applies` to); `tiles` (WK, U) instead of `plan`'s, for measuring."""
+    `quant_matmul.applies` to); `tiles` (WK, U, CT) instead of `plan`'s, for measuring."""
     k = x.shape[-1]
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
     m, n = x2.shape[0], w.shape[0]
-    wk, u = tiles or plan(n, k, bits, m)
+    wk, u, ct = tiles = tiles or plan(n, k, bits, m)
     kernel = device.cuda_kernel(
         "pippin_quant_matvec", ("x", "w", "scales", "biases"), _TILE + DENSE + _CORE, HEADER
     )
     (out,) = kernel(
         inputs=[x2, w, scales, biases],
-        template=_template(x.dtype, bits, group_size, wk, u, m),
-        grid=(-(-n // 16) * 32 * wk, 1, 1),
+        template=_template(x.dtype, bits, group_size, tiles, m),
+        grid=(-(-n // (16 * ct)) * 32 * wk, 1, 1),
         threadgroup=(32 * wk, 1, 1),
         output_shapes=[(m, n)],
         output_dtypes=[x.dtype],
@@ -235,10 +268,19 @@ def qmv(
 
 
 def _template(
-    dtype: mx.Dtype, bits: int, group_size: int, wk: int, u: int, rows: int
+    dtype: mx.Dtype, bits: int, group_size: int, tiles: Tiles, rows: int
 ) -> list[tuple[str, object]]:
+    wk, u, ct = tiles
     nb = 1 if rows <= 8 else 2
-    return [("T", dtype), ("BITS", bits), ("GS", group_size), ("WK", wk), ("U", u), ("NB", nb)]
+    return [
+        ("T", dtype),
+        ("BITS", bits),
+        ("GS", group_size),
+        ("WK", wk),
+        ("U", u),
+        ("CT", ct),
+        ("NB", nb),
+    ]
 
 
 def gather_template(
@@ -275,7 +317,7 @@ def gather_qmv(
     x2 = x.reshape(-1, k)
     p, (e, n) = ids.size, w.shape[:2]
     rows = min(tokens, 4 * p // e + 1)
-    wk, u = plan(n, k, bits, rows, row_blocks=min(e, p))
+    wk, u, ct = tiles = plan(n, k, bits, rows, row_blocks=min(e, p))
     tile = 8 if rows <= 8 else 16
     kernel = device.cuda_kernel(
         "pippin_gather_quant_matvec",
@@ -286,11 +328,11 @@ def gather_qmv(
     (out,) = kernel(
         inputs=[x2, w, scales, biases, ids, order],
         template=[
-            *_template(x.dtype, bits, group_size, wk, u, rows),
+            *_template(x.dtype, bits, group_size, tiles, rows),
             ("XG", gather_x),
             ("OG", scatter_out),
         ],
-        grid=(-(-n // 16) * 32 * wk, e * -(-tokens // tile), 1),
+        grid=(-(-n // (16 * ct)) * 32 * wk, e * -(-tokens // tile), 1),
         threadgroup=(32 * wk, 1, 1),
         output_shapes=[(p, n)],
         output_dtypes=[x.dtype],
