@@ -194,7 +194,7 @@ def matvec_sweep(args: argparse.Namespace) -> int:
                     )
                     for tiles in matvec_tilings(k, bits)
                 }  # fmt: skip
-                chosen = quant_matvec.plan(n, k, bits)
+                chosen = quant_matvec.plan(n, k, bits, m)
                 best = sorted(times, key=times.get)[:3]
                 print(
                     f"MATVEC {key} rows={m}: mlx {mlx:.4f} mma {mma:.4f} plan {chosen} "
