@@ -46,6 +46,22 @@ def _qmm(x: mx.array, q: tuple, bits: int, tiles: tuple[int, int, int]) -> mx.ar
     return quant_matmul.qmm(x, *q, 64, bits, tiles)
 
 
+def quantised_copies(n: int, k: int, bits: int) -> list[tuple[mx.array, ...]]:
+    """Random N x K weights, quantised (group size 64), in as many copies as `copies`
+    takes to read them from memory."""
+    ws = []
+    for _ in range(copies(n * k * bits // 8)):
+        w = (mx.random.normal((n, k)) * 0.02).astype(mx.bfloat16)
+        ws.append(mx.quantize(w, group_size=64, bits=bits))
+        mx.eval(ws[-1])
+    return ws
+
+
+def fastest(times: dict) -> str:
+    """The three fastest tilings of `times` (tiling: ms), for a sweep's line."""
+    return ", ".join(f"{t} {times[t]:.4f}" for t in sorted(times, key=times.get)[:3])
+
+
 def tilings(m: int, k: int, bits: int) -> list[tuple[int, int, int]]:
     """Every tiling (MT, NT, WK) the kernel builds for `m` rows (row tiles up to the rows'
     need)."""
@@ -71,12 +87,7 @@ def sweep(args: argparse.Namespace) -> int:
     res: dict = {"device": str(mx.default_device()), "shapes": {}}
     for n, k in shapes:
         for bits in [int(b) for b in args.bits.split(",")]:
-            ws = []
-            for _ in range(copies(n * k * bits // 8)):
-                w = (mx.random.normal((n, k)) * 0.02).astype(mx.bfloat16)
-                ws.append(mx.quantize(w, group_size=64, bits=bits))
-                mx.eval(ws[-1])
-                del w
+            ws = quantised_copies(n, k, bits)
             key = f"{bits}:{n}x{k}"
             res["shapes"][key] = {}
             for m in [int(r) for r in args.rows.split(",")]:
@@ -89,11 +100,9 @@ def sweep(args: argparse.Namespace) -> int:
                     for tiles in tilings(m, k, bits)
                 }
                 chosen = quant_matmul.plan(m, n, k, bits)
-                best = sorted(times, key=times.get)[:3]
                 print(
                     f"SWEEP {key} rows={m}: plan {chosen} "
-                    f"{times.get(chosen, float('nan')):.4f} ms; best "
-                    + ", ".join(f"{t} {times[t]:.4f}" for t in best),
+                    f"{times.get(chosen, float('nan')):.4f} ms; best {fastest(times)}",
                     flush=True,
                 )
                 res["shapes"][key][m] = {
@@ -157,12 +166,7 @@ def matvec_sweep(args: argparse.Namespace) -> int:
     res: dict = {"device": str(mx.default_device()), "shapes": {}}
     for n, k in [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]:
         for bits in [int(b) for b in args.bits.split(",")]:
-            ws = []
-            for _ in range(copies(n * k * bits // 8)):
-                w = (mx.random.normal((n, k)) * 0.02).astype(mx.bfloat16)
-                ws.append(mx.quantize(w, group_size=64, bits=bits))
-                mx.eval(ws[-1])
-                del w
+            ws = quantised_copies(n, k, bits)
             key = f"{bits}:{n}x{k}"
             nbytes = n * k * (bits / 8 + 4 / 64)
             read = statistics.median(
@@ -194,12 +198,11 @@ def matvec_sweep(args: argparse.Namespace) -> int:
                     )
                     for tiles in matvec_tilings(k, bits)
                 }  # fmt: skip
-                chosen = quant_matvec.plan(n, k, bits, m)
-                best = sorted(times, key=times.get)[:3]
+                chosen = quant_matvec.plan(k, bits, m)
                 print(
                     f"MATVEC {key} rows={m}: mlx {mlx:.4f} mma {mma:.4f} plan {chosen} "
                     f"{times[chosen]:.4f} ms ({nbytes / times[chosen] / 1e6:.0f} GB/s); best "
-                    + ", ".join(f"{t} {times[t]:.4f}" for t in best),
+                    f"{fastest(times)}",
                     flush=True,
                 )
                 res["shapes"][key][m] = {

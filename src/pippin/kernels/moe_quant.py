@@ -101,9 +101,8 @@ def warm(model: nn.Module, top_k: int) -> int:
             for tokens in range(1, MAX_TOKENS + 1):
                 p = tokens * top_k
                 if quant_matvec.takes(p, e):
-                    plan = quant_matvec.gather_template(
-                        dtype, layer.bits, layer.group_size, p, e, n, k, tokens
-                    )
+                    rows, tiles = quant_matvec.gather_plan(p, e, k, layer.bits, tokens)
+                    plan = (dtype, layer.bits, layer.group_size, rows > 8, tiles)
                     product = quant_matvec.gather_qmv
                 else:
                     plan = (dtype, layer.bits, layer.group_size)

@@ -70,6 +70,25 @@ __device__ __forceinline__ uint32_t pippin_pack(float lo, float hi, __half) {
     __half2 r = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&r);
 }
+// Round r of one lane's 16-byte load (`words`, one scale and bias) as four registers of
+// weight pairs (k, k + 4): 8 k of 4-bit words[r], or of 8-bit words[2r] and words[2r + 1].
+template <int BITS, typename T>
+__device__ __forceinline__ void pippin_dequant(const uint32_t* words, int r, T s, T b,
+                                               uint32_t* out) {
+    if (BITS == 4) {
+        #pragma unroll
+        for (int p = 0; p < 4; ++p) out[p] = pippin_q4_pair(words[r], p, s, b);
+    } else {
+        const float fs = static_cast<float>(s);
+        const float fb = static_cast<float>(b);
+        const uint32_t lo = words[2 * r];
+        const uint32_t hi = words[2 * r + 1];
+        #pragma unroll
+        for (int p = 0; p < 4; ++p)
+            out[p] = pippin_pack(fmaf(pippin_byte(lo, p), fs, fb),
+                                 fmaf(pippin_byte(hi, p), fs, fb), T());
+    }
+}
 __device__ __forceinline__ void pippin_mma(float* c, uint32_t a0, uint32_t a1, uint32_t a2,
                                            uint32_t a3, uint32_t b0, uint32_t b1,
                                            __nv_bfloat16) {
@@ -247,19 +266,7 @@ _CORE = r"""
             for (int j = 0; j < NT; ++j) {
                 const uint32_t* words = reinterpret_cast<const uint32_t*>(&cw[j]);
                 uint32_t b[4];
-                if (BITS == 4) {
-                    #pragma unroll
-                    for (int p = 0; p < 4; ++p) b[p] = pippin_q4_pair(words[r], p, cs[j], cb[j]);
-                } else {
-                    const float s = static_cast<float>(cs[j]);
-                    const float z = static_cast<float>(cb[j]);
-                    const uint32_t lo = words[2 * r];
-                    const uint32_t hi = words[2 * r + 1];
-                    #pragma unroll
-                    for (int p = 0; p < 4; ++p)
-                        b[p] = pippin_pack(fmaf(pippin_byte(lo, p), s, z),
-                                           fmaf(pippin_byte(hi, p), s, z), T());
-                }
+                pippin_dequant<BITS>(words, r, cs[j], cb[j], b);
                 #pragma unroll
                 for (int i = 0; i < MT; ++i) {
                     pippin_mma(acc[i][j], a[i][0][0], a[i][1][0], a[i][0][1], a[i][1][1],
@@ -384,11 +391,17 @@ def sort_pairs(indices: mx.array) -> tuple[mx.array, mx.array]:
     return flat[order], order
 
 
+def expert_rows(p: int, e: int) -> int:
+    """The rows to plan an expert's product for, of `p` pairs over `e` experts: about 4x
+    the mean (a router spreads tokens unevenly)."""
+    return 4 * p // e + 1
+
+
 def gather_plan(p: int, e: int, n: int, k: int, bits: int, tokens: int) -> tuple[int, ...]:
-    """`plan` for `p` pairs over `e` experts (an expert's rows: about 4x the mean; blocks
-    busy: one per expert with pairs), and the chunks of 16 * MT pairs per expert that
-    `tokens` (an expert's most pairs) need."""
-    mt, nt, wk = plan(4 * p // e + 1, n, k, bits, row_blocks=min(e, p))
+    """`plan` for `p` pairs over `e` experts (`expert_rows`; blocks busy: one per expert
+    with pairs), and the chunks of 16 * MT pairs per expert that `tokens` (an expert's
+    most pairs) need."""
+    mt, nt, wk = plan(expert_rows(p, e), n, k, bits, row_blocks=min(e, p))
     return mt, nt, wk, -(-tokens // (16 * mt))
 
 

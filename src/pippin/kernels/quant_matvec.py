@@ -23,7 +23,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from pippin.kernels import device
-from pippin.kernels.quant_matmul import DENSE, GROUPED, HEADER
+from pippin.kernels.quant_matmul import DENSE, GROUPED, HEADER, expert_rows
 
 MAX_ROWS = 16  # two of the MMA's 8-column B operands
 # Dense layers' rows up to which this form beats `quant_matmul` (H100, 8B shape: at 16 rows
@@ -132,27 +132,8 @@ _CORE = r"""
                     #pragma unroll
                     for (int r = 0; r < ROUNDS; ++r) {
                         uint32_t pa[4], pb[4];
-                        if (BITS == 4) {
-                            #pragma unroll
-                            for (int q = 0; q < 4; ++q) {
-                                pa[q] = pippin_q4_pair(wda[r], q, csa[u][c], cba[u][c]);
-                                pb[q] = pippin_q4_pair(wdb[r], q, csb[u][c], cbb[u][c]);
-                            }
-                        } else {
-                            const float fsa = static_cast<float>(csa[u][c]);
-                            const float fba = static_cast<float>(cba[u][c]);
-                            const float fsb = static_cast<float>(csb[u][c]);
-                            const float fbb = static_cast<float>(cbb[u][c]);
-                            #pragma unroll
-                            for (int q = 0; q < 4; ++q) {
-                                pa[q] = pippin_pack(fmaf(pippin_byte(wda[2 * r], q), fsa, fba),
-                                                    fmaf(pippin_byte(wda[2 * r + 1], q), fsa, fba),
-                                                    T());
-                                pb[q] = pippin_pack(fmaf(pippin_byte(wdb[2 * r], q), fsb, fbb),
-                                                    fmaf(pippin_byte(wdb[2 * r + 1], q), fsb, fbb),
-                                                    T());
-                            }
-                        }
+                        pippin_dequant<BITS>(wda, r, csa[u][c], cba[u][c], pa);
+                        pippin_dequant<BITS>(wdb, r, csb[u][c], cbb[u][c], pb);
                         #pragma unroll
                         for (int j = 0; j < NB; ++j) {
                             // The activations of k (8 of this lane's span) as the pairs
@@ -223,15 +204,14 @@ _CORE = r"""
 Tiles = tuple[int, int, int]
 
 
-def plan(n: int, k: int, bits: int, m: int = 1, row_blocks: int = 1) -> Tiles:
+def plan(k: int, bits: int, m: int = 1) -> Tiles:
     """(WK, U, CT) for `m` rows: warps per block splitting K, steps loaded at once per
     warp, column tiles of 16 per warp. Measured on an H100 (bench/gpu/quant_matmul.py
     --matvec, the 8B shape's five projections, weights read from memory, products chained,
     one column tile): 4 warps, one step at a time, came within 4% of each shape's best
     tiling at 1-4 rows and 7% at 8; past 8 rows, 2 warps two steps at a time. More column
     tiles (fewer loads of the activations per weight byte, which past a few rows may bound
-    the product) are not measured yet. `n` and `row_blocks` (busy blocks along the rows)
-    are kept for a plan that needs the grid's size."""
+    the product) are not measured yet."""
     steps = k // (512 // bits)
     wk, u = (4, 1) if m <= 8 else (2, 2)
     return min(wk, steps), u, 1
@@ -252,7 +232,7 @@ def qmv(
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
     m, n = x2.shape[0], w.shape[0]
-    wk, u, ct = tiles = tiles or plan(n, k, bits, m)
+    wk, u, ct = tiles = tiles or plan(k, bits, m)
     kernel = device.cuda_kernel(
         "pippin_quant_matvec", ("x", "w", "scales", "biases"), _TILE + DENSE + _CORE, HEADER
     )
@@ -283,19 +263,20 @@ def _template(
     ]
 
 
-def gather_template(
-    dtype: mx.Dtype, bits: int, group_size: int, p: int, e: int, n: int, k: int, tokens: int
-) -> tuple:
-    """What `gather_qmv` builds a template of for these pairs (`moe_quant.warm`)."""
-    rows = min(tokens, 4 * p // e + 1)
-    return (dtype, bits, group_size, rows > 8, plan(n, k, bits, rows, row_blocks=min(e, p)))
+def gather_plan(p: int, e: int, k: int, bits: int, tokens: int) -> tuple[int, Tiles]:
+    """(rows, tiles) `gather_qmv` takes for `p` pairs over `e` experts, `tokens` an
+    expert's most pairs: the rows to plan for (`expert_rows`, no more than `tokens`)
+    decide the tiling and 8 or 16 pairs a block (`moe_quant.warm` keys its templates on
+    rows > 8 and the tiles)."""
+    rows = min(tokens, expert_rows(p, e))
+    return rows, plan(k, bits, rows)
 
 
 def takes(p: int, e: int) -> bool:
     """Whether `gather_qmv` (rather than `quant_matmul.gather_qmm`) takes `p` pairs over
     `e` experts: an expert's rows (about 4x the mean, as `quant_matmul.gather_plan`
     reckons) within two 8-row operands."""
-    return 4 * p // e + 1 <= MAX_ROWS
+    return expert_rows(p, e) <= MAX_ROWS
 
 
 def gather_qmv(
@@ -312,12 +293,12 @@ def gather_qmv(
     scatter_out: bool,
 ) -> mx.array:
     """`quant_matmul.gather_qmm` in the matvec form: blocks of 8 or 16 pairs of one
-    expert (`takes`). The template: `gather_template`."""
+    expert (`takes`), tiled by `gather_plan`."""
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
     p, (e, n) = ids.size, w.shape[:2]
-    rows = min(tokens, 4 * p // e + 1)
-    wk, u, ct = tiles = plan(n, k, bits, rows, row_blocks=min(e, p))
+    rows, tiles = gather_plan(p, e, k, bits, tokens)
+    wk, u, ct = tiles
     tile = 8 if rows <= 8 else 16
     kernel = device.cuda_kernel(
         "pippin_gather_quant_matvec",
@@ -352,9 +333,9 @@ def warm(layers: list[nn.Module]) -> int:
     seen: set[tuple] = set()
     for layer in layers:
         w = layer["weight"]
-        n, k = w.shape[0], w.shape[1] * 32 // layer.bits
+        k = w.shape[1] * 32 // layer.bits
         dtype = layer["scales"].dtype
-        key = (dtype, layer.bits, layer.group_size, plan(n, k, layer.bits))  # to DENSE_ROWS
+        key = (dtype, layer.bits, layer.group_size, plan(k, layer.bits))  # to DENSE_ROWS
         if key not in seen:
             seen.add(key)
             mx.eval(layer_qmv(layer, mx.zeros((1, k), dtype=dtype)))
