@@ -21,8 +21,12 @@
 #           mlx_lm.server at 1 and 64 streams, then in-process mlx-lm against pippin with
 #           and without the kernel (moe_session.sh)
 #   build   the random-weight 8B models (bf16, 4-bit) with the real Llama 3 tokenizer
-#   single  in-process single stream of the 4-bit model: mlx-lm, pippin, pippin with the
-#           matmul form for every row count, pippin without the kernels; `batch` the same at 64 rows
+#   fused   the quantised fused layer's `cuda` tests (tests/kernels/test_fused_layer.py)
+#   single  in-process single stream of the 4-bit model: mlx-lm, pippin, pippin without the
+#           fused layer, pippin without the kernels; `batch` the same at 64 rows
+#   where   one 4-bit stream in-process with the device drained after every step
+#           (probe_site, PIPPIN_PROBE_SYNC=2): the host's time a step against the device's,
+#           pippin and mlx-lm
 #   kernel  pippin bench at 1 and 64 streams: the 4-bit model with the kernel and without
 #   bf16    pippin bench at 1, 16 and 64 streams: bf16 against 4-bit (kernel, and dense
 #           prompt chunks from 256 rows)
@@ -47,6 +51,10 @@ for step in "$@"; do
         -o faulthandler_timeout=60 --durations=20 \
         -m cuda_fast tests/kernels 2>&1 |
         grep --line-buffered -v WARNING | tee "$OUT/tests.txt" | tail -40 ;;
+    fused)
+      timeout "${TESTS_SECS:-300}" python3 -m pytest -q -n 8 -p no:cacheprovider -m cuda \
+        -k "quantised" tests/kernels/test_fused_layer.py 2>&1 | grep -v WARNING |
+        tee "$OUT/fused.txt" | tail -15 ;;
     probe)
       for nk in 6144,4096 4096,14336 28672,4096; do
         (cd bench/gpu && timeout 100 python3 quant_matmul.py --n "${nk%,*}" --k "${nk#*,}" \
@@ -77,9 +85,18 @@ for step in "$@"; do
       df -h /tmp | tail -1 ;;
     single)
       timeout 240 python3 bench/gpu/single_stream.py "$ROOT/llama-3.1-8b-4bit" --repeat 2 \
-        --gen 128 --prompt 256 --engines "mlx_lm,pippin,pippin:PIPPIN_QUANT_KERNEL=mma,pippin:PIPPIN_QUANT_KERNEL=0" \
+        --gen 128 --prompt 256 --engines "mlx_lm,pippin,pippin:PIPPIN_FUSED_LAYER=0,pippin:PIPPIN_QUANT_KERNEL=0" \
         2>&1 |
         grep --line-buffered -v WARNING | tee "$OUT/single.txt" | tail -8 ;;
+    where)
+      for e in pippin mlx_lm; do
+        mkdir -p "$OUT/where-$e"
+        PYTHONPATH=$PYTHONPATH:$PWD/bench/gpu/probe_site PIPPIN_PROBE_EVAL="$OUT/where-$e" \
+          PIPPIN_PROBE_SYNC=2 timeout 150 python3 bench/gpu/single_stream.py \
+          "$ROOT/llama-3.1-8b-4bit" --repeat 1 --gen 128 --prompt 256 --engines $e 2>&1 |
+          grep --line-buffered "tok/s" | head -2
+        for f in "$OUT/where-$e"/async-eval-*.txt; do head -8 "$f"; done
+      done 2>&1 | tee "$OUT/where.txt" ;;
     batch)
       timeout 200 python3 bench/gpu/single_stream.py "$ROOT/llama-3.1-8b-4bit" --repeat 1 \
         --gen 64 --prompt 256 --batch 64 --engines "pippin,pippin:PIPPIN_QUANT_KERNEL=0,mlx_lm" \

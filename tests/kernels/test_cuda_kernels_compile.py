@@ -225,6 +225,34 @@ def test_quant_matvec_compiles(
 
 
 @needs_nvrtc
+@pytest.mark.parametrize("bits,group_size", [(4, 64), (8, 64), (4, 32)])
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+def test_fused_quant_matvec_compiles(
+    recorder: Recorder, bits: int, group_size: int, dtype: mx.Dtype
+) -> None:
+    """A quantised fused layer's four projections (`quant_matvec.fused`): norm + q/k/v
+    (with a bias), o + residual, norm + gate/up + SwiGLU, down + residual."""
+    from pippin.kernels import quant_matvec
+
+    k, n = 1024, 200
+    eps = mx.array([1e-5], dtype=mx.float32)
+    for rows in (1, 8):
+        x = mx.zeros((rows, k), dtype=dtype)
+        lin = nn.QuantizedLinear(k, n, bias=True, group_size=group_size, bits=bits)
+        lin.set_dtype(dtype)
+        quant_matvec.fused(x, lin, eps, norm_weight=mx.ones((k,), dtype=dtype))
+        quant_matvec.fused(x, lin, eps, res=mx.zeros((rows, n), dtype=dtype))
+        quant_matvec.fused(x, lin, eps, norm_weight=mx.ones((k,), dtype=dtype), swiglu=True)
+    plans = [dict(x.template) for x in recorder.launches]
+    assert [(p["NORM"], p["SWIGLU"], p["BIAS"], p["RES"]) for p in plans[:3]] == [
+        (True, False, True, False),
+        (False, False, True, True),
+        (True, True, False, False),
+    ]
+    _compile_all(recorder)
+
+
+@needs_nvrtc
 @pytest.mark.parametrize("tokens", [1, 64, 200])
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("form", ["gather_qmm", "gather_qmv"])

@@ -22,6 +22,7 @@ from test_fused_attention import (
 )
 
 from pippin.kernels import fused_layer
+from pippin.store.loaded import LoadedModel
 
 
 @pytest.fixture(autouse=True)
@@ -86,12 +87,73 @@ def test_not_installed_without_fused_attention(
     assert not _runner(tiny_models("llama", head_dim=32)).fused_layer
 
 
-def test_not_installed_on_quantised_weights(tiny_models, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Quantised projections keep mlx-lm's layer (the kernel reads plain weights)."""
+def _quantised(tiny_models, bits: int = 4, only_mlp: bool = False) -> LoadedModel:
+    """A tiny Llama, affine-quantised with bf16 scales, in widths the quantised kernels
+    take (K a multiple of 128)."""
+    path = tiny_models(
+        "llama", head_dim=32, hidden_size=128, intermediate_size=256, num_attention_heads=4
+    )
+    loaded = loaded_model(path)
+
+    def mlp(name: str, m: nn.Module) -> bool:
+        return isinstance(m, nn.Linear) and ".mlp." in name
+
+    nn.quantize(loaded.model, group_size=64, bits=bits, class_predicate=mlp if only_mlp else None)
+    loaded.model.set_dtype(mx.bfloat16)
+    return loaded
+
+
+def test_installed_on_quantised_weights(tiny_models, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Quantised layers take the same five steps, every projection as the quantised
+    kernel by default (`QUANT_KERNELS`)."""
     _kernel_path(monkeypatch)
-    loaded = loaded_model(tiny_models("llama", head_dim=32))
-    nn.quantize(loaded.model, group_size=32, bits=4)
-    assert not _runner(loaded).fused_layer
+    monkeypatch.setenv("PIPPIN_FUSED_LAYER", "1")
+    runner = _runner(_quantised(tiny_models))
+    assert runner.fused_layer
+    layer = runner.model.model.layers[0]
+    plan = layer._pippin_plan
+    assert plan.quantised and plan.dtype == mx.bfloat16
+    assert plan.down.quant is layer.mlp.down_proj and plan.o.quant is layer.self_attn.o_proj
+    assert plan.gate_up.swiglu and plan.gate_up.quant is layer.mlp.gate_proj.shared.fused
+    assert plan.qkv.in_features == 128 and plan.down.in_features == 256
+    assert [p.kernel_rows for p, _ in plan.steps()] == [fused_layer.MAX_ROWS] * 4
+
+
+def test_not_installed_on_partly_quantised_layers(
+    tiny_models, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A layer with quantised and plain projections keeps mlx-lm's layer."""
+    _kernel_path(monkeypatch)
+    assert not _runner(_quantised(tiny_models, only_mlp=True)).fused_layer
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_engine_decode_quantised_fused_layer_matches_unfused(
+    tiny_models, bits: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The quantised form: the same greedy tokens and logprobs fused as not, the decode
+    rows through the fused projections (on CUDA `quant_matvec.fused`, elsewhere the
+    layer's own product with the norm, SwiGLU and residual around it)."""
+    loaded = _quantised(tiny_models, bits)
+    name = "gemv" if _kernel_path(monkeypatch) == "fused_decode_attention" else "reference_gemv"
+    rng = random.Random(1)
+    prompts = [[rng.randrange(3, 200) for _ in range(rng.randrange(2, 30))] for _ in range(10)]
+    gens = [rng.randrange(5, 30) for _ in prompts]
+    monkeypatch.setenv("PIPPIN_FUSED_LAYER", "0")
+    base = greedy_logprobs(loaded, prompts, gens, top=2)
+    monkeypatch.setenv("PIPPIN_FUSED_LAYER", "1")
+    seen: list[tuple[int, bool]] = []
+    real = getattr(fused_layer, name)
+
+    def counting(p: fused_layer.Gemv, x: mx.array, res: mx.array | None = None) -> mx.array:
+        seen.append((x.shape[0], p.quant is not None))
+        return real(p, x, res)
+
+    monkeypatch.setattr(fused_layer, name, counting)
+    fused = greedy_logprobs(loaded, prompts, gens, top=2)
+    assert seen and all(quant for _, quant in seen)
+    assert max(rows for rows, _ in seen) <= fused_layer.MAX_ROWS
+    assert_same_greedy(base, fused)
 
 
 @pytest.mark.cuda
@@ -177,3 +239,42 @@ def test_some_projections_as_mlx_ops(tiny_models, monkeypatch: pytest.MonkeyPatc
         monkeypatch.setenv("PIPPIN_FUSED_LAYER", bad)
         with pytest.raises(ValueError, match=r"rows must be 1 to 8"):
             _runner(loaded)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("B", [1, 3, 8])
+@pytest.mark.parametrize("bits,K,N", [(4, 1024, 200), (8, 256, 96), (4, 4096, 1024)])
+@pytest.mark.parametrize(
+    "norm,swiglu,bias,res",
+    [
+        (True, False, True, False),
+        (False, False, True, True),
+        (False, False, False, True),
+        (True, True, False, False),
+    ],
+)
+def test_quantised_kernel_matches_reference(
+    B: int, bits: int, K: int, N: int, norm: bool, swiglu: bool, bias: bool, res: bool
+) -> None:
+    """`quant_matvec.fused` against MLX's ops around the layer's quantised product."""
+    rng = np.random.default_rng(B * K + N + bits)
+    dtype = mx.bfloat16
+
+    def arr(*shape: int, scale: float = 1.0) -> mx.array:
+        return mx.array(rng.standard_normal(shape) * scale, dtype=dtype)
+
+    rows = 2 * N if swiglu else N
+    lin = nn.QuantizedLinear.from_linear(nn.Linear(K, rows, bias=bias), group_size=64, bits=bits)
+    lin.set_dtype(dtype)
+    rms = nn.RMSNorm(K, eps=1e-5)
+    rms.weight = arr(K, scale=0.5) + 1
+    p = fused_layer.Gemv(lin.weight, None, rms if norm else None, swiglu, quant=lin)
+    x = arr(B, K, scale=3.0)
+    r = arr(B, N) if res else None
+    with mx.stream(mx.cpu):
+        ref = fused_layer.reference_gemv(p, x, r)
+        mx.eval(ref)
+    got = fused_layer.gemv(p, x, r)
+    assert got.shape == ref.shape == (B, N) and got.dtype == dtype
+    a, b = np.array(got.astype(mx.float32)), np.array(ref.astype(mx.float32))
+    assert np.abs(a - b).max() <= 0.02 * np.abs(b).max() + 0.02, np.abs(a - b).max()

@@ -19,12 +19,20 @@ the batch, so the device still streams each weight once a step. Each rounds wher
 ops round (to the model's dtype after the norm, the projection and each SwiGLU op), so
 the results match theirs to the dtype's precision, not bit for bit.
 
+Quantised layers (MLX affine, the layers `quant_matmul.applies` to) take the same five
+steps with `quant_matvec.fused` as the projections' kernel: the matrix-vector form of the
+quantised product with the norm, SwiGLU and residual as options, for as many rows as the
+layer's own decode product takes that form (`dense_quant`, `PIPPIN_QUANT_KERNEL`). A
+4-bit 8B decode spent most of a step on launches, not bytes: ten kernels a layer, five
+here.
+
 Where it applies: every layer exactly mlx-lm's `TransformerBlock` of those families, its
-attention fused by `fused_attention`, plain RMSNorms, unquantised projections (a bias on
-q/k/v or the output projection is kept), an MLP of exactly SwiGLU. Larger batches read
-each weight row for more rows than a warp holds in registers; they keep mlx-lm's layer,
-whose matmuls suit them. By default the down projection runs as the kernel, and gate/up
-for a lone row, the others as MLX's ops (`DEFAULT_KERNELS`: measured fastest).
+attention fused by `fused_attention`, plain RMSNorms, projections all unquantised or all
+quantised (a bias on q/k/v or the output projection is kept), an MLP of exactly SwiGLU.
+Larger batches read each weight row for more rows than a warp holds in registers; they
+keep mlx-lm's layer, whose matmuls suit them. By default the down projection runs as the
+kernel, and gate/up for a lone row, the others as MLX's ops (`DEFAULT_KERNELS`: measured
+fastest); quantised layers run all four as the kernel (`QUANT_KERNELS`).
 `PIPPIN_FUSED_LAYER=0` turns it off; `=qkv/o` (any of `PROJECTIONS`, each optionally
 `:ROWS`, the most rows it runs for) runs only those projections as the kernel, MLX's ops
 the rest. Off CUDA, tests run the same hook with `reference_gemv` (MLX's ops) standing in
@@ -41,7 +49,15 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from pippin.kernels import device, fused_attention, fused_proj, paged_attention
+from pippin.kernels import (
+    dense_quant,
+    device,
+    fused_attention,
+    fused_proj,
+    paged_attention,
+    quant_matmul,
+    quant_matvec,
+)
 
 MAX_ROWS = 8
 _NWARPS = 4  # output rows per thread block
@@ -159,16 +175,24 @@ _INPUTS = ("x", "w", "g", "eps", "bias", "res")
 class Gemv:
     """One projection of a fused layer and what runs around it."""
 
-    weight: mx.array  # [R * N, K]
+    weight: mx.array  # [R * N, K] (packed for `quant`)
     bias: mx.array | None = None
     norm: nn.RMSNorm | None = None  # applied to the input first
     swiglu: bool = False  # rows [0, N) are the gate's, [N, 2N) the up's
     # The most rows it runs as the kernel; more (or 0: never), MLX's ops compute it.
     kernel_rows: int = 0
+    # A quantised projection (`weight` is its packed weight): `quant_matvec.fused` is the
+    # kernel, for the rows the layer's own product takes the matrix-vector form.
+    quant: nn.QuantizedLinear | None = None
 
     def __post_init__(self) -> None:
         # The norm's epsilon as the kernel reads it, made once (not a new array per step).
         self.eps = mx.array([self.norm.eps if self.norm is not None else 0.0], dtype=mx.float32)
+
+    @property
+    def in_features(self) -> int:
+        q = self.quant
+        return q["scales"].shape[1] * q.group_size if q is not None else self.weight.shape[1]
 
     @property
     def width(self) -> int:
@@ -189,17 +213,20 @@ PROJECTIONS = ("qkv", "o", "gate_up", "down")
 # Why the q/k/v and output kernels lose end to end is not known: timed alone, even as
 # chained launches, they beat MLX's ops.
 DEFAULT_KERNELS = {"gate_up": 1, "down": MAX_ROWS}
+# Quantised layers: every projection, so that a layer is five launches (the product is
+# pippin's kernel either way; fused, its norm, SwiGLU and residual launch nothing more).
+QUANT_KERNELS = dict.fromkeys(PROJECTIONS, MAX_ROWS)
 
 
-def projections(flag: str) -> dict[str, int]:
+def projections(flag: str, quantised: bool = False) -> dict[str, int]:
     """The projections that run as the kernel, each with the most rows it does so for, by
-    `flag` (`KernelConfig.fused_layer`, from `PIPPIN_FUSED_LAYER`): `DEFAULT_KERNELS` (1),
-    none (0), `all`, or names (such as `qkv/o`, or `gate_up:1/down` to cap one's rows),
-    the others then computed by MLX's ops."""
+    `flag` (`KernelConfig.fused_layer`, from `PIPPIN_FUSED_LAYER`): `DEFAULT_KERNELS` (1;
+    `QUANT_KERNELS` for `quantised` layers), none (0), `all`, or names (such as `qkv/o`,
+    or `gate_up:1/down` to cap one's rows), the others then computed by MLX's ops."""
     if flag == "0":
         return {}
     if flag in ("", "1"):
-        return dict(DEFAULT_KERNELS)
+        return dict(QUANT_KERNELS if quantised else DEFAULT_KERNELS)
     if flag == "all":
         return dict.fromkeys(PROJECTIONS, MAX_ROWS)
     chosen: dict[str, int] = {}
@@ -222,6 +249,16 @@ def _linear(m: Any) -> bool:
     return type(m) is nn.Linear and m.weight.dtype in (mx.bfloat16, mx.float16, mx.float32)
 
 
+def _quantised(m: Any) -> bool:
+    """A quantised projection `quant_matvec.fused` computes (any of `dense_quant`'s
+    classes: the kernels' hook may be installed before or after this one)."""
+    return (
+        isinstance(m, nn.QuantizedLinear)
+        and dense_quant.applies(m)
+        and quant_matmul.applies(m, m["scales"].dtype)
+    )
+
+
 @dataclass
 class Plan:
     """A layer's four projections, in the order they run."""
@@ -230,15 +267,20 @@ class Plan:
     o: Gemv
     gate_up: Gemv
     down: Gemv
+    dtype: mx.Dtype  # of the activations it computes
+
+    @property
+    def quantised(self) -> bool:
+        return self.qkv.quant is not None
 
     def steps(self) -> list[tuple[Gemv, bool]]:
         """Each projection, with whether it adds the residual."""
         return [(self.qkv, False), (self.o, True), (self.gate_up, False), (self.down, True)]
 
 
-def plan(layer: Any, base: type, chosen: dict[str, int]) -> Plan | None:
+def plan(layer: Any, base: type, flag: str) -> Plan | None:
     """The four projections of `layer` (of mlx-lm's class `base`), or None if it is not
-    the layer this module fuses; `chosen`: `projections`."""
+    the layer this module fuses; `flag`: `projections`'."""
     attn, mlp = layer.self_attn, layer.mlp
     if getattr(attn, "_pippin_fused", None) is None:
         return None
@@ -255,29 +297,36 @@ def plan(layer: Any, base: type, chosen: dict[str, int]) -> Plan | None:
         return None
     gate_up = gu[0].shared.fused
     o, down = attn.o_proj, mlp.down_proj
-    if not all(_linear(m) for m in (qkv, o, gate_up, down)):
+    projs = (qkv, o, gate_up, down)
+    quantised = all(_quantised(m) for m in projs)
+    if not quantised and not all(_linear(m) for m in projs):
         return None
     if "bias" in gate_up or "bias" in down:
         return None
     (a0, a1), (b0, b1) = gu[0].shared.bounds
     if a0 != 0 or a1 != b0 or b1 - b0 != a1:
         return None
-    dtype = qkv.weight.dtype
+    dtype = qkv["scales"].dtype if quantised else qkv.weight.dtype
+    quant = dict.fromkeys(PROJECTIONS) if not quantised else dict(zip(PROJECTIONS, projs))
     plan = Plan(
-        Gemv(qkv.weight, qkv.get("bias"), norm=norms[0]),
-        Gemv(o.weight, o.get("bias")),
-        Gemv(gate_up.weight, norm=norms[1], swiglu=True),
-        Gemv(down.weight),
+        Gemv(qkv.weight, qkv.get("bias"), norm=norms[0], quant=quant["qkv"]),
+        Gemv(o.weight, o.get("bias"), quant=quant["o"]),
+        Gemv(gate_up.weight, norm=norms[1], swiglu=True, quant=quant["gate_up"]),
+        Gemv(down.weight, quant=quant["down"]),
+        dtype,
     )
+    chosen = projections(flag, quantised)
     vec = 16 // dtype.size  # the kernel reads 16 bytes at a time
     for name, (p, _) in zip(PROJECTIONS, plan.steps()):
         p.kernel_rows = chosen.get(name, 0)
-        arrays = [p.weight, *(a for a in (p.bias,) if a is not None)]
+        k = p.quant["scales"].shape[1] * p.quant.group_size if p.quant else p.weight.shape[1]
+        arrays = [*(a for a in (p.bias,) if a is not None)]
+        arrays.append(p.quant["scales"] if p.quant else p.weight)
         if p.norm is not None:
-            if p.norm.weight.shape != (p.weight.shape[1],):
+            if p.norm.weight.shape != (k,):
                 return None
             arrays.append(p.norm.weight)
-        if any(a.dtype != dtype for a in arrays) or p.weight.shape[1] % vec:
+        if any(a.dtype != dtype for a in arrays) or k % vec:
             return None
     return plan
 
@@ -290,8 +339,11 @@ def warm(model: nn.Module) -> None:
     for _, m in model.named_modules():
         plan: Plan | None = getattr(m, "_pippin_plan", None)
         for p, res in plan.steps() if plan is not None else []:
-            for rows in (r for r in (1, 2) if r <= p.kernel_rows):
-                x = mx.zeros((rows, p.weight.shape[1]), dtype=p.weight.dtype)
+            # A quantised projection's template is the same for 1-8 rows.
+            for rows in (r for r in ((1,) if p.quant else (1, 2)) if r <= p.kernel_rows):
+                if p.quant is not None and rows > _quant_rows(p):
+                    continue
+                x = mx.zeros((rows, p.in_features), dtype=plan.dtype)
                 mx.eval(gemv(p, x, mx.zeros((rows, p.width), dtype=x.dtype) if res else None))
 
 
@@ -302,7 +354,7 @@ def applies(rows: int) -> bool:
 def call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
     plan: Plan = self._pippin_plan
     lay = getattr(cache, "layout", None)
-    if not getattr(lay, "fused_layer", False) or x.dtype != plan.qkv.weight.dtype:
+    if not getattr(lay, "fused_layer", False) or x.dtype != plan.dtype:
         return super(type(self), self).__call__(x, mask, cache)
     B = x.shape[0]
     x2 = x.reshape(B, -1)
@@ -314,9 +366,16 @@ def call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.arra
 
 
 def _project(p: Gemv, x: mx.array, res: mx.array | None = None) -> mx.array:
-    if x.shape[0] <= p.kernel_rows:
+    rows = x.shape[0]
+    if rows <= p.kernel_rows and (p.quant is None or rows <= _quant_rows(p)):
         return as_kernel(p, x, res)
     return reference_gemv(p, x, res)
+
+
+def _quant_rows(p: Gemv) -> int:
+    """The most rows the quantised layer's own product runs in the matrix-vector form
+    (`dense_quant`; 0 without pippin's kernels); the fused kernel takes those."""
+    return getattr(p.quant, dense_quant.MATVEC_ATTR, 0)
 
 
 def as_kernel(p: Gemv, x: mx.array, res: mx.array | None = None) -> mx.array:
@@ -331,8 +390,11 @@ def gemv(p: Gemv, x: mx.array, res: mx.array | None = None) -> mx.array:
     """The kernel: [B, N] = (norm(x) if p.norm) @ p.weight.T (+ bias) (SwiGLU'd) (+ res)."""
     B, K = x.shape
     n = p.width
-    dummy = p.weight  # stands in for absent inputs (never read)
     norm = p.norm
+    if p.quant is not None:
+        w = norm.weight if norm is not None else None
+        return quant_matvec.fused(x, p.quant, p.eps, w, p.swiglu, res)
+    dummy = p.weight  # stands in for absent inputs (never read)
     out = device.cuda_kernel("pippin_fused_gemv", _INPUTS, _SOURCE)(
         inputs=[
             x,
@@ -366,7 +428,12 @@ def reference_gemv(p: Gemv, x: mx.array, res: mx.array | None = None) -> mx.arra
     the stand-in off CUDA."""
     if p.norm is not None:
         x = p.norm(x)
-    y = x @ p.weight.T if p.bias is None else mx.addmm(p.bias, x, p.weight.T)
+    if p.quant is not None:
+        y = p.quant(x)  # with its bias
+    elif p.bias is None:
+        y = x @ p.weight.T
+    else:
+        y = mx.addmm(p.bias, x, p.weight.T)
     if p.swiglu:
         gate, up = mx.split(y, 2, axis=-1)
         y = nn.silu(gate) * up

@@ -120,9 +120,7 @@ def apply(
     if out.paged_kernel and config.fused_attention:
         out.fused_attention = fuse_attention(model)
     if out.fused_attention and config.fused_layer != "0":
-        out.fused_layer = fuse_layers(model, fused_layer.projections(config.fused_layer))
-        if out.fused_layer and not paged_attention.force_reference:
-            fused_layer.warm(model)
+        out.fused_layer = fuse_layers(model, config.fused_layer)
     if config.head_rows:
         out.head = select_head_rows(model)
     dense = dense_quant.wanted(config.dense_quant)
@@ -136,6 +134,8 @@ def apply(
         if not paged_attention.force_reference:  # tests on the CPU stand in for CUDA
             # The kernel takes up to MAX_ROWS rows, fewer than the dense bound.
             warm_quantised(model, min(rows, quant_matmul.MAX_ROWS + 1))
+    if out.fused_layer and not paged_attention.force_reference:
+        fused_layer.warm(model)  # after the quantised products' rows are set
     return out
 
 
@@ -333,13 +333,11 @@ def fuse_attention(model: nn.Module) -> bool:
     return _swap_in(model, classes, lambda m, _base: fused_attention.spec(m), "_pippin_fused")
 
 
-def fuse_layers(model: nn.Module, chosen: dict[str, int]) -> bool:
+def fuse_layers(model: nn.Module, flag: str) -> bool:
     """Swap every transformer layer of `model` for its fused form, if all can be; True if
-    so. Needs `fuse_attention` first; `chosen`: `fused_layer.projections`."""
+    so. Needs `fuse_attention` first; `flag`: `fused_layer.projections`'."""
     classes = _subclasses(fused_layer.CLASSES, fused_layer.call)
-    return _swap_in(
-        model, classes, lambda m, base: fused_layer.plan(m, base, chosen), "_pippin_plan"
-    )
+    return _swap_in(model, classes, lambda m, base: fused_layer.plan(m, base, flag), "_pippin_plan")
 
 
 def warm_quantised(model: nn.Module, rows: int) -> None:

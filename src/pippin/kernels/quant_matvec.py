@@ -32,6 +32,33 @@ DENSE_ROWS = 8
 
 # After `quant_matmul`'s prologues (DENSE, GROUPED): rows p0 to p1 (at most TILE) of x.
 _TILE = "    constexpr int TILE = 8 * NB;\n"
+# The plain products: no norm before, no SwiGLU, bias or residual after (`fused` takes
+# them as template arguments).
+_PLAIN = (
+    "    constexpr bool NORM = false, SWIGLU = false, BIAS = false, RES = false;\n"
+    "    const float* eps = nullptr;\n"
+    "    const T* norm_w = nullptr;\n"
+    "    const T* bias = nullptr;\n"
+    "    const T* res = nullptr;\n"
+)
+
+# A fused decode layer's projection (`fused`): the input RMSNorm'd as it is loaded
+# (rounded where MLX's `rms_norm` rounds), SwiGLU over the gate's rows [0, N/2) and the
+# up's [N/2, N) (a warp's 16 weight columns are 8 of each, so lane (g, t) holds gate and
+# up of one feature), the bias and the residual added as mlx-lm adds them.
+_NORM = r"""
+template <typename T>
+__device__ __forceinline__ uint4 pippin_rms8(uint4 v, uint4 gw, float inv) {
+    T* e = reinterpret_cast<T*>(&v);
+    const T* w = reinterpret_cast<const T*>(&gw);
+    #pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const T y = static_cast<T>(static_cast<float>(e[i]) * inv);
+        e[i] = static_cast<T>(static_cast<float>(w[i]) * static_cast<float>(y));
+    }
+    return v;
+}
+"""
 
 _CORE = r"""
     constexpr int SPAN = BITS == 4 ? 32 : 16;  // k of one lane's 16-byte load
@@ -46,6 +73,9 @@ _CORE = r"""
     const int t = lane & 3;
     // Column tile c of the warp: columns na[c] = 16 c + g and nb[c] = na[c] + 8 of the
     // block's 16 * CT; the tiles share the activations' loads.
+    // With SWIGLU a tile is 8 output features: the gate's rows na[c] and the up's nb[c].
+    constexpr int FW = SWIGLU ? 8 : 16;
+    const int NO = SWIGLU ? N / 2 : N;  // output features
     int na[CT], nb[CT];
     bool oka[CT], okb[CT];
     const uint32_t* wa[CT];
@@ -56,10 +86,10 @@ _CORE = r"""
     const T* bb[CT];
     #pragma unroll
     for (int c = 0; c < CT; ++c) {
-        na[c] = (blockIdx.x * CT + c) * 16 + g;
-        nb[c] = na[c] + 8;
-        oka[c] = na[c] < N;
-        okb[c] = nb[c] < N;
+        na[c] = (blockIdx.x * CT + c) * FW + g;
+        nb[c] = SWIGLU ? na[c] + NO : na[c] + 8;
+        oka[c] = na[c] < NO;
+        okb[c] = SWIGLU ? oka[c] : nb[c] < N;
         const size_t ra = oka[c] ? na[c] : 0;
         const size_t rb = okb[c] ? nb[c] : 0;
         wa[c] = wx + ra * KW + SPAN * t * BITS / 32;
@@ -76,6 +106,24 @@ _CORE = r"""
     for (int j = 0; j < NB; ++j) {
         xok[j] = p0 + 8 * j + g < p1;
         xr[j] = x + (size_t)(xok[j] ? xrow_of(p0 + 8 * j + g) : 0) * K + SPAN * t;
+    }
+    // NORM: each row's 1 / rms, the block's warps sharing the rows.
+    __shared__ float inv_rms[NORM ? TILE : 1];
+    if (NORM) {
+        for (int r = warp; r < TILE; r += WK) {
+            float ss = 0.f;
+            if (p0 + r < p1) {
+                const T* xp = x + (size_t)xrow_of(p0 + r) * K;
+                for (int k = lane; k < K; k += 32) {
+                    const float v = static_cast<float>(xp[k]);
+                    ss += v * v;
+                }
+            }
+            #pragma unroll
+            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffff, ss, o);
+            if (lane == 0) inv_rms[r] = rsqrtf(ss / K + eps[0]);
+        }
+        __syncthreads();
     }
     const T zero = static_cast<T>(0.f);
     const uint4 none = make_uint4(0u, 0u, 0u, 0u);
@@ -120,6 +168,16 @@ _CORE = r"""
                     xv[u][j][r] = in && xok[j]
                         ? *reinterpret_cast<const uint4*>(xr[j] + s * KPS + 8 * r)
                         : none;
+            }
+            if (NORM && in) {
+                #pragma unroll
+                for (int r = 0; r < ROUNDS; ++r) {
+                    const uint4 gw =
+                        *reinterpret_cast<const uint4*>(norm_w + s * KPS + SPAN * t + 8 * r);
+                    #pragma unroll
+                    for (int j = 0; j < NB; ++j)
+                        xv[u][j][r] = pippin_rms8<T>(xv[u][j][r], gw, inv_rms[8 * j + g]);
+                }
             }
         }
         #pragma unroll
@@ -191,9 +249,32 @@ _CORE = r"""
             for (int h = 0; h < 2; ++h) {
                 const int p = p0 + 8 * j + 2 * t + h;
                 if (p < p1) {
-                    const size_t o = (size_t)orow_of(p) * N;
-                    if (oka[c]) out[o + na[c]] = static_cast<T>(acc[c][j][h]);
-                    if (okb[c]) out[o + nb[c]] = static_cast<T>(acc[c][j][2 + h]);
+                    const size_t o = (size_t)orow_of(p) * NO;
+                    if (SWIGLU) {  // rounded where mlx-lm's MLP rounds
+                        if (oka[c]) {
+                            const T gate = static_cast<T>(acc[c][j][h]);
+                            const T up = static_cast<T>(acc[c][j][2 + h]);
+                            const float gf = static_cast<float>(gate);
+                            const T sig = static_cast<T>(1.f / (1.f + __expf(-gf)));
+                            const T act = static_cast<T>(gf * static_cast<float>(sig));
+                            out[o + na[c]] = static_cast<T>(
+                                static_cast<float>(act) * static_cast<float>(up));
+                        }
+                    } else {
+                        #pragma unroll
+                        for (int half = 0; half < 2; ++half) {
+                            const int n = half ? nb[c] : na[c];
+                            if (!(half ? okb[c] : oka[c])) continue;
+                            T y = static_cast<T>(acc[c][j][2 * half + h]);
+                            if (BIAS)
+                                y = static_cast<T>(static_cast<float>(y) +
+                                                   static_cast<float>(bias[n]));
+                            if (RES)
+                                y = static_cast<T>(static_cast<float>(res[o + n]) +
+                                                   static_cast<float>(y));
+                            out[o + n] = y;
+                        }
+                    }
                 }
             }
         }
@@ -234,7 +315,10 @@ def qmv(
     m, n = x2.shape[0], w.shape[0]
     wk, u, ct = tiles = tiles or plan(k, bits, m)
     kernel = device.cuda_kernel(
-        "pippin_quant_matvec", ("x", "w", "scales", "biases"), _TILE + DENSE + _CORE, HEADER
+        "pippin_quant_matvec",
+        ("x", "w", "scales", "biases"),
+        _TILE + _PLAIN + DENSE + _CORE,
+        HEADER + _NORM,
     )
     (out,) = kernel(
         inputs=[x2, w, scales, biases],
@@ -245,6 +329,57 @@ def qmv(
         output_dtypes=[x.dtype],
     )
     return out.reshape(*lead, n)
+
+
+def fused(
+    x: mx.array,
+    layer: nn.QuantizedLinear,
+    eps: mx.array,
+    norm_weight: mx.array | None = None,
+    swiglu: bool = False,
+    res: mx.array | None = None,
+) -> mx.array:
+    """A fused decode layer's projection of x [B, K] (at most `MAX_ROWS` rows) in one
+    launch: `layer(rms_norm(x, norm_weight, eps))` (or of x without `norm_weight`), with
+    SwiGLU over the gate's and up's halves of its rows, plus `res` [B, N]. `eps` is a
+    float32 [1] array."""
+    m, k = x.shape
+    n = layer["weight"].shape[0]
+    bits, group_size = layer.bits, layer.group_size
+    wk, u, ct = tiles = plan(k, bits, m)
+    scales = layer["scales"]
+    bias = layer.get("bias")
+    width = n // 2 if swiglu else n
+    kernel = device.cuda_kernel(
+        "pippin_fused_quant_matvec",
+        ("x", "w", "scales", "biases", "norm_w", "eps", "bias", "res"),
+        _TILE + DENSE + _CORE,
+        HEADER + _NORM,
+    )
+    (out,) = kernel(
+        inputs=[
+            x,
+            layer["weight"],
+            scales,
+            layer["biases"],
+            scales if norm_weight is None else norm_weight,  # never read when absent
+            eps,
+            scales if bias is None or swiglu else bias,
+            scales if res is None else res,
+        ],
+        template=[
+            *_template(x.dtype, bits, group_size, tiles, m),
+            ("NORM", norm_weight is not None),
+            ("SWIGLU", swiglu),
+            ("BIAS", bias is not None and not swiglu),
+            ("RES", res is not None),
+        ],
+        grid=(-(-width // ((8 if swiglu else 16) * ct)) * 32 * wk, 1, 1),
+        threadgroup=(32 * wk, 1, 1),
+        output_shapes=[(m, width)],
+        output_dtypes=[x.dtype],
+    )
+    return out
 
 
 def _template(
@@ -303,8 +438,8 @@ def gather_qmv(
     kernel = device.cuda_kernel(
         "pippin_gather_quant_matvec",
         ("x", "w", "scales", "biases", "ids", "order"),
-        _TILE + GROUPED + _CORE,
-        HEADER,
+        _TILE + _PLAIN + GROUPED + _CORE,
+        HEADER + _NORM,
     )
     (out,) = kernel(
         inputs=[x2, w, scales, biases, ids, order],
