@@ -79,7 +79,7 @@ for step in "$@"; do
         "$OUT/cuda.txt" | tail -15 ;;
     moe)
       PIPPIN_ENV="PIPPIN_MOE_KERNEL=1" ENGINES="mlx_lm,pippin,pippin:PIPPIN_MOE_KERNEL=1" \
-        KV_MB=12000 TOTAL=560 bash bench/gpu/moe_session.sh qwen3-30b-a3b-4bit ;;
+        KV_MB=12000 TOTAL=${MOE_TOTAL:-560} bash bench/gpu/moe_session.sh qwen3-30b-a3b-4bit ;;
     build)
       build llama-3.1-8b llama-3.1-8b-4bit 2>&1 | grep built
       df -h /tmp | tail -1 ;;
