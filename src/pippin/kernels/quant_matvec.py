@@ -107,21 +107,37 @@ _CORE = r"""
         xok[j] = p0 + 8 * j + g < p1;
         xr[j] = x + (size_t)(xok[j] ? xrow_of(p0 + 8 * j + g) : 0) * K + SPAN * t;
     }
-    // NORM: each row's 1 / rms, the block's warps sharing the rows.
+    // NORM: each row's 1 / rms, every warp summing a share of every row's squares in
+    // 16-byte loads (all in flight at once: this runs before any weight is loaded).
+    __shared__ float part_ss[NORM ? WK * TILE : 1];
     __shared__ float inv_rms[NORM ? TILE : 1];
     if (NORM) {
-        for (int r = warp; r < TILE; r += WK) {
+        #pragma unroll
+        for (int r = 0; r < TILE; ++r) {
             float ss = 0.f;
-            if (p0 + r < p1) {
+            if (p0 + r < p1) {  // the same for the whole block
                 const T* xp = x + (size_t)xrow_of(p0 + r) * K;
-                for (int k = lane; k < K; k += 32) {
-                    const float v = static_cast<float>(xp[k]);
-                    ss += v * v;
+                #pragma unroll 4
+                for (int k = (warp * 32 + lane) * 8; k < K; k += WK * 256) {
+                    const uint4 raw = *reinterpret_cast<const uint4*>(xp + k);
+                    const T* e = reinterpret_cast<const T*>(&raw);
+                    #pragma unroll
+                    for (int i = 0; i < 8; ++i) {
+                        const float v = static_cast<float>(e[i]);
+                        ss += v * v;
+                    }
                 }
             }
             #pragma unroll
             for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffff, ss, o);
-            if (lane == 0) inv_rms[r] = rsqrtf(ss / K + eps[0]);
+            if (lane == 0) part_ss[warp * TILE + r] = ss;
+        }
+        __syncthreads();
+        if (threadIdx.x < TILE) {
+            float ss = 0.f;
+            #pragma unroll
+            for (int v = 0; v < WK; ++v) ss += part_ss[v * TILE + threadIdx.x];
+            inv_rms[threadIdx.x] = rsqrtf(ss / K + eps[0]);
         }
         __syncthreads();
     }
