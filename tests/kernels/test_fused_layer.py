@@ -116,7 +116,25 @@ def test_installed_on_quantised_weights(tiny_models, monkeypatch: pytest.MonkeyP
     assert plan.down.quant is layer.mlp.down_proj and plan.o.quant is layer.self_attn.o_proj
     assert plan.gate_up.swiglu and plan.gate_up.quant is layer.mlp.gate_proj.shared.fused
     assert plan.qkv.in_features == 128 and plan.down.in_features == 256
+    assert [p.kernel_rows for p, _ in plan.steps()] == [fused_layer.QUANT_MAX_ROWS] * 4
+    assert runner.fused_rows == fused_layer.QUANT_MAX_ROWS == 16
+
+
+def test_plain_layers_cap_the_kernel_at_their_rows(
+    tiny_models, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`all` asks every projection for 16 rows; the plain weights' kernel takes 8."""
+    _kernel_path(monkeypatch)
+    runner = _runner(tiny_models("llama", head_dim=32))
+    plan = runner.model.model.layers[0]._pippin_plan
     assert [p.kernel_rows for p, _ in plan.steps()] == [fused_layer.MAX_ROWS] * 4
+    assert runner.fused_rows == fused_layer.MAX_ROWS
+
+
+def test_rows_beyond_the_kernels_are_refused() -> None:
+    assert fused_layer.projections("qkv:16/o") == {"qkv": 16, "o": 16}
+    with pytest.raises(ValueError, match="rows must be 1 to 16"):
+        fused_layer.projections("down:17")
 
 
 def test_not_installed_on_partly_quantised_layers(
@@ -137,7 +155,8 @@ def test_engine_decode_quantised_fused_layer_matches_unfused(
     loaded = _quantised(tiny_models, bits)
     name = "gemv" if _kernel_path(monkeypatch) == "fused_decode_attention" else "reference_gemv"
     rng = random.Random(1)
-    prompts = [[rng.randrange(3, 200) for _ in range(rng.randrange(2, 30))] for _ in range(10)]
+    # 14 at once: decode batches of 9-16 rows too (the matvec form's second operand).
+    prompts = [[rng.randrange(3, 200) for _ in range(rng.randrange(2, 30))] for _ in range(14)]
     gens = [rng.randrange(5, 30) for _ in prompts]
     monkeypatch.setenv("PIPPIN_FUSED_LAYER", "0")
     base = greedy_logprobs(loaded, prompts, gens, top=2)
@@ -152,7 +171,7 @@ def test_engine_decode_quantised_fused_layer_matches_unfused(
     monkeypatch.setattr(fused_layer, name, counting)
     fused = greedy_logprobs(loaded, prompts, gens, top=2)
     assert seen and all(quant for _, quant in seen)
-    assert max(rows for rows, _ in seen) <= fused_layer.MAX_ROWS
+    assert fused_layer.MAX_ROWS < max(rows for rows, _ in seen) <= fused_layer.QUANT_MAX_ROWS
     assert_same_greedy(base, fused)
 
 
@@ -235,9 +254,9 @@ def test_some_projections_as_mlx_ops(tiny_models, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("PIPPIN_FUSED_LAYER", "qkv/attn")
     with pytest.raises(ValueError, match=r"unknown projection 'attn'"):
         _runner(loaded)
-    for bad in ("down:0", "down:9", "down:x"):
+    for bad in ("down:0", "down:17", "down:x"):  # 9-16: quantised layers' rows
         monkeypatch.setenv("PIPPIN_FUSED_LAYER", bad)
-        with pytest.raises(ValueError, match=r"rows must be 1 to 8"):
+        with pytest.raises(ValueError, match=r"rows must be 1 to 16"):
             _runner(loaded)
 
 

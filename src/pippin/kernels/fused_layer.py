@@ -21,8 +21,9 @@ the results match theirs to the dtype's precision, not bit for bit.
 
 Quantised layers (MLX affine, the layers `quant_matmul.applies` to) take the same five
 steps with `quant_matvec.fused` as the projections' kernel: the matrix-vector form of the
-quantised product with the norm, SwiGLU and residual as options, for as many rows as the
-layer's own decode product takes that form (`dense_quant`, `PIPPIN_QUANT_KERNEL`). A
+quantised product with the norm, SwiGLU and residual as options, for decode batches of up
+to `QUANT_MAX_ROWS` (16) rows where the layer's own decode product takes that form
+(`dense_quant`, `PIPPIN_QUANT_KERNEL`). A
 4-bit 8B decode spent most of a step on launches, not bytes: ten kernels a layer, five
 here.
 
@@ -59,7 +60,8 @@ from pippin.kernels import (
     quant_matvec,
 )
 
-MAX_ROWS = 8
+MAX_ROWS = 8  # the plain weights' kernel (`gemv`)
+QUANT_MAX_ROWS = quant_matvec.MAX_ROWS  # quantised layers' (`quant_matvec.fused`)
 _NWARPS = 4  # output rows per thread block
 CLASSES = tuple((family, "TransformerBlock") for family in ("llama", "qwen2", "qwen3"))
 
@@ -215,7 +217,7 @@ PROJECTIONS = ("qkv", "o", "gate_up", "down")
 DEFAULT_KERNELS = {"gate_up": 1, "down": MAX_ROWS}
 # Quantised layers: every projection, so that a layer is five launches (the product is
 # pippin's kernel either way; fused, its norm, SwiGLU and residual launch nothing more).
-QUANT_KERNELS = dict.fromkeys(PROJECTIONS, MAX_ROWS)
+QUANT_KERNELS = dict.fromkeys(PROJECTIONS, QUANT_MAX_ROWS)
 
 
 def projections(flag: str, quantised: bool = False) -> dict[str, int]:
@@ -228,7 +230,7 @@ def projections(flag: str, quantised: bool = False) -> dict[str, int]:
     if flag in ("", "1"):
         return dict(QUANT_KERNELS if quantised else DEFAULT_KERNELS)
     if flag == "all":
-        return dict.fromkeys(PROJECTIONS, MAX_ROWS)
+        return dict.fromkeys(PROJECTIONS, QUANT_MAX_ROWS)
     chosen: dict[str, int] = {}
     for item in (n for n in re.split(r"[,/ ]", flag) if n):
         name, _, rows = item.partition(":")
@@ -237,11 +239,12 @@ def projections(flag: str, quantised: bool = False) -> dict[str, int]:
                 f"PIPPIN_FUSED_LAYER: unknown projection {name!r}; expected 0, 1, all or some "
                 f"of {'/'.join(PROJECTIONS)}, each optionally with :ROWS"
             )
-        if rows and not (rows.isdigit() and 1 <= int(rows) <= MAX_ROWS):
+        if rows and not (rows.isdigit() and 1 <= int(rows) <= QUANT_MAX_ROWS):
             raise ValueError(
-                f"PIPPIN_FUSED_LAYER: {item!r}: rows must be 1 to {MAX_ROWS}, as in {name}:1"
+                f"PIPPIN_FUSED_LAYER: {item!r}: rows must be 1 to {QUANT_MAX_ROWS} (plain "
+                f"weights: at most {MAX_ROWS} run as the kernel), as in {name}:1"
             )
-        chosen[name] = int(rows) if rows else MAX_ROWS
+        chosen[name] = int(rows) if rows else QUANT_MAX_ROWS
     return chosen
 
 
@@ -318,7 +321,7 @@ def plan(layer: Any, base: type, flag: str) -> Plan | None:
     chosen = projections(flag, quantised)
     vec = 16 // dtype.size  # the kernel reads 16 bytes at a time
     for name, (p, _) in zip(PROJECTIONS, plan.steps()):
-        p.kernel_rows = chosen.get(name, 0)
+        p.kernel_rows = min(chosen.get(name, 0), QUANT_MAX_ROWS if quantised else MAX_ROWS)
         k = p.quant["scales"].shape[1] * p.quant.group_size if p.quant else p.weight.shape[1]
         arrays = [*(a for a in (p.bias,) if a is not None)]
         arrays.append(p.quant["scales"] if p.quant else p.weight)
@@ -339,16 +342,23 @@ def warm(model: nn.Module) -> None:
     for _, m in model.named_modules():
         plan: Plan | None = getattr(m, "_pippin_plan", None)
         for p, res in plan.steps() if plan is not None else []:
-            # A quantised projection's template is the same for 1-8 rows.
-            for rows in (r for r in ((1,) if p.quant else (1, 2)) if r <= p.kernel_rows):
+            # A quantised projection's templates: 1-8 rows, 9-16.
+            for rows in (r for r in ((1, 9) if p.quant else (1, 2)) if r <= p.kernel_rows):
                 if p.quant is not None and rows > _quant_rows(p):
                     continue
                 x = mx.zeros((rows, p.in_features), dtype=plan.dtype)
                 mx.eval(gemv(p, x, mx.zeros((rows, p.width), dtype=x.dtype) if res else None))
 
 
-def applies(rows: int) -> bool:
-    return rows <= MAX_ROWS
+def max_rows(model: nn.Module) -> int:
+    """The most rows of a decode batch `model`'s fused layers take (0: none fused): up
+    to `QUANT_MAX_ROWS` where the layers are quantised, `MAX_ROWS` where not; a larger
+    batch keeps mlx-lm's layer."""
+    for _, m in model.named_modules():
+        plan: Plan | None = getattr(m, "_pippin_plan", None)
+        if plan is not None:
+            return QUANT_MAX_ROWS if plan.quantised else MAX_ROWS
+    return 0
 
 
 def call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
@@ -373,9 +383,10 @@ def _project(p: Gemv, x: mx.array, res: mx.array | None = None) -> mx.array:
 
 
 def _quant_rows(p: Gemv) -> int:
-    """The most rows the quantised layer's own product runs in the matrix-vector form
-    (`dense_quant`; 0 without pippin's kernels); the fused kernel takes those."""
-    return getattr(p.quant, dense_quant.MATVEC_ATTR, 0)
+    """The most rows the fused kernel takes for a quantised layer: the matrix-vector
+    form's, where the layer's own decode product takes that form (`dense_quant`; 0 without
+    pippin's kernels, or with `PIPPIN_QUANT_KERNEL=mma`)."""
+    return quant_matvec.MAX_ROWS if getattr(p.quant, dense_quant.MATVEC_ATTR, 0) else 0
 
 
 def as_kernel(p: Gemv, x: mx.array, res: mx.array | None = None) -> mx.array:

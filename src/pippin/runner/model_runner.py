@@ -126,6 +126,8 @@ class ModelRunner:
         self.paged_kernel = patched.paged_kernel
         self.fused_attention = patched.fused_attention
         self.fused_layer = patched.fused_layer
+        # The most rows a decode batch takes the fused layers for.
+        self.fused_rows = fused_layer.max_rows(model) if patched.fused_layer else 0
         self.head = patched.head
         # Models that take more than tokens per call (a vision model's image embeddings
         # and positions) say what through `step_inputs(items, tokens)`.
@@ -174,7 +176,7 @@ class ModelRunner:
         """Which fused kernels a batch of `rows` rows runs, once `layout.paged_kernel` says
         whether it is a decode batch that takes the paged kernel."""
         layout.fused_attention = layout.paged_kernel and self.fused_attention
-        small = fused_layer.applies(rows)
+        small = rows <= self.fused_rows
         layout.fused_layer = layout.fused_attention and self.fused_layer and small
 
     def share_inputs(self, inputs: mx.array) -> mx.array:
