@@ -86,7 +86,7 @@ for step in "$@"; do
       df -h /tmp | tail -1 ;;
     single)
       timeout 240 python3 bench/gpu/single_stream.py "$ROOT/llama-3.1-8b-4bit" --repeat 2 \
-        --gen 128 --prompt 256 --engines "mlx_lm,pippin,pippin:PIPPIN_FUSED_LAYER=0,pippin:PIPPIN_QUANT_KERNEL=0" \
+        --gen 128 --prompt 256 --engines "${SINGLE_ENGINES:-mlx_lm,pippin,pippin:PIPPIN_FUSED_LAYER=0,pippin:PIPPIN_QUANT_KERNEL=0}" \
         2>&1 |
         grep --line-buffered -v WARNING | tee "$OUT/single.txt" | tail -8 ;;
     where)
