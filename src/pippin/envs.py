@@ -108,7 +108,8 @@ VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
     "PIPPIN_FUSED_LAYER": (
         _flag("PIPPIN_FUSED_LAYER", "1"),
         "Which projections of a small decode batch run as the fused gemv kernel: 1 (the "
-        "default set), 0 (none), all, or names such as gate_up:1/down (NAME[:ROWS]).",
+        "default set; none for quantised layers), 0 (none), all, or names such as "
+        "gate_up:1/down (NAME[:ROWS]; quantised layers up to 16 rows).",
     ),
     "PIPPIN_FUSED_PROJ": (
         _on("PIPPIN_FUSED_PROJ"),

@@ -19,13 +19,14 @@ the batch, so the device still streams each weight once a step. Each rounds wher
 ops round (to the model's dtype after the norm, the projection and each SwiGLU op), so
 the results match theirs to the dtype's precision, not bit for bit.
 
-Quantised layers (MLX affine, the layers `quant_matmul.applies` to) take the same five
-steps with `quant_matvec.fused` as the projections' kernel: the matrix-vector form of the
-quantised product with the norm, SwiGLU and residual as options, for decode batches of up
-to `QUANT_MAX_ROWS` (16) rows where the layer's own decode product takes that form
-(`dense_quant`, `PIPPIN_QUANT_KERNEL`). A
-4-bit 8B decode spent most of a step on launches, not bytes: ten kernels a layer, five
-here.
+Quantised layers (MLX affine, the layers `quant_matmul.applies` to) can take the same
+five steps with `quant_matvec.fused` as the projections' kernel: the matrix-vector form of
+the quantised product with the norm, SwiGLU and residual as options, for decode batches of
+up to `QUANT_MAX_ROWS` (16) rows where the layer's own decode product takes that form
+(`dense_quant`, `PIPPIN_QUANT_KERNEL`). Only when `PIPPIN_FUSED_LAYER` names them (`all`,
+or projections): on an H200 it made one 4-bit 8B stream slower, 176.8 tok/s against 245.9
+with mlx-lm's layer around pippin's products (`QUANT_KERNELS` is empty), most likely the
+norm applied to the activations inside the product's loop (see docs/benchmarks.md).
 
 Where it applies: every layer exactly mlx-lm's `TransformerBlock` of those families, its
 attention fused by `fused_attention`, plain RMSNorms, projections all unquantised or all
@@ -33,7 +34,7 @@ quantised (a bias on q/k/v or the output projection is kept), an MLP of exactly 
 Larger batches read each weight row for more rows than a warp holds in registers; they
 keep mlx-lm's layer, whose matmuls suit them. By default the down projection runs as the
 kernel, and gate/up for a lone row, the others as MLX's ops (`DEFAULT_KERNELS`: measured
-fastest); quantised layers run all four as the kernel (`QUANT_KERNELS`).
+fastest); quantised layers only when named (`QUANT_KERNELS`).
 `PIPPIN_FUSED_LAYER=0` turns it off; `=qkv/o` (any of `PROJECTIONS`, each optionally
 `:ROWS`, the most rows it runs for) runs only those projections as the kernel, MLX's ops
 the rest. Off CUDA, tests run the same hook with `reference_gemv` (MLX's ops) standing in
@@ -215,9 +216,9 @@ PROJECTIONS = ("qkv", "o", "gate_up", "down")
 # Why the q/k/v and output kernels lose end to end is not known: timed alone, even as
 # chained launches, they beat MLX's ops.
 DEFAULT_KERNELS = {"gate_up": 1, "down": MAX_ROWS}
-# Quantised layers: every projection, so that a layer is five launches (the product is
-# pippin's kernel either way; fused, its norm, SwiGLU and residual launch nothing more).
-QUANT_KERNELS = dict.fromkeys(PROJECTIONS, QUANT_MAX_ROWS)
+# Quantised layers: none by default (measured slower, above); `all` fuses every projection,
+# so that a layer is five launches.
+QUANT_KERNELS: dict[str, int] = {}
 
 
 def projections(flag: str, quantised: bool = False) -> dict[str, int]:
@@ -319,6 +320,8 @@ def plan(layer: Any, base: type, flag: str) -> Plan | None:
         dtype,
     )
     chosen = projections(flag, quantised)
+    if quantised and not chosen:
+        return None  # mlx-lm's layer, its products pippin's kernels all the same
     vec = 16 // dtype.size  # the kernel reads 16 bytes at a time
     for name, (p, _) in zip(PROJECTIONS, plan.steps()):
         p.kernel_rows = min(chosen.get(name, 0), QUANT_MAX_ROWS if quantised else MAX_ROWS)
