@@ -243,12 +243,18 @@ def test_fused_quant_matvec_compiles(
         quant_matvec.fused(x, lin, eps, norm_weight=mx.ones((k,), dtype=dtype))
         quant_matvec.fused(x, lin, eps, res=mx.zeros((rows, n), dtype=dtype))
         quant_matvec.fused(x, lin, eps, norm_weight=mx.ones((k,), dtype=dtype), swiglu=True)
+    # Rows too many for shared memory: the norm inside the loop.
+    wide = nn.QuantizedLinear(4096, 64, group_size=group_size, bits=bits)
+    wide.set_dtype(dtype)
+    x = mx.zeros((8, 4096), dtype=dtype)
+    quant_matvec.fused(x, wide, eps, norm_weight=mx.ones((4096,), dtype=dtype), swiglu=True)
     plans = [dict(x.template) for x in recorder.launches]
     assert [(p["NORM"], p["SWIGLU"], p["BIAS"], p["RES"]) for p in plans[:3]] == [
         (True, False, True, False),
         (False, False, True, True),
         (True, True, False, False),
     ]
+    assert [p["XS"] for p in plans] == [k, 0, k, 8 * k, 0, 8 * k, 0]
     _compile_all(recorder)
 
 

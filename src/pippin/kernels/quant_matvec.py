@@ -26,6 +26,7 @@ from pippin.kernels import device
 from pippin.kernels.quant_matmul import DENSE, GROUPED, HEADER, expert_rows
 
 MAX_ROWS = 16  # two of the MMA's 8-column B operands
+_NORM_SHARED = 32 * 1024  # bytes of normalised rows `fused` keeps in shared memory
 # Dense layers' rows up to which this form beats `quant_matmul` (H100, 8B shape: at 16 rows
 # the matmul form took 0.342 ms over the five projections, this form 0.372 at its best).
 DENSE_ROWS = 8
@@ -36,6 +37,7 @@ _TILE = "    constexpr int TILE = 8 * NB;\n"
 # them as template arguments).
 _PLAIN = (
     "    constexpr bool NORM = false, SWIGLU = false, BIAS = false, RES = false;\n"
+    "    constexpr int XS = 0;\n"
     "    const float* eps = nullptr;\n"
     "    const T* norm_w = nullptr;\n"
     "    const T* bias = nullptr;\n"
@@ -141,6 +143,22 @@ _CORE = r"""
         }
         __syncthreads();
     }
+    // XS: the block's rows normalised once into shared memory, which the loop then reads
+    // (else each lane normalises what it loads, inside the loop).
+    __shared__ __align__(16) T xsh[XS > 0 ? XS : 8];
+    if (NORM && XS > 0) {
+        const int rows = min(p1 - p0, TILE);
+        for (int i = threadIdx.x * 8; i < rows * K; i += 32 * WK * 8) {
+            const int r = i / K;
+            const int k = i - r * K;
+            const uint4 v = *reinterpret_cast<const uint4*>(x + (size_t)xrow_of(p0 + r) * K + k);
+            const uint4 gw = *reinterpret_cast<const uint4*>(norm_w + k);
+            *reinterpret_cast<uint4*>(xsh + i) = pippin_rms8<T>(v, gw, inv_rms[r]);
+        }
+        __syncthreads();
+        #pragma unroll
+        for (int j = 0; j < NB; ++j) xr[j] = xsh + (xok[j] ? 8 * j + g : 0) * K + SPAN * t;
+    }
     const T zero = static_cast<T>(0.f);
     const uint4 none = make_uint4(0u, 0u, 0u, 0u);
 
@@ -185,7 +203,7 @@ _CORE = r"""
                         ? *reinterpret_cast<const uint4*>(xr[j] + s * KPS + 8 * r)
                         : none;
             }
-            if (NORM && in) {
+            if (NORM && XS == 0 && in) {
                 #pragma unroll
                 for (int r = 0; r < ROUNDS; ++r) {
                     const uint4 gw =
@@ -363,6 +381,9 @@ def fused(
     n = layer["weight"].shape[0]
     bits, group_size = layer.bits, layer.group_size
     wk, u, ct = tiles = plan(k, bits, m)
+    # The normalised rows in shared memory where they fit (rows padded to 1, 2, 4, 8).
+    held = 1 << (m - 1).bit_length() if norm_weight is not None and m <= 8 else 0
+    xs = held * k if held * k * x.dtype.size <= _NORM_SHARED else 0
     scales = layer["scales"]
     bias = layer.get("bias")
     width = n // 2 if swiglu else n
@@ -389,6 +410,7 @@ def fused(
             ("SWIGLU", swiglu),
             ("BIAS", bias is not None and not swiglu),
             ("RES", res is not None),
+            ("XS", xs),
         ],
         grid=(-(-width // ((8 if swiglu else 16) * ct)) * 32 * wk, 1, 1),
         threadgroup=(32 * wk, 1, 1),
