@@ -22,9 +22,10 @@
 #           and without the kernel (moe_session.sh)
 #   build   the random-weight 8B models (bf16, 4-bit) with the real Llama 3 tokenizer
 #   fused   the quantised fused layer's `cuda` tests (tests/kernels/test_fused_layer.py)
-#   single  in-process single stream of the 4-bit model: mlx-lm, pippin, pippin without the
-#           fused layer, pippin without the kernels; `batch` the same at 64 rows; `rows16`
-#           16 rows: the quantised fused layer to 16 rows, to 8, and off
+#   single  in-process single stream of the 4-bit model: mlx-lm, pippin, pippin with the
+#           quantised fused layer (opt-in), pippin without the kernels (SINGLE_ENGINES);
+#           `batch` the same at 64 rows; `rows16` 16 rows: the quantised fused layer to 16
+#           rows, to 8, and not fused (the default)
 #   where   one 4-bit stream in-process with the device drained after every step
 #           (probe_site, PIPPIN_PROBE_SYNC=2): the host's time a step against the device's,
 #           pippin and mlx-lm
@@ -86,7 +87,7 @@ for step in "$@"; do
       df -h /tmp | tail -1 ;;
     single)
       timeout 240 python3 bench/gpu/single_stream.py "$ROOT/llama-3.1-8b-4bit" --repeat 2 \
-        --gen 128 --prompt 256 --engines "${SINGLE_ENGINES:-mlx_lm,pippin,pippin:PIPPIN_FUSED_LAYER=0,pippin:PIPPIN_QUANT_KERNEL=0}" \
+        --gen 128 --prompt 256 --engines "${SINGLE_ENGINES:-mlx_lm,pippin,pippin:PIPPIN_FUSED_LAYER=all,pippin:PIPPIN_QUANT_KERNEL=0}" \
         2>&1 |
         grep --line-buffered -v WARNING | tee "$OUT/single.txt" | tail -8 ;;
     where)
@@ -101,7 +102,7 @@ for step in "$@"; do
     rows16)
       timeout 200 python3 bench/gpu/single_stream.py "$ROOT/llama-3.1-8b-4bit" --repeat 2 \
         --gen 64 --prompt 256 --batch 16 --engines \
-        "pippin,pippin:PIPPIN_FUSED_LAYER=qkv:8/o:8/gate_up:8/down:8,pippin:PIPPIN_FUSED_LAYER=0" \
+        "pippin:PIPPIN_FUSED_LAYER=all,pippin:PIPPIN_FUSED_LAYER=qkv:8/o:8/gate_up:8/down:8,pippin" \
         2>&1 | grep --line-buffered -v WARNING | tee "$OUT/rows16.txt" | tail -8 ;;
     batch)
       timeout 200 python3 bench/gpu/single_stream.py "$ROOT/llama-3.1-8b-4bit" --repeat 1 \
