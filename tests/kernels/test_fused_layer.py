@@ -31,6 +31,16 @@ def _fused_on(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PIPPIN_FUSED_LAYER", "all")  # every projection as the kernel
 
 
+def _prompts(seed: int, count: int, longest: int, most: int) -> tuple[list[list[int]], list[int]]:
+    """`count` random prompts of 2 to `longest` tokens and each one's max_tokens, 5 to
+    `most`."""
+    rng = random.Random(seed)
+    prompts = [
+        [rng.randrange(3, 200) for _ in range(rng.randrange(2, longest))] for _ in range(count)
+    ]
+    return prompts, [rng.randrange(5, most) for _ in prompts]
+
+
 @pytest.mark.parametrize("compiled", ["1", "0"])
 @pytest.mark.parametrize(
     "arch,overrides",
@@ -47,9 +57,7 @@ def test_engine_decode_fused_layer_matches_unfused(
     small enough to take them and batches too large to."""
     monkeypatch.setenv("PIPPIN_COMPILE", compiled)
     loaded = loaded_model(tiny_models(arch, head_dim=32, **overrides))
-    rng = random.Random(0)
-    prompts = [[rng.randrange(3, 200) for _ in range(rng.randrange(2, 40))] for _ in range(12)]
-    gens = [rng.randrange(5, 40) for _ in prompts]
+    prompts, gens = _prompts(0, 12, 40, 40)
     name = "gemv" if _kernel_path(monkeypatch) == "fused_decode_attention" else "reference_gemv"
 
     monkeypatch.setenv("PIPPIN_FUSED_LAYER", "0")
@@ -156,10 +164,8 @@ def test_engine_decode_quantised_fused_layer_matches_unfused(
     layer's own product with the norm, SwiGLU and residual around it)."""
     loaded = _quantised(tiny_models, bits)
     name = "gemv" if _kernel_path(monkeypatch) == "fused_decode_attention" else "reference_gemv"
-    rng = random.Random(1)
     # 14 at once: decode batches of 9-16 rows too (the matvec form's second operand).
-    prompts = [[rng.randrange(3, 200) for _ in range(rng.randrange(2, 30))] for _ in range(14)]
-    gens = [rng.randrange(5, 30) for _ in prompts]
+    prompts, gens = _prompts(1, 14, 30, 30)
     monkeypatch.setenv("PIPPIN_FUSED_LAYER", "0")
     base = greedy_logprobs(loaded, prompts, gens, top=2)
     monkeypatch.setenv("PIPPIN_FUSED_LAYER", "all")
@@ -224,9 +230,7 @@ def test_some_projections_as_mlx_ops(tiny_models, monkeypatch: pytest.MonkeyPatc
     gate/up for one row. A bad name or row count is refused when the engine starts."""
     _kernel_path(monkeypatch)
     loaded = loaded_model(tiny_models("llama", head_dim=32))
-    rng = random.Random(1)
-    prompts = [[rng.randrange(3, 200) for _ in range(rng.randrange(2, 30))] for _ in range(5)]
-    gens = [rng.randrange(5, 25) for _ in prompts]
+    prompts, gens = _prompts(1, 5, 30, 25)
     monkeypatch.setenv("PIPPIN_FUSED_LAYER", "0")
     base = greedy_logprobs(loaded, prompts, gens, top=2)
     monkeypatch.setenv("PIPPIN_FUSED_LAYER", "qkv/down")

@@ -57,7 +57,6 @@ from pippin.kernels import (
     fused_attention,
     fused_proj,
     paged_attention,
-    quant_matmul,
     quant_matvec,
 )
 
@@ -256,11 +255,7 @@ def _linear(m: Any) -> bool:
 def _quantised(m: Any) -> bool:
     """A quantised projection `quant_matvec.fused` computes (any of `dense_quant`'s
     classes: the kernels' hook may be installed before or after this one)."""
-    return (
-        isinstance(m, nn.QuantizedLinear)
-        and dense_quant.applies(m)
-        and quant_matmul.applies(m, m["scales"].dtype)
-    )
+    return dense_quant.applies(m) and dense_quant.kernel_dtype(m) is not None
 
 
 @dataclass
@@ -310,6 +305,9 @@ def plan(layer: Any, base: type, flag: str) -> Plan | None:
     (a0, a1), (b0, b1) = gu[0].shared.bounds
     if a0 != 0 or a1 != b0 or b1 - b0 != a1:
         return None
+    chosen = projections(flag, quantised)
+    if quantised and not chosen:
+        return None  # mlx-lm's layer, its products pippin's kernels all the same
     dtype = qkv["scales"].dtype if quantised else qkv.weight.dtype
     quant = dict.fromkeys(PROJECTIONS) if not quantised else dict(zip(PROJECTIONS, projs))
     plan = Plan(
@@ -319,13 +317,10 @@ def plan(layer: Any, base: type, flag: str) -> Plan | None:
         Gemv(down.weight, quant=quant["down"]),
         dtype,
     )
-    chosen = projections(flag, quantised)
-    if quantised and not chosen:
-        return None  # mlx-lm's layer, its products pippin's kernels all the same
     vec = 16 // dtype.size  # the kernel reads 16 bytes at a time
     for name, (p, _) in zip(PROJECTIONS, plan.steps()):
         p.kernel_rows = min(chosen.get(name, 0), QUANT_MAX_ROWS if quantised else MAX_ROWS)
-        k = p.quant["scales"].shape[1] * p.quant.group_size if p.quant else p.weight.shape[1]
+        k = p.in_features
         arrays = [*(a for a in (p.bias,) if a is not None)]
         arrays.append(p.quant["scales"] if p.quant else p.weight)
         if p.norm is not None:
@@ -346,9 +341,7 @@ def warm(model: nn.Module) -> None:
         plan: Plan | None = getattr(m, "_pippin_plan", None)
         for p, res in plan.steps() if plan is not None else []:
             # A quantised projection's templates: 1-8 rows, 9-16.
-            for rows in (r for r in ((1, 9) if p.quant else (1, 2)) if r <= p.kernel_rows):
-                if p.quant is not None and rows > _quant_rows(p):
-                    continue
+            for rows in (r for r in ((1, 9) if p.quant else (1, 2)) if _takes(p, r)):
                 x = mx.zeros((rows, p.in_features), dtype=plan.dtype)
                 mx.eval(gemv(p, x, mx.zeros((rows, p.width), dtype=x.dtype) if res else None))
 
@@ -379,10 +372,14 @@ def call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.arra
 
 
 def _project(p: Gemv, x: mx.array, res: mx.array | None = None) -> mx.array:
-    rows = x.shape[0]
-    if rows <= p.kernel_rows and (p.quant is None or rows <= _quant_rows(p)):
+    if _takes(p, x.shape[0]):
         return as_kernel(p, x, res)
     return reference_gemv(p, x, res)
+
+
+def _takes(p: Gemv, rows: int) -> bool:
+    """Whether `rows` rows of projection `p` run as the kernel."""
+    return rows <= p.kernel_rows and (p.quant is None or rows <= _quant_rows(p))
 
 
 def _quant_rows(p: Gemv) -> int:
