@@ -41,8 +41,12 @@ def test_an_urgent_request_preempts_a_running_one(tiny_models: Callable[..., Pat
         urgent_done = threading.Event()
         low_unfinished_then: list[bool] = []
         stream = ask(10, LONG, stream=True)
-        first = next(iter(stream))  # the low one is running
-        low_text.append(first.choices[0].delta.content or "" if first.choices else "")
+        chunks = iter(stream)
+        # The role chunk is sent before the engine admits the request; the first chunk after
+        # it carries a generated token, so only then is the low one surely running.
+        for _ in range(2):
+            first = next(chunks)
+            low_text.append(first.choices[0].delta.content or "" if first.choices else "")
 
         def urgent() -> None:
             r = ask(0, 8)
@@ -52,7 +56,7 @@ def test_an_urgent_request_preempts_a_running_one(tiny_models: Callable[..., Pat
         t = threading.Thread(target=urgent)
         t.start()
         finish = None
-        for chunk in stream:
+        for chunk in chunks:
             if chunk.choices:
                 low_text.append(chunk.choices[0].delta.content or "")
                 if chunk.choices[0].finish_reason is not None:
