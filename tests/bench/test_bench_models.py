@@ -1,5 +1,5 @@
 """The benchmarks' random-weight models: the Llama shapes carry the real Llama 3 tokenizer,
-and `-4bit`/`-8bit` builds are quantised as mlx-community ships models."""
+and `-4bit`/`-8bit` builds (gpt-oss also `-mxfp4`) are quantised as mlx-community ships models."""
 
 from __future__ import annotations
 
@@ -53,8 +53,10 @@ def test_quantised_llama_with_the_real_tokenizer(
 
 
 def test_unknown_quantisation_is_refused() -> None:
-    with pytest.raises(ValueError, match="-4bit or -8bit"):
+    with pytest.raises(ValueError, match="-4bit, -8bit"):
         models.build_model("llama-3.1-8b-3bit")
+    with pytest.raises(ValueError, match="gpt-oss's packing"):
+        models.build_model("llama-3.1-8b-mxfp4")
 
 
 def test_real_tokenizer_workload() -> None:
@@ -156,6 +158,37 @@ def test_lazy_build_writes_the_eager_model(tiny_moe: str, moe_root: Path) -> Non
 
 def test_quantised_moe_serves_as_mlx_lm_decodes(tiny_moe: str, moe_root: Path) -> None:
     """pippin's engine on the built 4-bit model: mlx-lm's greedy tokens, alone and batched."""
+    _serves_as_mlx_lm_decodes(models.build_model(f"{tiny_moe}-4bit", moe_root))
+
+
+def test_gpt_oss_in_mxfp4_as_mlx_community_ships_it(
+    moe_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`gpt-oss-20b-mxfp4`: the experts MXFP4, everything else 8-bit affine (the router
+    too), as `gpt-oss-20b-MXFP4-Q8`; it loads, and pippin's engine decodes as mlx-lm."""
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear
+
+    name = "tiny-gpt-oss-20b"
+    monkeypatch.setitem(
+        models.CONFIGS, name, {**models.CONFIGS["gpt-oss-20b"], **TINY_MOE["gpt-oss-20b"]}
+    )
+    path = models.build_model(f"{name}-mxfp4", moe_root)
+    model, _ = load(str(path))
+    experts = [m for _, m in model.named_modules() if isinstance(m, QuantizedSwitchLinear)]
+    assert len(experts) == 3 * 4
+    assert {(m.group_size, m.bits, m.mode) for m in experts} == {(32, 4, "mxfp4")}
+    rest = [
+        m
+        for _, m in model.named_modules()
+        if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+    ]
+    assert len(rest) == 4 * 5 + 2  # q, k, v, o and the router of each layer; embedding, head
+    assert {(m.group_size, m.bits, m.mode) for m in rest} == {(64, 8, "affine")}
+    _serves_as_mlx_lm_decodes(path)
+
+
+def _serves_as_mlx_lm_decodes(path: Path) -> None:
+    """pippin's engine on the model at `path`: mlx-lm's greedy tokens, alone and batched."""
     from support.engine_runs import (
         GEN,
         agrees,
@@ -169,7 +202,7 @@ def test_quantised_moe_serves_as_mlx_lm_decodes(tiny_moe: str, moe_root: Path) -
     from pippin.engine.core import EngineCore
     from pippin.engine.types import SamplingParams
 
-    loaded = loaded_model(models.build_model(f"{tiny_moe}-4bit", moe_root))
+    loaded = loaded_model(path)
     prompts = random_prompts(5000, 4, seed=2)
     refs = [mlx_lm_reference(loaded.model, p, GEN) for p in prompts]
     core = EngineCore(loaded, engine_config())

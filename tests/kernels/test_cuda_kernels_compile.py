@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from test_fused_attention import _attention, _kernel_path, _Layout, _runner
 from test_paged_attention import _case
+from test_quant_matmul import MOE_MODELS, quantised_moe
 
 from pippin.bench.kernel_compile import Recorder, compile_launch, nvrtc
 from pippin.kernels import device, fused_attention, fused_layer, gated_delta, paged_attention
@@ -285,20 +286,48 @@ def test_grouped_quant_matmul_compiles(
 
 
 @needs_nvrtc
+def test_mxfp4_products_compile(recorder: Recorder) -> None:
+    """MXFP4 weights (uint8 exponents, no biases; bf16 activations) in every form: the
+    matmul at 1-4 row tiles, the matvec at one and two 8-row operands, both grouped forms
+    gathering token rows and scattering pair rows."""
+    from pippin.kernels import quant_matmul, quant_matvec
+
+    k, n = 512, 96
+    w, s = mx.quantize(mx.zeros((n, k), dtype=mx.bfloat16), group_size=32, bits=4, mode="mxfp4")
+    for rows in (1, 20, 100):
+        quant_matmul.qmm(mx.zeros((rows, k), dtype=mx.bfloat16), w, s, None, 32, 4)
+    for rows in (1, 12):
+        quant_matvec.qmv(mx.zeros((rows, k), dtype=mx.bfloat16), w, s, None, 32, 4)
+    e, top_k, tokens = 8, 2, 5
+    we, se = mx.quantize(
+        mx.zeros((e, n, k), dtype=mx.bfloat16), group_size=32, bits=4, mode="mxfp4"
+    )
+    ids, order = quant_matmul.sort_pairs(mx.zeros((tokens, top_k), dtype=mx.uint32))
+    for product in (quant_matmul.gather_qmm, quant_matvec.gather_qmv):
+        x = mx.zeros((tokens, k), dtype=mx.bfloat16)
+        product(x, we, se, None, ids, order, tokens, 32, 4, True, False)
+        pairs = mx.zeros((tokens * top_k, k), dtype=mx.bfloat16)
+        product(pairs, we, se, None, ids, order, tokens, 32, 4, False, True)
+    assert len(recorder.launches) == 9
+    assert all(dict(x.template)["MX"] for x in recorder.launches)
+    # No biases: the scales' uint8 stands in.
+    assert all(x.input_dtypes[2:4] == [mx.uint8, mx.uint8] for x in recorder.launches)
+    _compile_all(recorder)
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("arch", sorted(MOE_MODELS))
 def test_warm_builds_each_quantised_template_once(
-    tiny_models, recorder: Recorder, monkeypatch: pytest.MonkeyPatch
+    tiny_models, recorder: Recorder, monkeypatch: pytest.MonkeyPatch, arch: str
 ) -> None:
     """What `patches.warm_quantised` launches at engine start on CUDA for a quantised MoE
-    model: each distinct template of its dense layers and of its experts, once, for every
-    row count below the dense path's bound; every build compiles."""
-    from support.engine_runs import loaded_model
-
+    model (`MOE_MODELS`: affine 4-bit Qwen3-MoE; gpt-oss's MXFP4 experts): each distinct
+    template of its dense layers and of its experts, once, for every row count below the
+    dense path's bound; every build compiles."""
     from pippin.kernels import patches, quant_matmul
 
     monkeypatch.setattr(device, "on_cuda", lambda: True)
-    model = loaded_model(tiny_models("qwen3_moe", hidden_size=256, moe_intermediate_size=128)).model
-    nn.quantize(model, group_size=64, bits=4)
-    model.set_dtype(mx.bfloat16)
+    model = quantised_moe(tiny_models, arch)
     swapped = patches.quantised_experts(model)
     assert swapped
     patches.quantised_products(model, 64, kernel=True)
@@ -315,5 +344,7 @@ def test_warm_builds_each_quantised_template_once(
     dense = [dict(x.template) for x in recorder.launches if x.name == "pippin_quant_matmul"]
     assert {t["MT"] for t in dense} == {1, 2, 4}  # 1-16, 17-32 and 33-63 rows
     assert quant_matmul.MAX_ROWS >= 64
+    grouped = [dict(x.template) for x in recorder.launches if "gather" in x.name]
+    assert {t["MX"] for t in grouped} == {MOE_MODELS[arch][1] == "mxfp4"}
     patches.undo(model)
     _compile_all(recorder)

@@ -12,25 +12,44 @@ import pytest
 
 from pippin.kernels import quant_matmul, quant_matvec
 
+Packed = tuple[mx.array, mx.array, mx.array | None]
 
-def _case(n: int, k: int, bits: int, gs: int, dtype: mx.Dtype, seed: int = 0):  # type: ignore[no-untyped-def]
+
+def _case(
+    n: int, k: int, bits: int, gs: int, dtype: mx.Dtype, seed: int = 0, mode: str = "affine"
+) -> Packed:
+    """(weights, scales, biases) of a random [n, k] weight; MXFP4 has no biases (None)."""
     key = mx.random.key(seed)
     w = (mx.random.normal((n, k), key=key) * 0.05).astype(dtype)
-    wq, s, b = mx.quantize(w, group_size=gs, bits=bits)
-    return wq, s, b
+    wq, s, *b = mx.quantize(w, group_size=gs, bits=bits, mode=mode)
+    return wq, s, (b[0] if b else None)
+
+
+def _exact(wq: mx.array, s: mx.array, b: mx.array | None, gs: int, bits: int) -> mx.array:
+    """The quantised weights in float32, unrounded (MXFP4: uint8 exponents for scales)."""
+    if s.dtype == mx.uint8:
+        return mx.dequantize(wq, s, None, gs, bits, mode="mxfp4", dtype=mx.float32)
+    return mx.dequantize(wq, s.astype(mx.float32), b.astype(mx.float32), gs, bits)  # type: ignore[union-attr]
 
 
 def _check(
-    m: int, n: int, k: int, bits: int, gs: int, dtype: mx.Dtype, product=quant_matmul.qmm
-) -> None:  # type: ignore[no-untyped-def]
+    m: int,
+    n: int,
+    k: int,
+    bits: int,
+    gs: int,
+    dtype: mx.Dtype,
+    product=quant_matmul.qmm,  # type: ignore[no-untyped-def]
+    mode: str = "affine",
+) -> None:
     """`product` (`qmm`'s arguments) against the exact product of the same quantised
     weights, no further off than twice MLX's own error plus 1% of the largest output."""
-    wq, s, b = _case(n, k, bits, gs, dtype)
+    wq, s, b = _case(n, k, bits, gs, dtype, mode=mode)
     x = mx.random.normal((m, k), key=mx.random.key(m)).astype(dtype)
     got = product(x, wq, s, b, gs, bits).astype(mx.float32)
-    ref = mx.quantized_matmul(x, wq, s, b, transpose=True, group_size=gs, bits=bits)
+    ref = mx.quantized_matmul(x, wq, s, b, transpose=True, group_size=gs, bits=bits, mode=mode)
     # The exact product of the same quantised weights, in float32.
-    w32 = mx.dequantize(wq, s.astype(mx.float32), b.astype(mx.float32), group_size=gs, bits=bits)
+    w32 = _exact(wq, s, b, gs, bits)
     exact = np.array(x.astype(mx.float32) @ w32.T)
     err = np.abs(np.array(got) - exact).max()
     mlx_err = np.abs(np.array(ref.astype(mx.float32)) - exact).max()
@@ -52,6 +71,55 @@ def test_every_row_plan(m: int, bits: int, gs: int) -> None:
 def test_every_packing_and_dtype(bits: int, gs: int, dtype: mx.Dtype) -> None:
     for m in (1, 24, 80):
         _check(m, 96, 512, bits, gs, dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("product", [quant_matmul.qmm, quant_matvec.qmv])
+def test_k_ending_mid_iteration(product) -> None:  # type: ignore[no-untyped-def]
+    """K not a multiple of a warp's k: gpt-oss-20b's 2,880 (22.5 x 128 at 4 bits; MXFP4
+    too) and 2,848 at 8 bits (44.5 x 64)."""
+    for m in (1, 12):
+        _check(m, 96, 2880, 4, 64, mx.bfloat16, product)
+        _check(m, 96, 2880, 4, 32, mx.bfloat16, product, mode="mxfp4")
+        _check(m, 96, 2848, 8, 32, mx.bfloat16, product)
+
+
+@pytest.mark.cuda
+def test_mxfp4() -> None:
+    """gpt-oss's packing: E2M1 nibbles, a power-of-two exponent per 32, bf16 activations."""
+    for m in (1, 24, 80):
+        _check(m, 96, 512, 4, 32, mx.bfloat16, mode="mxfp4")
+
+
+def _byte_perm(x: int, y: int, s: np.ndarray) -> np.ndarray:
+    """CUDA's `__byte_perm(x, y, s)`: byte i of the result is byte (s >> 4i) & 7 of y:x."""
+    pool = np.frombuffer((x | y << 32).to_bytes(8, "little"), dtype=np.uint8).astype(np.uint32)
+    out = np.zeros_like(s)
+    for i in range(4):
+        out |= pool[(s >> (4 * i)) & 7] << (8 * i)
+    return out
+
+
+def test_mxfp4_lookup_gives_mlx_values() -> None:
+    """`pippin_fp4_pair`'s integer steps, done here in numpy with the tables the kernel is
+    built with (`FP4_LO`, `FP4_HI`), give every E2M1 nibble's value as MLX dequantises it:
+    nibbles p and p + 4 of each word as the (low, high) bf16 pair, before the scale."""
+    words = np.random.default_rng(0).integers(0, 2**32, size=(64, 4), dtype=np.uint32)
+    one = mx.full((64, 1), 127, dtype=mx.uint8)  # each group's scale 2^0
+    fp4 = mx.dequantize(mx.array(words), one, None, 32, 4, mode="mxfp4", dtype=mx.float32)
+    want = np.array(fp4).reshape(-1, 8)  # a word's 8 nibbles
+    words = words.reshape(-1)
+    assert len(np.unique(want)) == 15  # every value (+0 and -0 alike)
+    for p in range(4):
+        v = (words >> (4 * p)) & 0x00070007
+        bits = (
+            _byte_perm(*quant_matmul.FP4_LO, v | (v >> 8))
+            | _byte_perm(*quant_matmul.FP4_HI, (v << 4) | (v >> 4))
+            | ((words << (12 - 4 * p)) & 0x80008000)
+        )
+        # A bf16 is the high half of a float32.
+        assert np.array_equal(((bits & 0xFFFF) << 16).view(np.float32), want[:, p]), p
+        assert np.array_equal((bits & 0xFFFF0000).view(np.float32), want[:, p + 4]), p
 
 
 @pytest.mark.cuda
@@ -87,8 +155,17 @@ def test_applies_only_where_the_kernel_computes_it() -> None:
     assert not quant_matmul.applies(layer(4, 64), mx.float16)  # scales of another dtype
     assert not quant_matmul.applies(layer(4, 64, dtype=mx.float32), mx.float32)
     assert not quant_matmul.applies(layer(3, 64), mx.bfloat16)
-    assert not quant_matmul.applies(layer(4, 64, k=192), mx.bfloat16)  # K % 128
+    assert quant_matmul.applies(layer(4, 64, k=192), mx.bfloat16)  # K ends mid-iteration
     assert not quant_matmul.applies(nn.Linear(256, 64), mx.bfloat16)
+    # MXFP4: group 32, 4 bits, bf16 activations only (uint8 exponents for scales).
+    lin = nn.Linear(256, 64, bias=False)
+    lin.set_dtype(mx.bfloat16)
+    fp4 = nn.QuantizedLinear.from_linear(lin, group_size=32, bits=4, mode="mxfp4")
+    assert quant_matmul.activations(fp4) == mx.bfloat16
+    assert quant_matmul.applies(fp4, mx.bfloat16)
+    assert not quant_matmul.applies(fp4, mx.float16)
+    fp8 = nn.QuantizedLinear.from_linear(lin, group_size=32, bits=8, mode="mxfp8")
+    assert not quant_matmul.applies(fp8, mx.bfloat16)
 
 
 @pytest.mark.cuda
@@ -124,70 +201,112 @@ def test_patched_model_on_cuda_takes_the_kernel_and_stays_as_close_to_exact(
     assert (ours.argmax(-1) == top).mean() >= (mlx.argmax(-1) == top).mean() - 0.2
 
 
-def _experts(e: int, n: int, k: int, bits: int, dtype: mx.Dtype = mx.bfloat16):  # type: ignore[no-untyped-def]
-    w = (mx.random.normal((e, n, k), key=mx.random.key(e)) * 0.05).astype(dtype)
-    return mx.quantize(w, group_size=64, bits=bits)
+# (bits, group size, mode) of experts: MLX affine at 4 and 8 bits, gpt-oss's MXFP4.
+EXPERT_PACKINGS = [(4, 64, "affine"), (8, 64, "affine"), (4, 32, "mxfp4")]
+
+
+def _experts(e: int, n: int, k: int, bits: int, gs: int, mode: str) -> Packed:
+    w = (mx.random.normal((e, n, k), key=mx.random.key(e)) * 0.05).astype(mx.bfloat16)
+    wq, s, *b = mx.quantize(w, group_size=gs, bits=bits, mode=mode)
+    return wq, s, (b[0] if b else None)
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("tokens", [1, 5, 40, 130])
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits,gs,mode", EXPERT_PACKINGS)
 @pytest.mark.parametrize("product", [quant_matmul.gather_qmm, quant_matvec.gather_qmv])
-def test_grouped_product_matches_gather_qmm(tokens: int, bits: int, product) -> None:  # type: ignore[no-untyped-def]
+def test_grouped_product_matches_gather_qmm(
+    tokens: int, bits: int, gs: int, mode: str, product
+) -> None:  # type: ignore[no-untyped-def]
     """Each token's rows through its top-k experts: the token rows gathered (gate/up) and
     the pair rows scattered back (down), against `mx.gather_qmm` on the same pairs; both
     forms (the matvec one in blocks of 8 or 16 pairs of an expert)."""
-    e, top_k, n, k = 16, 4, 256, 256  # n: the down product's K, a whole 4-bit iteration
-    wq, s, b = _experts(e, n, k, bits)
+    _check_grouped(tokens, bits, gs, mode, product)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("bits,gs,mode", [(4, 64, "affine"), (4, 32, "mxfp4")])
+@pytest.mark.parametrize("product", [quant_matmul.gather_qmm, quant_matvec.gather_qmv])
+def test_grouped_product_at_gpt_oss_width(bits: int, gs: int, mode: str, product) -> None:  # type: ignore[no-untyped-def]
+    """gpt-oss-20b's experts: K = 2,880 ends halfway through a warp's 128 k."""
+    for tokens in (1, 9):
+        _check_grouped(tokens, bits, gs, mode, product, k=2880, mid=2880)
+
+
+def _check_grouped(  # type: ignore[no-untyped-def]
+    tokens: int, bits: int, gs: int, mode: str, product, k: int = 256, mid: int = 256
+) -> None:
+    """`_check`'s measure for the grouped forms: k -> mid (gate/up), mid -> 128 (down)."""
+    e, top_k = 16, 4
+    q = {"group_size": gs, "bits": bits, "mode": mode}
+    wq, s, b = _experts(e, mid, k, bits, gs, mode)
     x = mx.random.normal((tokens, k), key=mx.random.key(3)).astype(mx.bfloat16)
     # Distinct experts per token, as a router's top-k gives them (some experts idle).
     scores = mx.random.normal((tokens, e), key=mx.random.key(4))
     indices = mx.argpartition(-scores, kth=top_k - 1, axis=-1)[:, :top_k].astype(mx.uint32)
-    ref = mx.gather_qmm(
-        x[:, None, None, :], wq, s, b, rhs_indices=indices, transpose=True, group_size=64, bits=bits
-    )  # [tokens, top_k, 1, n]
-    ref = np.array(ref.reshape(tokens * top_k, n).astype(mx.float32))
+    ref = mx.gather_qmm(x[:, None, None, :], wq, s, b, rhs_indices=indices, transpose=True, **q)
+    ref = np.array(ref.reshape(tokens * top_k, mid).astype(mx.float32))  # [tokens, top_k, 1, mid]
     ids, order = quant_matmul.sort_pairs(indices)
     # Gate/up: token rows in, sorted pair rows out.
-    sorted_out = product(x, wq, s, b, ids, order, tokens, 64, bits, True, False)
+    sorted_out = product(x, wq, s, b, ids, order, tokens, gs, bits, True, False)
     back = np.empty_like(ref)
     back[np.array(order)] = np.array(sorted_out.astype(mx.float32))
     scale = np.abs(ref).max()
     assert np.abs(back - ref).max() <= 0.02 * scale
     # Down: sorted pair rows in, rows in the pairs' own order out.
     pairs = mx.array(back, dtype=mx.bfloat16)[order]  # the inputs, in sorted order
-    k2 = n
-    wq2, s2, b2 = _experts(e, 128, k2, bits)
-    got = product(pairs, wq2, s2, b2, ids, order, tokens, 64, bits, False, True)
+    wq2, s2, b2 = _experts(e, 128, mid, bits, gs, mode)
+    got = product(pairs, wq2, s2, b2, ids, order, tokens, gs, bits, False, True)
     want = mx.gather_qmm(
-        mx.array(back, dtype=mx.bfloat16).reshape(tokens, top_k, 1, k2),
+        mx.array(back, dtype=mx.bfloat16).reshape(tokens, top_k, 1, mid),
         wq2,
         s2,
         b2,
         rhs_indices=indices,
         transpose=True,
-        group_size=64,
-        bits=bits,
+        **q,
     ).reshape(tokens * top_k, 128)
     want = np.array(want.astype(mx.float32))
     assert np.abs(np.array(got.astype(mx.float32)) - want).max() <= 0.02 * np.abs(want).max()
 
 
-@pytest.mark.cuda
-def test_moe_model_takes_the_grouped_kernel_and_keeps_its_logits(tiny_models) -> None:
-    """A quantised tiny Qwen3-MoE (widths the kernel takes): the patched `SwitchGLU` runs,
-    and its logits stay as close to the exact ones as mlx-lm's `gather_qmm`'s."""
+# Tiny MoE models at widths the grouped kernel takes, and how each is quantised: Qwen3-MoE
+# MLX affine 4-bit; gpt-oss as mlx-community ships it (MXFP4 experts, the rest 8-bit), 320
+# wide so that K ends mid-iteration as gpt-oss-20b's 2,880 does.
+MOE_MODELS = {
+    "qwen3_moe": ({"hidden_size": 256, "moe_intermediate_size": 128}, None),
+    "gpt_oss": ({"hidden_size": 320, "intermediate_size": 320}, "mxfp4"),
+}
+
+
+def quantised_moe(tiny_models, arch: str) -> nn.Module:  # type: ignore[no-untyped-def]
+    """`MOE_MODELS[arch]` loaded and quantised, in bf16."""
     from support.engine_runs import loaded_model
 
+    from pippin.bench.models import mxfp4_experts
+
+    sizes, packing = MOE_MODELS[arch]
+    model = loaded_model(tiny_models(arch, **sizes)).model
+    if packing == "mxfp4":
+        nn.quantize(model, class_predicate=mxfp4_experts)
+    else:
+        nn.quantize(model, group_size=64, bits=4)
+    model.set_dtype(mx.bfloat16)
+    return model
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("arch", sorted(MOE_MODELS))
+def test_moe_model_takes_the_grouped_kernel_and_keeps_its_logits(tiny_models, arch: str) -> None:  # type: ignore[no-untyped-def]
+    """A quantised tiny MoE (`MOE_MODELS`): the patched `SwitchGLU` runs, and its logits
+    stay as close to the exact ones as mlx-lm's `gather_qmm`'s."""
     from pippin.kernels import patches
     from pippin.kernels.config import KernelConfig
 
-    path = tiny_models("qwen3_moe", hidden_size=256, moe_intermediate_size=128)
-    model = loaded_model(path).model
-    nn.quantize(model, group_size=64, bits=4)
-    model.set_dtype(mx.bfloat16)
+    model = quantised_moe(tiny_models, arch)
+    vocab = model.args.vocab_size
     for shape in ((5, 1), (1, 24)):  # a decode batch, a prompt chunk
-        tokens = mx.random.randint(3, model.args.vocab_size, shape, key=mx.random.key(2))
+        tokens = mx.random.randint(3, vocab, shape, key=mx.random.key(2))
         model.set_dtype(mx.float32)
         exact = np.array(model(tokens))
         model.set_dtype(mx.bfloat16)

@@ -59,7 +59,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         "random:NAME (tiny-qwen3, tiny-qwen3.5, llama-3.2-1b, llama-3.1-8b, qwen3-0.6b, "
         "qwen3-30b-a3b, qwen3.5-9b, "
         "gpt-oss-20b, each optionally "
-        "-4bit or -8bit: random weights, built once), "
+        "-4bit or -8bit, gpt-oss-20b also -mxfp4: random weights, built once), "
         "e.g. --serve 'pippin:random:tiny-qwen3 --max-model-len 4096' --serve "
         "mlx_lm:random:tiny-qwen3 (see docs/benchmarks.md)",
     )

@@ -28,6 +28,7 @@ _CTYPES = {
     mx.float32: "float",
     mx.int32: "int32_t",
     mx.uint32: "uint32_t",
+    mx.uint8: "uint8_t",
 }
 
 # Stands in for MLX's device headers (which its wheel embeds in libmlx): only what the
@@ -37,6 +38,7 @@ _HEADER = r"""
 #include <cuda_fp16.h>
 typedef int int32_t;
 typedef unsigned int uint32_t;
+typedef unsigned char uint8_t;
 struct Shape {
     int32_t v[10];
     __device__ int32_t operator[](int i) const { return v[i]; }

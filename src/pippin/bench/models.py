@@ -20,7 +20,8 @@
   parameters, 14M of them outside the embedding), float32: the agent workload on the CPU;
 - any of them with `-4bit` or `-8bit` appended: quantised as mlx-community ships models
   (`mlx_lm.convert -q`: MLX affine, group size 64, embeddings and LM head included; the
-  model's own exceptions kept, such as gpt-oss's 8-bit router).
+  model's own exceptions kept, such as gpt-oss's 8-bit router); `gpt-oss-20b-mxfp4`:
+  the experts in MXFP4 and the rest 8-bit, as mlx-community's `gpt-oss-20b-MXFP4-Q8`.
 
 Weights come from mlx-lm's own model classes with a fixed seed, computed lazily and written
 shard by shard (`build_model`), so a model never needs its whole size in memory twice. Real
@@ -345,7 +346,18 @@ HARMONY_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}{{ '<|start|>assistant' }}{% endif %}"
 )
 HARMONY_EOS = [200002, 199999, 200012]  # <|return|>, <|endoftext|>, <|call|>
-_QUANT = re.compile(r"-(4|8)bit$")
+_QUANT = re.compile(r"-(4bit|8bit|mxfp4)$")
+
+
+def mxfp4_experts(path: str, module: Any) -> bool | dict[str, Any]:
+    """How mlx-community ships gpt-oss (`gpt-oss-20b-MXFP4-Q8`), as a quantisation
+    predicate for mlx-lm and MLX: the experts in MXFP4, as OpenAI trained them; every other
+    layer MLX affine, 8 bits, group size 64."""
+    if not hasattr(module, "to_quantized"):
+        return False
+    if type(module).__name__ == "SwitchLinear":
+        return {"group_size": 32, "bits": 4, "mode": "mxfp4"}
+    return {"group_size": 64, "bits": 8, "mode": "affine"}
 
 
 def default_root() -> Path:
@@ -508,12 +520,13 @@ def compute_in_turn(model: Any) -> None:
 
 
 def build_model(name: str, root: Path | None = None) -> Path:
-    """The folder of `CONFIGS[name]` (`-4bit`/`-8bit` appended: quantised) under `root`,
+    """The folder of `CONFIGS[name]` (`-4bit`/`-8bit`/`-mxfp4` appended: quantised) under `root`,
     built if it is not there yet."""
     base = _QUANT.sub("", name)
     if base not in CONFIGS:
         raise ValueError(
-            f"no random model {name!r}; one of: {', '.join(CONFIGS)} (with -4bit or -8bit)"
+            f"no random model {name!r}; one of: {', '.join(CONFIGS)} "
+            "(with -4bit, -8bit or, for gpt-oss, -mxfp4)"
         )
     from mlx_lm.utils import quantize_model, save_config, save_model
 
@@ -544,8 +557,12 @@ def build_model(name: str, root: Path | None = None) -> Path:
     # copy beside the quantised one (Qwen3-30B-A3B is 61 GB in bfloat16), and at most the
     # model plus one module's draw in memory.
     model = random_model(config, lazy=True)
-    if bits := _QUANT.search(name):
-        model, config = quantize_model(model, config, group_size=64, bits=int(bits[1]))
+    if (q := _QUANT.search(name)) and q[1] == "mxfp4":
+        if kind != "gpt_oss":
+            raise ValueError(f"{name!r}: -mxfp4 is gpt-oss's packing; use -4bit or -8bit")
+        model, config = quantize_model(model, config, 64, 8, quant_predicate=mxfp4_experts)
+    elif q:
+        model, config = quantize_model(model, config, group_size=64, bits=int(q[1][0]))
     compute_in_turn(model)
     save_model(out, model, donate_model=True)
     del model

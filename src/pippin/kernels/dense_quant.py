@@ -74,8 +74,8 @@ def call(self: nn.QuantizedLinear, x: mx.array) -> mx.array:
 
 
 def kernel_dtype(layer: nn.QuantizedLinear) -> mx.Dtype | None:
-    """The activations' dtype for which `quant_matmul` computes `layer`: its scales'."""
-    dtype = layer["scales"].dtype
+    """The activations' dtype for which `quant_matmul` computes `layer`, or None."""
+    dtype = quant_matmul.activations(layer)
     return dtype if quant_matmul.applies(layer, dtype) else None
 
 

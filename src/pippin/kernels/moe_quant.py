@@ -9,9 +9,10 @@ row for its pairs in expert order, the activation runs on those rows, and the do
 writes each pair's row back in the pairs' own order, so no gather or scatter op runs
 between them. The experts' biases (gpt-oss) are added as mlx-lm adds them.
 
-Where it applies: every projection an affine `QuantizedSwitchLinear` that
-`quant_matmul.applies` takes, activations of its scales' dtype, and at most `MAX_TOKENS`
-tokens a call (prompt chunks beyond that keep mlx-lm's sorted `gather_qmm`).
+Where it applies: every projection a `QuantizedSwitchLinear` that `quant_matmul.applies`
+takes (MLX affine, or MXFP4 as gpt-oss ships its experts), activations of the dtype it
+takes them in, and at most `MAX_TOKENS` tokens a call (prompt chunks beyond that keep
+mlx-lm's sorted `gather_qmm`).
 """
 
 from __future__ import annotations
@@ -33,9 +34,7 @@ def plan(module: nn.Module, base: type) -> mx.Dtype | None:
     layers = [getattr(module, p, None) for p in PROJECTIONS]
     if not all(type(m).__name__ == "QuantizedSwitchLinear" for m in layers):
         return None
-    dtype = layers[0]["scales"].dtype
-    if any(m.get("global_scale") is not None for m in layers):
-        return None
+    dtype = quant_matmul.activations(layers[0])
     return dtype if all(quant_matmul.applies(m, dtype) for m in layers) else None
 
 
@@ -55,7 +54,7 @@ def _project(
         x,
         layer["weight"],
         layer["scales"],
-        layer["biases"],
+        layer.get("biases"),
         ids,
         order,
         tokens,
@@ -97,15 +96,16 @@ def warm(model: nn.Module, top_k: int) -> int:
             down = q == "down_proj"
             e, n = layer["weight"].shape[:2]
             k = layer["scales"].shape[-1] * layer.group_size
-            dtype = layer["scales"].dtype
+            dtype = m._pippin_plan
+            packing = (layer["scales"].dtype, layer.bits, layer.group_size)  # MX or affine
             for tokens in range(1, MAX_TOKENS + 1):
                 p = tokens * top_k
                 if quant_matvec.takes(p, e):
                     rows, tiles = quant_matvec.gather_plan(p, e, k, layer.bits, tokens)
-                    plan = (dtype, layer.bits, layer.group_size, rows > 8, tiles)
+                    plan = (dtype, *packing, rows > 8, tiles)
                     product = quant_matvec.gather_qmv
                 else:
-                    plan = (dtype, layer.bits, layer.group_size)
+                    plan = (dtype, *packing)
                     plan += quant_matmul.gather_plan(p, e, n, k, layer.bits, tokens)[:3]
                     product = quant_matmul.gather_qmm
                 key = (product.__name__, *plan, down)  # the template
@@ -115,7 +115,7 @@ def warm(model: nn.Module, top_k: int) -> int:
                 x = mx.zeros((p if down else tokens, k), dtype=dtype)
                 ids = mx.zeros((p,), dtype=mx.uint32)
                 order = mx.arange(p, dtype=mx.uint32)
-                w, s, b = layer["weight"], layer["scales"], layer["biases"]
+                w, s, b = layer["weight"], layer["scales"], layer.get("biases")
                 mx.eval(
                     product(
                         x, w, s, b, ids, order, tokens, layer.group_size, layer.bits, not down, down

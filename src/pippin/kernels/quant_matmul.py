@@ -23,9 +23,12 @@ before the current one is multiplied. Past `DENSE_ROWS` rows (prompt chunks) the
 is unpacked into the model's dtype and cuBLAS multiplies (`dense_quant`).
 
 `qmm` is the product; `applies` says where the kernel takes a layer (CUDA, affine mode,
-4 or 8 bits, group size 32/64/128, bf16/fp16 activations and scales, K a multiple of 128
-or 64). Elsewhere MLX's own `quantized_matmul` runs. The result differs from MLX's only by
-rounding (each dequantised weight is rounded to the activations' dtype, sums are fp32).
+4 or 8 bits, group size 32/64/128, bf16/fp16 activations and scales; or MXFP4, as
+gpt-oss ships its experts: E2M1 nibbles, one power-of-two exponent per 32, bf16
+activations, each nibble pair looked up by `pippin_fp4_pair`). K need not fill the last
+iteration (gpt-oss's 2,880 is 22.5 of 128): lanes past it load zeros. Elsewhere MLX's own
+`quantized_matmul` runs. The result differs from MLX's only by rounding (each
+dequantised weight is rounded to the activations' dtype, sums are fp32).
 """
 
 from __future__ import annotations
@@ -42,7 +45,27 @@ MAX_ROWS = 256  # the kernel's rows; the caller takes the dense product above it
 _SMS = 132  # streaming multiprocessors of an H100 (H200 too): enough blocks to fill them
 _SMEM_LIMIT = 48 * 1024
 
-HEADER = r"""
+# E2M1's eight magnitudes (0, 0.5, 1, 1.5, 2, 3, 4, 6) as bf16 bits, the low and the high
+# byte of each: the tables `pippin_fp4_pair` looks them up in, four bytes to a word.
+FP4_BF16 = (0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0)
+
+
+def _words(octets: list[int]) -> tuple[int, int]:
+    """Eight bytes as two little-endian words: prmt's bytes 0-3 and 4-7."""
+    lo, hi = (int.from_bytes(bytes(octets[i : i + 4]), "little") for i in (0, 4))
+    return lo, hi
+
+
+FP4_LO = _words([b & 0xFF for b in FP4_BF16])
+FP4_HI = _words([b >> 8 for b in FP4_BF16])
+
+HEADER = (
+    "".join(
+        f"#define FP4_{name}_{half} 0x{word:08X}u\n"
+        for name, table in (("LO", FP4_LO), ("HI", FP4_HI))
+        for half, word in zip("AB", table)
+    )
+    + r"""
 // Dequantise, per dtype: 4-bit pairs through the exponent trick, 8-bit through fp32.
 __device__ __forceinline__ uint32_t pippin_q4_pair(uint32_t word, int p, __nv_bfloat16 s,
                                                    __nv_bfloat16 b) {
@@ -70,12 +93,35 @@ __device__ __forceinline__ uint32_t pippin_pack(float lo, float hi, __half) {
     __half2 r = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&r);
 }
+// MXFP4 (bf16 activations): nibbles p and p + 4 of `word` (E2M1: sign, 2-bit exponent,
+// 1-bit mantissa) as a bf16 pair times s. Each magnitude's bf16 bits come from two byte
+// lookups (prmt over 8-entry tables, FP4_LO / FP4_HI); the sign goes to bit 15.
+__device__ __forceinline__ uint32_t pippin_fp4_pair(uint32_t word, int p, __nv_bfloat16 s) {
+    const uint32_t v = (word >> (4 * p)) & 0x00070007u;  // the magnitudes, bits 0-2, 16-18
+    const uint32_t lo = __byte_perm(FP4_LO_A, FP4_LO_B, v | (v >> 8));  // bytes 0, 2
+    const uint32_t hi = __byte_perm(FP4_HI_A, FP4_HI_B, (v << 4) | (v >> 4));  // bytes 1, 3
+    uint32_t bits = lo | hi | ((word << (12 - 4 * p)) & 0x80008000u);
+    __nv_bfloat162 q = *reinterpret_cast<__nv_bfloat162*>(&bits);
+    q = __hmul2(q, __nv_bfloat162(s, s));  // exact: 3 significant bits times a power of 2
+    return *reinterpret_cast<uint32_t*>(&q);
+}
+// A group's scale as the activations' dtype: itself (affine), or for an MXFP4 exponent
+// byte e, 2^(e - 127) (bf16 shares fp32's exponent; e = 0 is the subnormal 2^-127).
+template <typename T>
+__device__ __forceinline__ T pippin_scale(T s) { return s; }
+__device__ __forceinline__ __nv_bfloat16 pippin_scale(uint8_t e) {
+    return __ushort_as_bfloat16(e ? (unsigned short)(e << 7) : (unsigned short)0x0040u);
+}
 // Round r of one lane's 16-byte load (`words`, one scale and bias) as four registers of
 // weight pairs (k, k + 4): 8 k of 4-bit words[r], or of 8-bit words[2r] and words[2r + 1].
-template <int BITS, typename T>
+// MX: MXFP4 (4 bits, no bias).
+template <int BITS, bool MX, typename T>
 __device__ __forceinline__ void pippin_dequant(const uint32_t* words, int r, T s, T b,
                                                uint32_t* out) {
-    if (BITS == 4) {
+    if constexpr (MX) {
+        #pragma unroll
+        for (int p = 0; p < 4; ++p) out[p] = pippin_fp4_pair(words[r], p, s);
+    } else if (BITS == 4) {
         #pragma unroll
         for (int p = 0; p < 4; ++p) out[p] = pippin_q4_pair(words[r], p, s, b);
     } else {
@@ -107,19 +153,21 @@ __device__ __forceinline__ void pippin_mma(float* c, uint32_t a0, uint32_t a1, u
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 """
+)
 
 # Each kernel's first lines set: K, N, the tile's first row p0 and its rows' end p1, the
 # expert's weights (wx, sx, bx), and where row p of the tile reads x (xrow_of) and writes
 # out (orow_of). TILE, the rows of a block, comes before (`tile_rows`).
 DENSE = r"""
-    // x [M, K] (T), w [N, K * BITS / 32] (uint32), scales and biases [N, K / GS] (T).
+    // x [M, K] (T), w [N, K * BITS / 32] (uint32), scales and biases [N, K / GS] (T;
+    // MX: scales uint8, biases never read).
     const int K = x_shape[1];
     const int N = w_shape[0];
     const int p0 = blockIdx.y * TILE;
     const int p1 = x_shape[0];
     const uint32_t* wx = w;
-    const T* sx = scales;
-    const T* bx = biases;
+    const auto* sx = scales;
+    const auto* bx = biases;
     auto xrow_of = [](int p) { return p; };
     auto orow_of = [](int p) { return p; };
 """
@@ -153,8 +201,8 @@ GROUPED = r"""
     const int p0 = lb + (blockIdx.y % chunks) * TILE;
     if (p0 >= p1) return;  // the whole block: no barrier is reached
     const uint32_t* wx = w + (size_t)e * N * (K * BITS / 32);
-    const T* sx = scales + (size_t)e * N * (K / GS);
-    const T* bx = biases + (size_t)e * N * (K / GS);
+    const auto* sx = scales + (size_t)e * N * (K / GS);
+    const auto* bx = biases + (size_t)e * N * (K / GS);
     auto xrow_of = [&](int p) { return XG ? (int)order[p] / div : p; };
     auto orow_of = [&](int p) { return OG ? (int)order[p] : p; };
 """
@@ -167,7 +215,9 @@ _CORE = r"""
     constexpr int ROUNDS = SPAN / 8;           // MMA pairs (k32) an iteration
     const int KW = K * BITS / 32;
     const int KG = K / GS;
-    const int iters = K / KPI;
+    // K may end mid-iteration (gpt-oss: 2,880 = 22.5 x 128): a lane whose span starts past
+    // K loads zeros, while every lane still runs the warp's MMAs.
+    const int iters = (K + KPI - 1) / KPI;
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int g = lane >> 2;
@@ -196,8 +246,8 @@ _CORE = r"""
         }
     }
     const uint32_t* wrow[NT];
-    const T* srow[NT];
-    const T* brow[NT];
+    decltype(sx) srow[NT];
+    decltype(bx) brow[NT];
     bool nok[NT];
     #pragma unroll
     for (int j = 0; j < NT; ++j) {
@@ -212,17 +262,18 @@ _CORE = r"""
     uint4 wq[NT];
     T sc[NT];
     T bi[NT];
+    #pragma unroll
+    for (int j = 0; j < NT; ++j) bi[j] = static_cast<T>(0.f);
     int it = warp;
     #pragma unroll
     for (int j = 0; j < NT; ++j) {
-        if (nok[j] && it < iters) {
+        if (nok[j] && it * KPI + SPAN * t < K) {
             wq[j] = *reinterpret_cast<const uint4*>(wrow[j] + it * (KPI * BITS / 32));
-            sc[j] = srow[j][it * KPI / GS];
-            bi[j] = brow[j][it * KPI / GS];
+            sc[j] = pippin_scale(srow[j][it * KPI / GS]);
+            if constexpr (!MX) bi[j] = brow[j][it * KPI / GS];
         } else {
             wq[j] = make_uint4(0u, 0u, 0u, 0u);
             sc[j] = static_cast<T>(0.f);
-            bi[j] = static_cast<T>(0.f);
         }
     }
     for (; it < iters; it += WK) {
@@ -238,10 +289,13 @@ _CORE = r"""
         const int nx = it + WK;  // the next iteration's weights, in flight while this one runs
         #pragma unroll
         for (int j = 0; j < NT; ++j) {
-            if (nok[j] && nx < iters) {
+            if (nok[j] && nx * KPI + SPAN * t < K) {
                 wq[j] = *reinterpret_cast<const uint4*>(wrow[j] + nx * (KPI * BITS / 32));
-                sc[j] = srow[j][nx * KPI / GS];
-                bi[j] = brow[j][nx * KPI / GS];
+                sc[j] = pippin_scale(srow[j][nx * KPI / GS]);
+                if constexpr (!MX) bi[j] = brow[j][nx * KPI / GS];
+            } else {
+                wq[j] = make_uint4(0u, 0u, 0u, 0u);
+                sc[j] = bi[j] = static_cast<T>(0.f);
             }
         }
         #pragma unroll
@@ -254,7 +308,7 @@ _CORE = r"""
                 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     uint4 v = make_uint4(0u, 0u, 0u, 0u);
-                    if (xok[i][h])
+                    if (xok[i][h] && it * KPI + SPAN * t < K)
                         v = *reinterpret_cast<const uint4*>(xrow[i][h] + it * KPI + 8 * r);
                     a[i][h][0] = __byte_perm(v.x, v.z, 0x5410);
                     a[i][h][1] = __byte_perm(v.x, v.z, 0x7632);
@@ -266,7 +320,7 @@ _CORE = r"""
             for (int j = 0; j < NT; ++j) {
                 const uint32_t* words = reinterpret_cast<const uint32_t*>(&cw[j]);
                 uint32_t b[4];
-                pippin_dequant<BITS>(words, r, cs[j], cb[j], b);
+                pippin_dequant<BITS, MX>(words, r, cs[j], cb[j], b);
                 #pragma unroll
                 for (int i = 0; i < MT; ++i) {
                     pippin_mma(acc[i][j], a[i][0][0], a[i][1][0], a[i][0][1], a[i][1][1],
@@ -309,19 +363,34 @@ _CORE = r"""
 
 def applies(layer: nn.Module, dtype: mx.Dtype) -> bool:
     """Whether the kernel computes `layer` (an `nn.QuantizedLinear`, or mlx-lm's
-    `QuantizedSwitchLinear` of stacked experts) for activations of `dtype`."""
-    if getattr(layer, "mode", "affine") != "affine" or "scales" not in layer:
+    `QuantizedSwitchLinear` of stacked experts) for activations of `dtype`: MLX affine
+    (4 or 8 bits, group size 32/64/128, scales and biases of `dtype`) or MXFP4 (bf16)."""
+    mode = getattr(layer, "mode", "affine")
+    if "scales" not in layer or layer.get("global_scale") is not None:
         return False
-    if getattr(layer, "bits", None) not in BITS or dtype not in DTYPES:
+    if dtype != activations(layer):
         return False
-    if getattr(layer, "group_size", None) not in GROUP_SIZES:
-        return False
-    if layer["scales"].dtype != dtype or layer.get("biases") is None:
-        return False
-    if layer["biases"].dtype != dtype:
+    if mode == "mxfp4":
+        if (layer.bits, layer.group_size) != (4, 32):
+            return False
+    elif mode == "affine":
+        if getattr(layer, "bits", None) not in BITS or dtype not in DTYPES:
+            return False
+        if getattr(layer, "group_size", None) not in GROUP_SIZES:
+            return False
+        if layer.get("biases") is None or layer["biases"].dtype != dtype:
+            return False
+    else:
         return False
     k = layer["weight"].shape[-1] * 32 // layer.bits
-    return k % (512 // layer.bits) == 0  # a whole warp iteration: 128 k (4 bits), 64 (8)
+    return k % (128 // layer.bits) == 0  # a lane's 16-byte load: 32 k (4 bits), 16 (8)
+
+
+def activations(layer: nn.Module) -> mx.Dtype:
+    """The activations' dtype the kernel would compute `layer` for: its scales' (affine),
+    bf16 (MXFP4: uint8 exponents for scales; `pippin_fp4_pair` gives bf16)."""
+    scales = layer["scales"]
+    return mx.bfloat16 if scales.dtype == mx.uint8 else scales.dtype
 
 
 def plan(m: int, n: int, k: int, bits: int, row_blocks: int = 0) -> tuple[int, int, int]:
@@ -343,21 +412,36 @@ def fits(tiles: tuple[int, int, int], k: int, bits: int) -> bool:
     """Whether tiling (MT, NT, WK) builds and has work for every warp: the warps' partial
     sums within the static shared memory, no more warps than iterations of K."""
     mt, nt, wk = tiles
-    return wk <= k // (512 // bits) and wk * mt * nt * 4 * 32 * 4 <= _SMEM_LIMIT
+    return wk <= -(-k // (512 // bits)) and wk * mt * nt * 4 * 32 * 4 <= _SMEM_LIMIT
 
 
 def _template(
-    dtype: mx.Dtype, bits: int, group_size: int, tiles: tuple[int, int, int]
+    dtype: mx.Dtype, bits: int, group_size: int, mxfp4: bool, tiles: tuple[int, int, int]
 ) -> list[tuple[str, object]]:
     mt, nt, wk = tiles
-    return [("T", dtype), ("BITS", bits), ("GS", group_size), ("MT", mt), ("NT", nt), ("WK", wk)]
+    return [
+        ("T", dtype),
+        ("BITS", bits),
+        ("GS", group_size),
+        ("MX", mxfp4),
+        ("MT", mt),
+        ("NT", nt),
+        ("WK", wk),
+    ]
+
+
+def packing(scales: mx.array, biases: mx.array | None) -> tuple[mx.array, bool]:
+    """(the kernels' `biases` input, MX): MXFP4 weights (uint8 exponents for scales) have
+    no biases, so their scales stand in (never read)."""
+    mxfp4 = scales.dtype == mx.uint8
+    return scales if biases is None else biases, mxfp4
 
 
 def qmm(
     x: mx.array,
     w: mx.array,
     scales: mx.array,
-    biases: mx.array,
+    biases: mx.array | None,
     group_size: int,
     bits: int,
     tiles: tuple[int, int, int] | None = None,
@@ -369,12 +453,13 @@ def qmm(
     x2 = x.reshape(-1, k)
     m, n = x2.shape[0], w.shape[0]
     mt, nt, wk = tiles or plan(m, n, k, bits)
+    biases, mxfp4 = packing(scales, biases)
     kernel = device.cuda_kernel(
         "pippin_quant_matmul", ("x", "w", "scales", "biases"), _TILE + DENSE + _CORE, HEADER
     )
     (out,) = kernel(
         inputs=[x2, w, scales, biases],
-        template=_template(x.dtype, bits, group_size, (mt, nt, wk)),
+        template=_template(x.dtype, bits, group_size, mxfp4, (mt, nt, wk)),
         grid=(-(-n // (8 * nt)) * 32 * wk, -(-m // (16 * mt)), 1),
         threadgroup=(32 * wk, 1, 1),
         output_shapes=[(m, n)],
@@ -409,7 +494,7 @@ def gather_qmm(
     x: mx.array,
     w: mx.array,
     scales: mx.array,
-    biases: mx.array,
+    biases: mx.array | None,
     ids: mx.array,
     order: mx.array,
     tokens: int,
@@ -426,6 +511,7 @@ def gather_qmm(
     x2 = x.reshape(-1, k)
     p, (e, n) = ids.size, w.shape[:2]
     mt, nt, wk, chunks = gather_plan(p, e, n, k, bits, tokens)
+    biases, mxfp4 = packing(scales, biases)
     kernel = device.cuda_kernel(
         "pippin_gather_quant_matmul",
         ("x", "w", "scales", "biases", "ids", "order"),
@@ -435,7 +521,7 @@ def gather_qmm(
     (out,) = kernel(
         inputs=[x2, w, scales, biases, ids, order],
         template=[
-            *_template(x.dtype, bits, group_size, (mt, nt, wk)),
+            *_template(x.dtype, bits, group_size, mxfp4, (mt, nt, wk)),
             ("XG", gather_x),
             ("OG", scatter_out),
         ],
@@ -467,5 +553,5 @@ def warm(layers: list[nn.Module], rows: int) -> int:
 
 def layer_qmm(layer: nn.QuantizedLinear, x: mx.array) -> mx.array:
     """`layer(x)` through `qmm` (its bias added after)."""
-    y = qmm(x, layer["weight"], layer["scales"], layer["biases"], layer.group_size, layer.bits)
+    y = qmm(x, layer["weight"], layer["scales"], layer.get("biases"), layer.group_size, layer.bits)
     return y + layer["bias"] if "bias" in layer else y

@@ -23,7 +23,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from pippin.kernels import device
-from pippin.kernels.quant_matmul import DENSE, GROUPED, HEADER, expert_rows
+from pippin.kernels.quant_matmul import DENSE, GROUPED, HEADER, expert_rows, packing
 
 MAX_ROWS = 16  # two of the MMA's 8-column B operands
 _NORM_SHARED = 32 * 1024  # bytes of normalised rows `fused` keeps in shared memory
@@ -68,7 +68,7 @@ _CORE = r"""
     constexpr int ROUNDS = SPAN / 8;           // MMA pairs (k32) a step
     const int KW = K * BITS / 32;
     const int KG = K / GS;
-    const int steps = K / KPS;
+    const int steps = (K + KPS - 1) / KPS;  // K may end mid-step, as in quant_matmul
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int g = lane >> 2;
@@ -82,10 +82,10 @@ _CORE = r"""
     bool oka[CT], okb[CT];
     const uint32_t* wa[CT];
     const uint32_t* wb[CT];
-    const T* sa[CT];
-    const T* ba[CT];
-    const T* sb[CT];
-    const T* bb[CT];
+    decltype(sx) sa[CT];
+    decltype(bx) ba[CT];
+    decltype(sx) sb[CT];
+    decltype(bx) bb[CT];
     #pragma unroll
     for (int c = 0; c < CT; ++c) {
         na[c] = (blockIdx.x * CT + c) * FW + g;
@@ -178,7 +178,7 @@ _CORE = r"""
         #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int s = s0 + u * WK;
-            const bool in = s < steps;  // the same for the whole warp
+            const bool in = s * KPS + SPAN * t < K;  // this lane's span: K's tail
             const int gi = (s * KPS + SPAN * t) / GS;
             #pragma unroll
             for (int c = 0; c < CT; ++c) {
@@ -186,13 +186,13 @@ _CORE = r"""
                 csa[u][c] = cba[u][c] = csb[u][c] = cbb[u][c] = zero;
                 if (in && oka[c]) {
                     qa[u][c] = *reinterpret_cast<const uint4*>(wa[c] + s * (KPS * BITS / 32));
-                    csa[u][c] = sa[c][gi];
-                    cba[u][c] = ba[c][gi];
+                    csa[u][c] = pippin_scale(sa[c][gi]);
+                    if constexpr (!MX) cba[u][c] = ba[c][gi];
                 }
                 if (in && okb[c]) {
                     qb[u][c] = *reinterpret_cast<const uint4*>(wb[c] + s * (KPS * BITS / 32));
-                    csb[u][c] = sb[c][gi];
-                    cbb[u][c] = bb[c][gi];
+                    csb[u][c] = pippin_scale(sb[c][gi]);
+                    if constexpr (!MX) cbb[u][c] = bb[c][gi];
                 }
             }
             #pragma unroll
@@ -224,8 +224,8 @@ _CORE = r"""
                     #pragma unroll
                     for (int r = 0; r < ROUNDS; ++r) {
                         uint32_t pa[4], pb[4];
-                        pippin_dequant<BITS>(wda, r, csa[u][c], cba[u][c], pa);
-                        pippin_dequant<BITS>(wdb, r, csb[u][c], cbb[u][c], pb);
+                        pippin_dequant<BITS, MX>(wda, r, csa[u][c], cba[u][c], pa);
+                        pippin_dequant<BITS, MX>(wdb, r, csb[u][c], cbb[u][c], pb);
                         #pragma unroll
                         for (int j = 0; j < NB; ++j) {
                             // The activations of k (8 of this lane's span) as the pairs
@@ -327,7 +327,7 @@ def plan(k: int, bits: int, m: int = 1) -> Tiles:
     tiling at 1-4 rows and 7% at 8; past 8 rows, 2 warps two steps at a time. More column
     tiles (fewer loads of the activations per weight byte, which past a few rows may bound
     the product) are not measured yet."""
-    steps = k // (512 // bits)
+    steps = -(-k // (512 // bits))  # K may end mid-step
     wk, u = (4, 1) if m <= 8 else (2, 2)
     return min(wk, steps), u, 1
 
@@ -336,7 +336,7 @@ def qmv(
     x: mx.array,
     w: mx.array,
     scales: mx.array,
-    biases: mx.array,
+    biases: mx.array | None,
     group_size: int,
     bits: int,
     tiles: Tiles | None = None,
@@ -348,6 +348,7 @@ def qmv(
     x2 = x.reshape(-1, k)
     m, n = x2.shape[0], w.shape[0]
     wk, u, ct = tiles = tiles or plan(k, bits, m)
+    biases, mxfp4 = packing(scales, biases)
     kernel = device.cuda_kernel(
         "pippin_quant_matvec",
         ("x", "w", "scales", "biases"),
@@ -356,7 +357,7 @@ def qmv(
     )
     (out,) = kernel(
         inputs=[x2, w, scales, biases],
-        template=_template(x.dtype, bits, group_size, tiles, m),
+        template=_template(x.dtype, bits, group_size, mxfp4, tiles, m),
         grid=(-(-n // (16 * ct)) * 32 * wk, 1, 1),
         threadgroup=(32 * wk, 1, 1),
         output_shapes=[(m, n)],
@@ -405,7 +406,7 @@ def fused(
             scales if res is None else res,
         ],
         template=[
-            *_template(x.dtype, bits, group_size, tiles, m),
+            *_template(x.dtype, bits, group_size, False, tiles, m),
             ("NORM", norm_weight is not None),
             ("SWIGLU", swiglu),
             ("BIAS", bias is not None and not swiglu),
@@ -421,7 +422,7 @@ def fused(
 
 
 def _template(
-    dtype: mx.Dtype, bits: int, group_size: int, tiles: Tiles, rows: int
+    dtype: mx.Dtype, bits: int, group_size: int, mxfp4: bool, tiles: Tiles, rows: int
 ) -> list[tuple[str, object]]:
     wk, u, ct = tiles
     nb = 1 if rows <= 8 else 2
@@ -429,6 +430,7 @@ def _template(
         ("T", dtype),
         ("BITS", bits),
         ("GS", group_size),
+        ("MX", mxfp4),
         ("WK", wk),
         ("U", u),
         ("CT", ct),
@@ -456,7 +458,7 @@ def gather_qmv(
     x: mx.array,
     w: mx.array,
     scales: mx.array,
-    biases: mx.array,
+    biases: mx.array | None,
     ids: mx.array,
     order: mx.array,
     tokens: int,
@@ -473,6 +475,7 @@ def gather_qmv(
     rows, tiles = gather_plan(p, e, k, bits, tokens)
     wk, u, ct = tiles
     tile = 8 if rows <= 8 else 16
+    biases, mxfp4 = packing(scales, biases)
     kernel = device.cuda_kernel(
         "pippin_gather_quant_matvec",
         ("x", "w", "scales", "biases", "ids", "order"),
@@ -482,7 +485,7 @@ def gather_qmv(
     (out,) = kernel(
         inputs=[x2, w, scales, biases, ids, order],
         template=[
-            *_template(x.dtype, bits, group_size, tiles, rows),
+            *_template(x.dtype, bits, group_size, mxfp4, tiles, rows),
             ("XG", gather_x),
             ("OG", scatter_out),
         ],
@@ -496,7 +499,7 @@ def gather_qmv(
 
 def layer_qmv(layer: nn.QuantizedLinear, x: mx.array) -> mx.array:
     """`layer(x)` through `qmv` (its bias added after)."""
-    y = qmv(x, layer["weight"], layer["scales"], layer["biases"], layer.group_size, layer.bits)
+    y = qmv(x, layer["weight"], layer["scales"], layer.get("biases"), layer.group_size, layer.bits)
     return y + layer["bias"] if "bias" in layer else y
 
 
