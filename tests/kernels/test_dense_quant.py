@@ -136,3 +136,22 @@ def test_auto_is_on_on_cuda_and_as_close_to_exact_in_bf16(tiny_models) -> None:
     assert dense_err <= 1.5 * quant_err + 0.01 * np.abs(exact).max()
     top = exact.argmax(-1)
     assert (dense.argmax(-1) == top).mean() >= (quantised.argmax(-1) == top).mean() - 0.05
+
+
+def test_dense_layers_take_the_kernel_only_for_whole_iterations_of_k() -> None:
+    """Until a GPU run checks the kernels' tail, a dense layer whose K ends mid-iteration
+    keeps MLX's product (`kernel_dtype` None), though `quant_matmul.applies` takes it (the
+    experts' opt-in kernel does); MXFP4 dense layers keep MLX's too."""
+    from pippin.kernels import quant_matmul
+
+    def layer(k: int, bits: int = 4, mode: str = "affine", gs: int = 64) -> nn.QuantizedLinear:
+        lin = nn.Linear(k, 64, bias=False)
+        lin.set_dtype(mx.bfloat16)
+        return nn.QuantizedLinear.from_linear(lin, group_size=gs, bits=bits, mode=mode)
+
+    assert dense_quant.kernel_dtype(layer(256)) == mx.bfloat16
+    assert dense_quant.kernel_dtype(layer(192, bits=8)) == mx.bfloat16  # 3 x 64 at 8 bits
+    tail = layer(320)  # 2.5 x 128
+    assert quant_matmul.applies(tail, mx.bfloat16) and dense_quant.kernel_dtype(tail) is None
+    fp4 = layer(256, mode="mxfp4", gs=32)
+    assert quant_matmul.applies(fp4, mx.bfloat16) and not dense_quant.applies(fp4)

@@ -74,9 +74,14 @@ def call(self: nn.QuantizedLinear, x: mx.array) -> mx.array:
 
 
 def kernel_dtype(layer: nn.QuantizedLinear) -> mx.Dtype | None:
-    """The activations' dtype for which `quant_matmul` computes `layer`, or None."""
+    """The activations' dtype for which `quant_matmul` computes `layer`, or None. Dense
+    layers whose K ends mid-iteration (gpt-oss's 2,880) keep MLX's product until a GPU
+    run has checked the kernels' tail (tests/kernels/test_quant_matmul.py,
+    `test_k_ending_mid_iteration`); the experts' opt-in kernel takes them."""
     dtype = quant_matmul.activations(layer)
-    return dtype if quant_matmul.applies(layer, dtype) else None
+    k = layer["weight"].shape[-1] * 32 // layer.bits
+    whole = k % (512 // layer.bits) == 0
+    return dtype if whole and quant_matmul.applies(layer, dtype) else None
 
 
 @functools.cache
