@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A mixture-of-experts shape on the GPU, built and measured in one device call (10 minutes).
 # Usage: bash bench/gpu/moe_session.sh [MODEL]
-#   MODEL: qwen3-30b-a3b-4bit (the default; 17 GB) or gpt-oss-20b-4bit (12 GB); the bf16
+#   MODEL: qwen3-30b-a3b-4bit (the default; 17 GB), gpt-oss-20b-4bit (12 GB) or
+#   gpt-oss-20b-mxfp4 (MXFP4 experts, the rest 8-bit, as mlx-community ships it); the bf16
 #   forms (61 GB, 42 GB) do not fit the machine's 64 GB disk beside anything else.
 # Steps, each under its own time limit:
 #   1. build  the random-weight model under $ROOT with its real tokenizer (pippin.bench.models:

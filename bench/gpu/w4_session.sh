@@ -19,7 +19,10 @@
 #           80 tests' times
 #   moe     the Qwen3-30B-A3B shape, 4-bit: pippin with the grouped expert kernel against
 #           mlx_lm.server at 1 and 64 streams, then in-process mlx-lm against pippin with
-#           and without the kernel (moe_session.sh)
+#           and without the kernel (moe_session.sh); `oss` the same for gpt-oss-20b with
+#           MXFP4 experts (gpt-oss-20b-mxfp4)
+#   mxfp4   the CUDA tests of MXFP4 weights and of K ending mid-iteration (gpt-oss's 2,880):
+#           dense and grouped products, the tiny MoE models through the grouped kernel
 #   build   the random-weight 8B models (bf16, 4-bit) with the real Llama 3 tokenizer
 #   fused   the quantised fused layer's `cuda` tests (tests/kernels/test_fused_layer.py)
 #   single  in-process single stream of the 4-bit model: mlx-lm, pippin, pippin with the
@@ -79,9 +82,15 @@ for step in "$@"; do
         -o faulthandler_timeout=60 --durations=80 tests/kernels >"$OUT/cuda.txt" 2>&1
       echo "rc $?"; grep -c PASSED "$OUT/cuda.txt"; grep "FAILED\|ERROR\|passed\|failed" \
         "$OUT/cuda.txt" | tail -15 ;;
-    moe)
+    moe | oss)
+      model=qwen3-30b-a3b-4bit
+      [ "$step" = oss ] && model=gpt-oss-20b-mxfp4
       PIPPIN_ENV="PIPPIN_MOE_KERNEL=1" ENGINES="mlx_lm,pippin,pippin:PIPPIN_MOE_KERNEL=1" \
-        KV_MB=12000 TOTAL=${MOE_TOTAL:-560} bash bench/gpu/moe_session.sh qwen3-30b-a3b-4bit ;;
+        KV_MB=12000 TOTAL=${MOE_TOTAL:-560} bash bench/gpu/moe_session.sh $model ;;
+    mxfp4)
+      timeout "${TESTS_SECS:-300}" python3 -m pytest -q -n 8 -p no:cacheprovider -m cuda \
+        -k "mxfp4 or k_ending or gpt_oss or moe_model" tests/kernels/test_quant_matmul.py \
+        2>&1 | grep -v WARNING | tee "$OUT/mxfp4.txt" | tail -15 ;;
     build)
       build llama-3.1-8b llama-3.1-8b-4bit 2>&1 | grep built
       df -h /tmp | tail -1 ;;
