@@ -510,3 +510,30 @@ def test_spec_acceptance_between_two_scrapes() -> None:
     assert idle is not None and idle.acceptance is None
     other = parse_metrics("# TYPE x counter\nx_total 1\n")
     assert spec_acceptance(other, other) is None and spec_acceptance(None, after) is None
+
+
+def test_decode_traces_between_two_scrapes_and_in_the_table() -> None:
+    """pippin's decode graphs traced in a window (a stall each, on the host), from its
+    counters; the table shows them only where some window traced."""
+    from pippin.bench.report import table
+    from pippin.bench.scrape import decode_traces
+    from pippin.bench.stats import summarize
+
+    page = (
+        "# TYPE pippin_decode_graph_traces counter\n"
+        'pippin_decode_graph_traces_total{{model="a"}} {n}\n'
+        "# TYPE pippin_decode_graph_trace_seconds counter\n"
+        'pippin_decode_graph_trace_seconds_total{{model="a"}} {s}\n'
+    )
+    stats = decode_traces(
+        parse_metrics(page.format(n=3, s=1.5)), parse_metrics(page.format(n=7, s=2.75))
+    )
+    assert stats is not None and (stats.traces, stats.seconds) == (4, 1.25)
+    other = parse_metrics("# TYPE x counter\nx_total 1\n")
+    assert decode_traces(other, other) is None
+    row = {"server": "a", "concurrency": 1, **summarize([], 1.0), "server_cache_hit_rate": None}
+    assert "decode traces" not in table(
+        [{**row, "decode_traces": 0, "decode_trace_s": 0}], "concurrency"
+    )
+    shown = table([row, {**row, "decode_traces": 12, "decode_trace_s": 3.42}], "concurrency")
+    assert "| decode traces |" in shown and "| 12 (3.4 s) |" in shown

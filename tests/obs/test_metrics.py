@@ -19,6 +19,7 @@ from support.server_utils import Server, run_server
 from support.waiting import wait_for
 
 from pippin.bench.scrape import Samples, parse_metrics, total
+from pippin.kernels.device import on_cuda
 from pippin.server.app import create_app
 from pippin.serving.state import ServerSettings
 
@@ -123,6 +124,10 @@ def test_counters_and_histograms_move_by_exact_amounts(server: Server) -> None:
     assert used == 0 and free is not None and free > 0
     assert total(after, "pippin_kv_cache_usage_ratio", tier="device") == 0
     assert total(after, "pippin_preemptions_total") == 0
+    # The compiled decode step is CUDA's by default: elsewhere nothing is traced.
+    traces = total(after, "pippin_decode_graph_traces_total")
+    seconds = total(after, "pippin_decode_graph_trace_seconds_total")
+    assert (traces, seconds) == (0, 0) if not on_cuda() else traces and seconds
     for kind in ("out_of_memory", "other"):
         assert total(after, "pippin_engine_failed_steps_total", kind=kind) == 0
 

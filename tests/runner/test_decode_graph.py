@@ -61,3 +61,41 @@ def test_buckets_pad_little_and_are_few() -> None:
     assert len(set(sizes)) <= 40
     assert [decode_graph.pow2(n) for n in (1, 2, 3, 5, 64, 65)] == [1, 2, 4, 8, 64, 128]
     assert mx.array(sizes).max().item() == 1024
+
+
+def test_the_engine_counts_each_new_shape_traced(
+    tiny_models, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`decode_traces` (/metrics: `pippin_decode_graph_traces_total`) counts the compiled
+    step's traces, one per new padded shape, and the host time they took; the same load
+    again, on shapes already traced, adds none."""
+    from support.engine_runs import engine_config, run_to_end
+
+    from pippin.engine.core import EngineCore
+    from pippin.engine.types import SamplingParams
+
+    monkeypatch.setenv("PIPPIN_COMPILE", "1")
+    traced = 0
+    real = decode_graph.DecodeGraph._step
+
+    def counting(self, *args):  # type: ignore[no-untyped-def]
+        nonlocal traced
+        traced += 1
+        return real(self, *args)
+
+    monkeypatch.setattr(decode_graph.DecodeGraph, "_step", counting)
+    core = EngineCore(loaded_model(tiny_models("llama", head_dim=32)), engine_config())
+    assert core.stats()["decode_traces"] == 0
+
+    def load(tag: str) -> None:
+        for i, n in enumerate((3, 9, 20)):  # batches of 3, then 2, then 1 row
+            params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+            core.add_request(f"{tag}{i}", [5 + i] * 7, params)
+        run_to_end(core)
+
+    load("a")
+    first = core.stats()
+    assert first["decode_traces"] == traced >= 3
+    assert first["decode_trace_seconds"] > 0
+    load("b")
+    assert core.stats()["decode_traces"] == traced == first["decode_traces"]

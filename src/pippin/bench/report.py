@@ -30,6 +30,9 @@ def aggregate(run: BenchRun) -> list[dict[str, Any]]:
             proposed = sum(x.proposed for x in specs)
             row["spec_proposed_tokens"] = proposed if specs else None
             row["spec_acceptance"] = sum(x.accepted for x in specs) / proposed if proposed else None
+            traces = [w.traces for w in wins if w.traces is not None]
+            row["decode_traces"] = sum(x.traces for x in traces) if traces else None
+            row["decode_trace_s"] = sum(x.seconds for x in traces) if traces else None
             for key in ("server_cpu", "machine_cpu"):  # shares of a core, wall-weighted
                 cpu = [(w.cpu[key], w.wall) for w in wins if w.cpu and key in w.cpu]
                 row[key] = sum(c * t for c, t in cpu) / sum(t for _, t in cpu) if cpu else None
@@ -178,6 +181,8 @@ def table(rows: list[dict[str, Any]], mode: str, first: str | None = None) -> st
         cols.append(("spec kept", lambda r: _pct(r.get("spec_acceptance"))))
     if any(r.get("server_cpu") is not None for r in rows):
         cols.append(("server CPU", lambda r: _pct(r.get("server_cpu"))))
+    if any(r.get("decode_traces") for r in rows):
+        cols.append(("decode traces", _traces))
     if first is not None and any("tok_s_x" in r for r in rows):
         cols.append((f"{first} tok/s ×", lambda r: _x(r.get("tok_s_x"))))
         cols.append((f"{first} TTFT p99 ×", lambda r: _x(r.get("ttft_p99_x"))))
@@ -190,6 +195,12 @@ def table(rows: list[dict[str, Any]], mode: str, first: str | None = None) -> st
             f"\n*: a percentile of fewer than {FEW_SAMPLES} samples (more requests firm it up)."
         )
     return "\n".join(lines)
+
+
+def _traces(r: dict[str, Any]) -> str:
+    """pippin's decode graphs traced in the window, and the host time they took."""
+    n = r.get("decode_traces")
+    return "" if n is None else f"{n:.0f} ({r['decode_trace_s']:.1f} s)"
 
 
 def _x(v: float | None) -> str:

@@ -26,7 +26,15 @@ import httpx
 from pippin.bench.client import RequestResult, stream_request
 from pippin.bench.fingerprint import machine, server_info
 from pippin.bench.progress import Progress
-from pippin.bench.scrape import CacheStats, SpecStats, cache_hit_rate, scrape, spec_acceptance
+from pippin.bench.scrape import (
+    CacheStats,
+    SpecStats,
+    TraceStats,
+    cache_hit_rate,
+    decode_traces,
+    scrape,
+    spec_acceptance,
+)
 from pippin.bench.sessions import make_sessions
 from pippin.bench.workload import Session, Workload
 
@@ -125,6 +133,7 @@ class Window:
     results: list[RequestResult]
     cache: CacheStats | None = None
     spec: SpecStats | None = None  # speculative decoding's proposals, where it reports them
+    traces: TraceStats | None = None  # pippin's decode graphs traced in the window
     cpu: dict[str, float] | None = None  # from the watch: shares of a core
 
 
@@ -378,6 +387,7 @@ async def _measure(
                 after = await scrape(client, t.base_url, t.headers())
                 win.rep, win.cache = rep, cache_hit_rate(before, after)
                 win.spec = spec_acceptance(before, after)
+                win.traces = decode_traces(before, after)
                 win.cpu = cfg.watch.end(t.name) if cfg.watch else None
                 windows.append(win)
 

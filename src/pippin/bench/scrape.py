@@ -108,3 +108,18 @@ def spec_acceptance(before: Samples | None, after: Samples | None) -> SpecStats 
         if (changes := _changes(before, after, (kept, proposed))) is not None:
             return SpecStats(*changes, source=kept)
     return None
+
+
+@dataclass
+class TraceStats:
+    """pippin's compiled decode step tracing new shapes between two scrapes: each a step
+    that waited on the host (a stall in the window's throughput, when there are many)."""
+
+    traces: float
+    seconds: float
+
+
+def decode_traces(before: Samples | None, after: Samples | None) -> TraceStats | None:
+    names = ("pippin_decode_graph_traces_total", "pippin_decode_graph_trace_seconds_total")
+    changes = _changes(before, after, names)
+    return TraceStats(*changes) if changes is not None else None

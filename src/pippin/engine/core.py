@@ -587,6 +587,7 @@ class EngineCore:
             "prefix_hits": self.bm.hits,
             "preemptions": self.scheduler.num_preemptions,
             "steps": self.steps,
+            **self.runner.traces.stats(),
             "failed_steps_out_of_memory": self.failed_steps["out_of_memory"],
             "failed_steps_other": self.failed_steps["other"],
             # MLX's allocator (for the soak's memory slope, bench/soak.py).

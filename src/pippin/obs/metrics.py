@@ -43,6 +43,8 @@ _COUNTERS = frozenset(
         "pippin_preemptions",
         "pippin_engine_steps",
         "pippin_engine_failed_steps",
+        "pippin_decode_graph_traces",
+        "pippin_decode_graph_trace_seconds",
         "pippin_spec_decode_num_drafts",
         "pippin_spec_decode_num_draft_tokens",
         "pippin_spec_decode_num_accepted_tokens",
@@ -263,6 +265,19 @@ class EngineCollector(Collector):
                 m,
             )
             add("pippin_engine_steps", "Engine steps run.", s["steps"], m)
+            add(
+                "pippin_decode_graph_traces",
+                "Decode steps of a new padded shape (rows, table width), which traced and "
+                "compiled the step's graph before running it.",
+                s["decode_traces"],
+                m,
+            )
+            add(
+                "pippin_decode_graph_trace_seconds",
+                "Host seconds those decode steps spent tracing and compiling.",
+                s["decode_trace_seconds"],
+                m,
+            )
             for kind in ("out_of_memory", "other"):
                 add(
                     "pippin_engine_failed_steps",

@@ -19,6 +19,8 @@ running the model op by op.
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import mlx.core as mx
@@ -28,6 +30,22 @@ from pippin.kernels import paged_attention
 from pippin.kernels.config import KernelConfig
 from pippin.kernels.device import on_cuda
 from pippin.runner.paged_cache import DecodeLayout, LayerPool, table_arrays
+
+
+@dataclass
+class Traces:
+    """Decode graphs' traces of new shapes, over a runner's life: how many, and the host
+    seconds those calls took (what a step of a new batch size waits for mid-serving)."""
+
+    count: int = 0
+    seconds: float = 0.0
+
+    def add(self, seconds: float) -> None:
+        self.count += 1
+        self.seconds += seconds
+
+    def stats(self) -> dict[str, float]:
+        return {"decode_traces": self.count, "decode_trace_seconds": self.seconds}
 
 
 class Runner(Protocol):
@@ -41,6 +59,7 @@ class Runner(Protocol):
     kernels: KernelConfig
 
     lora: Any  # pippin.runner.lora.LoraSet | None
+    traces: Traces
 
     def mark_fused(self, layout: Any, rows: int) -> None: ...
 
@@ -83,6 +102,10 @@ class DecodeGraph:
         # Calls with LoRA rows: their slots are one more input ([Bp] uint32). A trace of
         # its own, so that calls without adapters skip the LoRA term altogether.
         self._fn_lora = mx.compile(self._lora_step)
+        # The (rows, table width, LoRA) shapes traced so far: a call of a new one traces
+        # the model in Python and compiles the graph on the host, mid-serving. The runner
+        # counts them, and the host time those calls took, over all its graphs (/metrics).
+        self._shapes: set[tuple[int, int, bool]] = set()
 
     def _lora_step(self, lora: mx.array, *args: Any) -> tuple[mx.array, ...]:
         with self.runner.lora.traced(lora):
@@ -126,12 +149,18 @@ class DecodeGraph:
         for i in self.order:
             r.pools[i].parts = []  # the compiled scatters may then update the pools in place
         args = (tokens, mx.array(tab), mx.array(offsets), mx.array(slots.reshape(-1)), *parts)
+        shape = (Bp, nb, lora is not None)
+        new = shape not in self._shapes
+        t0 = time.perf_counter()
         if lora is not None:
             rows = np.zeros(Bp, dtype=np.uint32)
             rows[:B] = lora
             out = self._fn_lora(mx.array(rows), *args)
         else:
             out = self._fn(*args)
+        if new:  # the call traced (the graph itself runs later, when evaluated)
+            self._shapes.add(shape)
+            r.traces.add(time.perf_counter() - t0)
         del parts
         for i, p in self._by_layer(out[1:]).items():
             r.pools[i].parts = p

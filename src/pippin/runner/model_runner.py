@@ -116,6 +116,7 @@ class ModelRunner:
         self._probe()
         self.pools: dict[int, LayerPool] = {}
         self.graph: decode_graph.DecodeGraph | None = None
+        self.traces = decode_graph.Traces()
         self._view = QuantizedPagedLayerCache if kv_bits else PagedLayerCache
         if kv_bits:
             self._probe_quantized()
