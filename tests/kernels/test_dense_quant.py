@@ -141,7 +141,8 @@ def test_auto_is_on_on_cuda_and_as_close_to_exact_in_bf16(tiny_models) -> None:
 def test_dense_layers_take_the_kernel_only_for_whole_iterations_of_k() -> None:
     """Until a GPU run checks the kernels' tail, a dense layer whose K ends mid-iteration
     keeps MLX's product (`kernel_dtype` None), though `quant_matmul.applies` takes it (the
-    experts' opt-in kernel does); MXFP4 dense layers keep MLX's too."""
+    experts' opt-in kernel does); so do MXFP4 dense layers (their prompt chunks still
+    take the dense product)."""
     from pippin.kernels import quant_matmul
 
     def layer(k: int, bits: int = 4, mode: str = "affine", gs: int = 64) -> nn.QuantizedLinear:
@@ -154,4 +155,23 @@ def test_dense_layers_take_the_kernel_only_for_whole_iterations_of_k() -> None:
     tail = layer(320)  # 2.5 x 128
     assert quant_matmul.applies(tail, mx.bfloat16) and dense_quant.kernel_dtype(tail) is None
     fp4 = layer(256, mode="mxfp4", gs=32)
-    assert quant_matmul.applies(fp4, mx.bfloat16) and not dense_quant.applies(fp4)
+    assert quant_matmul.applies(fp4, mx.bfloat16) and dense_quant.kernel_dtype(fp4) is None
+
+
+@pytest.mark.parametrize("mode", ["mxfp4", "mxfp8", "nvfp4"])
+def test_floating_point_modes_unpack_too(mode: str) -> None:
+    """MXFP4 (gpt-oss), MXFP8 and NVFP4 layers: the dense product in the activations'
+    dtype equals the quantised one within rounding, so their prompt chunks take it too."""
+    lin = nn.Linear(128, 96, bias=True)
+    lin.set_dtype(mx.bfloat16)
+    q = nn.QuantizedLinear.from_linear(lin, mode=mode)
+    assert dense_quant.applies(q)
+    x = mx.random.normal((2, 9, 128), key=mx.random.key(5))
+    # float32 activations: the unpacked weight exactly, only the sums' order differs.
+    assert np.allclose(np.array(dense_quant.dense(q, x)), np.array(q(x)), atol=1e-4)
+    xb = x.astype(mx.bfloat16)
+    got = dense_quant.dense(q, xb)
+    assert got.dtype == mx.bfloat16
+    exact = np.array(q(x))
+    scale = np.abs(exact).max()
+    assert np.abs(np.array(got.astype(mx.float32)) - exact).max() <= 0.02 * scale

@@ -5,7 +5,8 @@ For many rows (prompt chunks) it is far slower than cuBLAS on the same weights u
 (on an H100 one 4096x14336 product at 256 rows took 3.7x the bf16 time, growing with the
 rows), so a quantised 8B model's prompts ran at a twentieth of the bf16 model's speed.
 
-Here each affine `nn.QuantizedLinear` becomes a subclass that, for an input of at least
+Here each `nn.QuantizedLinear` (MLX affine, or MXFP4, MXFP8 and NVFP4 without a global
+scale) becomes a subclass that, for an input of at least
 `rows` rows, unpacks its weight with `mx.dequantize` (into the model's dtype, a temporary
 that MLX's allocator reuses layer after layer, so the model keeps its quantised size) and
 runs a dense matmul; fewer rows keep the quantised product. Plain MLX ops, so the same
@@ -33,7 +34,9 @@ from pippin.kernels.device import on_cuda
 ROWS_ATTR = "_pippin_dense_rows"
 KERNEL_ATTR = "_pippin_kernel_dtype"  # the activations' dtype `quant_matmul` takes, or None
 MATVEC_ATTR = "_pippin_matvec_rows"  # inputs of up to this many rows take `quant_matvec`
-MODES = ("affine",)
+# MLX's modes whose weight `mx.dequantize` unpacks from the layer's own arrays (nvfp4 with
+# a global scale aside: `applies`).
+MODES = ("affine", "mxfp4", "mxfp8", "nvfp4")
 
 
 def wanted(mode: str) -> bool:
@@ -42,18 +45,23 @@ def wanted(mode: str) -> bool:
 
 
 def applies(m: nn.Module) -> bool:
-    return isinstance(m, nn.QuantizedLinear) and getattr(m, "mode", "affine") in MODES
+    if not isinstance(m, nn.QuantizedLinear) or m.get("global_scale") is not None:
+        return False
+    return getattr(m, "mode", "affine") in MODES
 
 
 def dense(layer: nn.QuantizedLinear, x: mx.array) -> mx.array:
-    """`layer(x)` through the unpacked weight."""
+    """`layer(x)` through the unpacked weight: in its scales' dtype (affine), else in
+    x's (the floating-point modes' scales are uint8)."""
+    mode = getattr(layer, "mode", "affine")
     w = mx.dequantize(
         layer["weight"],
         layer["scales"],
         layer.get("biases"),
         group_size=layer.group_size,
         bits=layer.bits,
-        mode=getattr(layer, "mode", "affine"),
+        mode=mode,
+        dtype=None if mode == "affine" else x.dtype,
     )
     if "bias" in layer:
         return mx.addmm(layer["bias"], x, w.T)
@@ -75,9 +83,12 @@ def call(self: nn.QuantizedLinear, x: mx.array) -> mx.array:
 
 def kernel_dtype(layer: nn.QuantizedLinear) -> mx.Dtype | None:
     """The activations' dtype for which `quant_matmul` computes `layer`, or None. Dense
-    layers whose K ends mid-iteration (gpt-oss's 2,880) keep MLX's product until a GPU
-    run has checked the kernels' tail (tests/kernels/test_quant_matmul.py,
-    `test_k_ending_mid_iteration`); the experts' opt-in kernel takes them."""
+    MXFP4 layers, and dense layers whose K ends mid-iteration (gpt-oss's 2,880), keep
+    MLX's product until a GPU run has checked those forms of the kernels
+    (tests/kernels/test_quant_matmul.py: `test_mxfp4`, `test_k_ending_mid_iteration`);
+    the experts' opt-in kernel takes them."""
+    if getattr(layer, "mode", "affine") != "affine":
+        return None
     dtype = quant_matmul.activations(layer)
     k = layer["weight"].shape[-1] * 32 // layer.bits
     whole = k % (512 // layer.bits) == 0
