@@ -113,7 +113,8 @@ def spec_acceptance(before: Samples | None, after: Samples | None) -> SpecStats 
 @dataclass
 class TraceStats:
     """pippin's compiled decode step tracing new shapes between two scrapes: each a step
-    that waited on the host (a stall in the window's throughput, when there are many)."""
+    that waited on its trace and first run (a stall in the window's throughput, when there
+    are many)."""
 
     traces: float
     seconds: float

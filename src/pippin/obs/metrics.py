@@ -274,7 +274,7 @@ class EngineCollector(Collector):
             )
             add(
                 "pippin_decode_graph_trace_seconds",
-                "Host seconds those decode steps spent tracing and compiling.",
+                "Seconds those decode steps took: tracing, compiling and the first run.",
                 s["decode_trace_seconds"],
                 m,
             )

@@ -34,8 +34,9 @@ from pippin.runner.paged_cache import DecodeLayout, LayerPool, table_arrays
 
 @dataclass
 class Traces:
-    """Decode graphs' traces of new shapes, over a runner's life: how many, and the host
-    seconds those calls took (what a step of a new batch size waits for mid-serving)."""
+    """Decode graphs' traces of new shapes, over a runner's life: how many, and the
+    seconds those steps took to trace, compile and run (what a step of a new batch size
+    waits for mid-serving)."""
 
     count: int = 0
     seconds: float = 0.0
@@ -104,7 +105,7 @@ class DecodeGraph:
         self._fn_lora = mx.compile(self._lora_step)
         # The (rows, table width, LoRA) shapes traced so far: a call of a new one traces
         # the model in Python and compiles the graph on the host, mid-serving. The runner
-        # counts them, and the host time those calls took, over all its graphs (/metrics).
+        # counts them, and the time those steps took, over all its graphs (/metrics).
         self._shapes: set[tuple[int, int, bool]] = set()
 
     def _lora_step(self, lora: mx.array, *args: Any) -> tuple[mx.array, ...]:
@@ -158,7 +159,10 @@ class DecodeGraph:
             out = self._fn_lora(mx.array(rows), *args)
         else:
             out = self._fn(*args)
-        if new:  # the call traced (the graph itself runs later, when evaluated)
+        if new:
+            # The call traced; run the step now, so that the time counted holds what the
+            # first run of a new graph adds too (on CUDA, kernels compiled for it).
+            mx.eval(out)
             self._shapes.add(shape)
             r.traces.add(time.perf_counter() - t0)
         del parts
