@@ -28,6 +28,24 @@ if _TESTS_DIR not in sys.path:
 
 from support import tiny_models as _tiny  # noqa: E402  (needs the path above)
 
+
+@pytest.fixture(autouse=True, scope="session")
+def _heap_never_frozen_here() -> Any:
+    """This process starts and drops engine after engine, its fixtures holding models
+    between tests: a frozen heap (`pippin.heap.freeze`, which a server does once it has
+    started) would keep every later-dropped cycle, models' arrays included, until the end.
+    Servers the tests start as processes freeze theirs, as in production."""
+    from pippin import heap
+
+    def stand_in() -> int:
+        return heap.frozen()
+
+    stand_in.__wrapped__ = heap.freeze  # type: ignore[attr-defined]  (tests/test_heap.py)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(heap, "freeze", stand_in)
+        yield
+
+
 TinyModelFactory = Callable[..., Path]
 
 

@@ -144,6 +144,11 @@ VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
         _flag("PIPPIN_COMPILE", "auto"),
         "auto: decode steps as one compiled MLX graph on CUDA only; 0: never; 1: always.",
     ),
+    "PIPPIN_FREEZE_HEAP": (
+        _on("PIPPIN_FREEZE_HEAP"),
+        "1 (the default): once a process's engine or API has started, its Python objects "
+        "leave the garbage collector's scans (`pippin.heap`); 0: they stay.",
+    ),
     # --- not pippin's own ---
     "SSL_CERT_FILE": (
         _path("SSL_CERT_FILE"),

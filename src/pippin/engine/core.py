@@ -13,6 +13,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from pippin import heap
 from pippin.engine import prompt_logprobs
 from pippin.engine.block_manager import BlockManager
 from pippin.engine.cache_tiers import CacheTiers
@@ -587,6 +588,7 @@ class EngineCore:
             "prefix_hits": self.bm.hits,
             "preemptions": self.scheduler.num_preemptions,
             "steps": self.steps,
+            "gc_frozen_objects": heap.frozen(),
             **self.runner.traces.stats(),
             "failed_steps_out_of_memory": self.failed_steps["out_of_memory"],
             "failed_steps_other": self.failed_steps["other"],

@@ -18,6 +18,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from pippin import heap
 from pippin.engine import sleep
 from pippin.engine.config import STREAM_BATCH, STREAM_INTERVAL_S, EngineConfig
 from pippin.engine.core import EngineCore, step_error
@@ -125,6 +126,7 @@ class EngineLoop:
             return
         for store in self.core.tiers.stores():
             store.on_read = lambda: self._inbox.put(("wake", None))
+        heap.freeze()  # the model and all else startup made: out of the collector's scans
         on_ready(self.core)
         with mx.stream(stream):
             self._steps()

@@ -10,13 +10,13 @@ unloads the model.
 
 from __future__ import annotations
 
-import gc
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
+from pippin import heap
 from pippin.engine.client import SLEEP_TAGS as TAGS
 from pippin.engine.types import EngineError, RequestOutput
 from pippin.kernels.fused_proj import Part, Shared
@@ -63,7 +63,7 @@ def from_host(model: Any, host: HostWeights) -> None:
 
 
 def _release() -> None:
-    gc.collect()
+    heap.collect()
     mx.clear_cache()
 
 

@@ -108,6 +108,11 @@ class DecodeGraph:
         # counts them, and the time those steps took, over all its graphs (/metrics).
         self._shapes: set[tuple[int, int, bool]] = set()
 
+    def close(self) -> None:
+        """Let go of the compiled traces: the functions refer back to this graph, a cycle
+        that only a collection would free, and none reaches a frozen heap (`pippin.heap`)."""
+        self._fn = self._fn_lora = None  # type: ignore[assignment]
+
     def _lora_step(self, lora: mx.array, *args: Any) -> tuple[mx.array, ...]:
         with self.runner.lora.traced(lora):
             return self._step(*args)

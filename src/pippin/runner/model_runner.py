@@ -8,7 +8,6 @@ keep it per sequence and have it stacked into a batch for each call.
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 from typing import Any
 
@@ -24,6 +23,7 @@ from mlx_lm.models.cache import (
     make_prompt_cache,
 )
 
+from pippin import heap
 from pippin.kernels import (
     cpu_prefill,
     fused_layer,
@@ -164,6 +164,7 @@ class ModelRunner:
     def _retrace(self) -> None:
         # Compiled traces hold the layers' stacks as constants: new stacks, new traces.
         if self.graph is not None:
+            self.graph.close()
             self.graph = decode_graph.DecodeGraph(self)
 
     def lora_slots(self, items: list[RunItem]) -> list[int] | None:
@@ -360,8 +361,10 @@ class ModelRunner:
         left half written or still tied to its unfinished graph. The old ones are let go
         first, so both are never held at once."""
         self.pools = {}
+        if self.graph is not None:
+            self.graph.close()
         self.graph = None
-        gc.collect()
+        heap.collect()
         mx.clear_cache()
         self.allocate(num_blocks)
 

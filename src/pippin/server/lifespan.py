@@ -11,6 +11,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from fastapi import FastAPI
 
+from pippin import heap
 from pippin.serving.state import ServerState
 
 log = logging.getLogger("pippin.server")
@@ -130,6 +131,7 @@ def lifespan(
                     from pippin.serving.warm_prompts import warm_up
 
                     await warm_up(app, state, settings.warm_prompts)
+                heap.freeze()  # the API process's startup heap: out of the collector's scans
             yield
         finally:
             if state.mcp is not None:

@@ -21,7 +21,7 @@ from mlx.utils import tree_flatten, tree_map_with_path, tree_unflatten
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from pippin import envs
+from pippin import envs, heap
 from pippin.vision.load import VisionParts, is_vlm_folder, load_vlm, vision_family
 
 from .default_model import (
@@ -181,9 +181,7 @@ def model_name(spec: str | None) -> str:
 
 def release_memory() -> None:
     """Give back what an unloaded model held: its arrays, then MLX's buffer cache."""
-    import gc
-
-    gc.collect()
+    heap.collect()
     mx.clear_cache()
 
 
