@@ -9,7 +9,9 @@
 #   swing  the 1B shape at 64 streams, three repetitions of 128 requests, pippin as it is
 #          against pippin with MLX_CUDA_GRAPH_CACHE_SIZE=4000: a test of one cause of the
 #          2x swings seen there (MLX keeps 400 CUDA graphs by default; prompt chunks of
-#          many lengths may evict the decode steps' graphs, which are then built again)
+#          many lengths may evict the decode steps' graphs, which are then built again);
+#          the table's `decode traces` column gives the compiled decode step's new shapes
+#          in those windows and the seconds they took (another candidate cause)
 # Results (tables, JSON, logs) in $OUT; server logs' tails in $OUT/server-logs.txt.
 # Env: as bench/gpu/bench_lib.sh (SECS, ...).
 set -u
