@@ -7,11 +7,12 @@
 #   8b     Llama-3.1-8B shape, pippin and mlx_lm.server at 64 and 256 streams
 #   ttft   8 concurrent 16k-token prompts on the 8B shape, pippin and mlx_lm.server
 #   swing  the 1B shape at 64 streams, three repetitions of 128 requests, pippin as it is
-#          against pippin with MLX_CUDA_GRAPH_CACHE_SIZE=4000: a test of one cause of the
+#          against pippin with MLX_CUDA_GRAPH_CACHE_SIZE=4000 and with its decode step's
+#          shapes traced before serving (PIPPIN_WARM_DECODE=1024): tests of two causes of the
 #          2x swings seen there (MLX keeps 400 CUDA graphs by default; prompt chunks of
-#          many lengths may evict the decode steps' graphs, which are then built again);
-#          the table's `decode traces` column gives the compiled decode step's new shapes
-#          in those windows and the seconds they took (another candidate cause)
+#          many lengths may evict the decode steps' graphs, which are then built again; and
+#          the decode step traced for new shapes mid-serving: the table's `decode traces`
+#          column gives how many in those windows and the seconds they took)
 # Results (tables, JSON, logs) in $OUT; server logs' tails in $OUT/server-logs.txt.
 # Env: as bench/gpu/bench_lib.sh (SECS, ...).
 set -u
@@ -47,7 +48,8 @@ for step in "$@"; do
       build llama-3.2-1b
       OUTPUT_TOKENS=256 PER_CLIENT=2 BENCH_ARGS="--repetitions 3" SECS=${SECS:-450} \
         bench swing-1b 64 16000 "pippin=pippin:$M1" \
-        "MLX_CUDA_GRAPH_CACHE_SIZE=4000 graphs4k=pippin:$M1" ;;
+        "MLX_CUDA_GRAPH_CACHE_SIZE=4000 graphs4k=pippin:$M1" \
+        "PIPPIN_WARM_DECODE=1024 warm=pippin:$M1" ;;
     *) echo "unknown step $step" ;;
   esac
 done

@@ -144,6 +144,13 @@ VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
         _flag("PIPPIN_COMPILE", "auto"),
         "auto: decode steps as one compiled MLX graph on CUDA only; 0: never; 1: always.",
     ),
+    "PIPPIN_WARM_DECODE": (
+        lambda: int(os.environ.get("PIPPIN_WARM_DECODE") or 0),
+        "N > 0: before the engine is ready, the compiled decode step (CUDA) is traced for "
+        "every padded batch size up to --max-num-seqs and every table width of contexts up "
+        "to N tokens, so that no step waits on a trace mid-serving; 0 (the default): each "
+        "shape is traced when a step first takes it.",
+    ),
     "PIPPIN_FREEZE_HEAP": (
         _on("PIPPIN_FREEZE_HEAP"),
         "1 (the default): once a process's engine or API has started, its Python objects "

@@ -99,3 +99,38 @@ def test_the_engine_counts_each_new_shape_traced(
     assert first["decode_trace_seconds"] > 0
     load("b")
     assert core.stats()["decode_traces"] == traced == first["decode_traces"]
+
+
+def test_warmed_shapes_are_not_traced_again_and_decode_the_same(
+    tiny_models, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`PIPPIN_WARM_DECODE=N`: the engine traces every (rows, table width) shape of up to
+    --max-num-seqs rows and N tokens of context before it serves; a load within those bounds
+    then traces nothing, and its tokens are those of an engine that did not warm (the
+    warm-up wrote only the null block)."""
+    from support.engine_runs import engine_config, run_to_end
+
+    from pippin.engine.core import EngineCore
+    from pippin.engine.types import SamplingParams
+    from pippin.kernels.config import KernelConfig
+
+    monkeypatch.setenv("PIPPIN_COMPILE", "1")
+    loaded = loaded_model(tiny_models("llama", head_dim=32))
+
+    def run(warm: int) -> tuple[EngineCore, dict]:
+        kernels = KernelConfig(compile="1", warm_decode=warm)
+        core = EngineCore(loaded, engine_config(max_num_seqs=6, kernels=kernels))
+        rng = random.Random(3)
+        for i in range(6):  # contexts of 5-60 tokens (block size 4: up to 15 blocks)
+            prompt = [rng.randrange(3, 200) for _ in range(rng.randrange(5, 30))]
+            params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+            core.add_request(str(i), prompt, params)
+        return core, run_to_end(core)
+
+    cold, want = run(0)
+    warm, got = run(64)
+    rows = len({decode_graph.bucket(b) for b in range(1, 7)})  # 1-6: six buckets
+    widths = len({decode_graph.bucket(n) for n in range(1, 17)})  # 64 tokens: 16 blocks
+    assert warm.stats()["decode_traces"] == rows * widths
+    assert 0 < cold.stats()["decode_traces"] < rows * widths
+    assert {k: v["ids"] for k, v in got.items()} == {k: v["ids"] for k, v in want.items()}

@@ -173,6 +173,10 @@ class EngineCore:
         self.vision = VisionEncoder(loaded.vision) if loaded.vision is not None else None
         self._seq_ids = itertools.count()
         self.steps = 0
+        graph, warm = self.runner.graph, config.kernels.warm_decode
+        if graph is not None and warm > 0:
+            shapes = graph.warm(config.max_num_seqs, min(warm, self.max_model_len))
+            log.info("traced the decode step for %d shapes before serving", shapes)
         self._narrow_until: int | None = None  # see `recover`
         # Outputs of a step that raised after finishing the one in flight (see `step`).
         self._unsent: list[RequestOutput] = []

@@ -23,6 +23,10 @@ class KernelConfig:
     fused_proj: bool = True
     head_rows: bool = True
     compile: str = "auto"  # the decode step as one compiled graph: auto | 0 | 1
+    # Its shapes traced before the engine is ready, for contexts up to this many tokens
+    # (0: each when first taken). For measuring whether traces mid-serving cost throughput
+    # (`decode traces` in pippin bench's tables).
+    warm_decode: int = 0
     # Quantised layers: inputs of at least `dense_quant_rows` rows as a dense product. On an
     # H100 (docs/benchmarks.md, "Quantised weights on tensor cores") dense beats the kernel
     # from 256-512 rows, and 64 streams' TTFT p50 fell from 3.7 s to 1.2 s with it.
@@ -48,6 +52,7 @@ class KernelConfig:
             fused_proj=envs.PIPPIN_FUSED_PROJ,
             head_rows=envs.PIPPIN_HEAD_ROWS,
             compile=envs.PIPPIN_COMPILE,
+            warm_decode=envs.PIPPIN_WARM_DECODE,
             dense_quant=envs.PIPPIN_DENSE_QUANT,
             dense_quant_rows=envs.PIPPIN_DENSE_QUANT_ROWS,
             quant_kernel=envs.PIPPIN_QUANT_KERNEL,

@@ -176,6 +176,21 @@ class DecodeGraph:
         logits = out[0]
         return logits if Bp == B else logits[:B]
 
+    def warm(self, max_rows: int, max_tokens: int) -> int:
+        """Trace now every shape a step of up to `max_rows` rows over contexts of up to
+        `max_tokens` tokens takes (the rows' buckets by the tables' widths), each run once
+        on the null block (its logits dropped); how many shapes."""
+        bs = self.runner.block_size
+        widen = pow2 if self.kernel else bucket
+        rows = sorted({bucket(b) for b in range(1, max_rows + 1)})
+        widths = sorted({widen(n) for n in range(1, -(-max_tokens // bs) + 1)})
+        for n in rows:
+            for width in widths:
+                # Each row at the last block of a table `width` blocks wide, all of it block 0.
+                starts = [(width - 1) * bs] * n
+                self.forward(mx.zeros((n, 1), dtype=mx.int32), starts, [[0] * width] * n)
+        return len(rows) * len(widths)
+
     def _by_layer(self, flat: Any) -> dict[int, list[mx.array]]:
         """The pools' arrays, as one flat sequence in `order`, back to a list per layer."""
         out, k = {}, 0
