@@ -28,7 +28,8 @@
 #   single  in-process single stream of the 4-bit model: mlx-lm, pippin, pippin with the
 #           quantised fused layer (opt-in), pippin without the kernels (SINGLE_ENGINES);
 #           `batch` the same at 64 rows; `rows16` 16 rows: the quantised fused layer to 16
-#           rows, to 8, and not fused (the default)
+#           rows, to 8, and not fused (the default); `single8` the 8-bit model (mlx-lm, pippin)
+#           and the bf16 one (pippin): the 8-bit goal's ratio
 #   where   one 4-bit stream in-process with the device drained after every step
 #           (probe_site, PIPPIN_PROBE_SYNC=2): the host's time a step against the device's,
 #           pippin and mlx-lm
@@ -40,7 +41,7 @@
 set -u
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 OUT=${OUT:-.tmp/gpu}
-ROOT=/tmp/pippin-gpu-models
+ROOT=${ROOT:-/tmp/pippin-gpu-models}
 mkdir -p "$OUT"
 M8=random:llama-3.1-8b
 DENSE="PIPPIN_DENSE_QUANT=auto PIPPIN_DENSE_QUANT_ROWS=256"
@@ -99,6 +100,14 @@ for step in "$@"; do
         --gen 128 --prompt 256 --engines "${SINGLE_ENGINES:-mlx_lm,pippin,pippin:PIPPIN_FUSED_LAYER=all,pippin:PIPPIN_QUANT_KERNEL=0}" \
         2>&1 |
         grep --line-buffered -v WARNING | tee "$OUT/single.txt" | tail -8 ;;
+    single8)  # goal: 8-bit one stream >= 1.6x bf16 (pippin's, same call)
+      build llama-3.1-8b-8bit 2>&1 | grep built
+      for m in llama-3.1-8b-8bit llama-3.1-8b; do
+        echo "== $m"
+        timeout 200 python3 bench/gpu/single_stream.py "$ROOT/$m" --repeat 2 --gen 128 \
+          --prompt 256 --engines "$([ $m = llama-3.1-8b ] && echo pippin || echo mlx_lm,pippin)" \
+          2>&1 | grep --line-buffered -v WARNING | tail -4
+      done 2>&1 | tee "$OUT/single8.txt" ;;
     where)
       for e in pippin mlx_lm; do
         mkdir -p "$OUT/where-$e"
