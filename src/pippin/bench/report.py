@@ -198,7 +198,7 @@ def table(rows: list[dict[str, Any]], mode: str, first: str | None = None) -> st
 
 
 def _traces(r: dict[str, Any]) -> str:
-    """pippin's decode graphs traced in the window, and the host time they took."""
+    """pippin's decode graphs traced in the window, and the seconds those steps took."""
     n = r.get("decode_traces")
     return "" if n is None else f"{n:.0f} ({r['decode_trace_s']:.1f} s)"
 

@@ -90,8 +90,7 @@ def kernel_dtype(layer: nn.QuantizedLinear) -> mx.Dtype | None:
     if getattr(layer, "mode", "affine") != "affine":
         return None
     dtype = quant_matmul.activations(layer)
-    k = layer["weight"].shape[-1] * 32 // layer.bits
-    whole = k % (512 // layer.bits) == 0
+    whole = quant_matmul.whole_iterations(layer)
     return dtype if whole and quant_matmul.applies(layer, dtype) else None
 
 

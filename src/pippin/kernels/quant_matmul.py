@@ -382,8 +382,23 @@ def applies(layer: nn.Module, dtype: mx.Dtype) -> bool:
             return False
     else:
         return False
-    k = layer["weight"].shape[-1] * 32 // layer.bits
-    return k % (128 // layer.bits) == 0  # a lane's 16-byte load: 32 k (4 bits), 16 (8)
+    return in_features(layer) % (128 // layer.bits) == 0  # a lane's 16-byte load: 32 k, 16
+
+
+def in_features(layer: nn.Module) -> int:
+    """K of a quantised layer (or of each of its stacked experts), from its packed words."""
+    return layer["weight"].shape[-1] * 32 // layer.bits
+
+
+def iterations(k: int, bits: int) -> int:
+    """A warp's iterations over K (the matvec form's steps): 128 k each at 4 bits, 64 at 8;
+    the last one partial where K ends mid-iteration."""
+    return -(-k // (512 // bits))
+
+
+def whole_iterations(layer: nn.Module) -> bool:
+    """Whether `layer`'s K fills its last iteration."""
+    return in_features(layer) % (512 // layer.bits) == 0
 
 
 def activations(layer: nn.Module) -> mx.Dtype:
@@ -412,7 +427,7 @@ def fits(tiles: tuple[int, int, int], k: int, bits: int) -> bool:
     """Whether tiling (MT, NT, WK) builds and has work for every warp: the warps' partial
     sums within the static shared memory, no more warps than iterations of K."""
     mt, nt, wk = tiles
-    return wk <= -(-k // (512 // bits)) and wk * mt * nt * 4 * 32 * 4 <= _SMEM_LIMIT
+    return wk <= iterations(k, bits) and wk * mt * nt * 4 * 32 * 4 <= _SMEM_LIMIT
 
 
 def _template(
@@ -540,8 +555,7 @@ def warm(layers: list[nn.Module], rows: int) -> int:
     template once, for every layer). How many products ran."""
     seen: set[tuple] = set()
     for layer in layers:
-        w = layer["weight"]
-        n, k = w.shape[0], w.shape[1] * 32 // layer.bits
+        n, k = layer["weight"].shape[0], in_features(layer)
         dtype = layer["scales"].dtype
         for m in range(1, min(rows, MAX_ROWS + 1)):
             key = (dtype, layer.bits, layer.group_size, plan(m, n, k, layer.bits))

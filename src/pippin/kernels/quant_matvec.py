@@ -23,7 +23,15 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from pippin.kernels import device
-from pippin.kernels.quant_matmul import DENSE, GROUPED, HEADER, expert_rows, packing
+from pippin.kernels.quant_matmul import (
+    DENSE,
+    GROUPED,
+    HEADER,
+    expert_rows,
+    in_features,
+    iterations,
+    packing,
+)
 
 MAX_ROWS = 16  # two of the MMA's 8-column B operands
 _NORM_SHARED = 32 * 1024  # bytes of normalised rows `fused` keeps in shared memory
@@ -327,9 +335,8 @@ def plan(k: int, bits: int, m: int = 1) -> Tiles:
     tiling at 1-4 rows and 7% at 8; past 8 rows, 2 warps two steps at a time. More column
     tiles (fewer loads of the activations per weight byte, which past a few rows may bound
     the product) are not measured yet."""
-    steps = -(-k // (512 // bits))  # K may end mid-step
     wk, u = (4, 1) if m <= 8 else (2, 2)
-    return min(wk, steps), u, 1
+    return min(wk, iterations(k, bits)), u, 1
 
 
 def qmv(
@@ -508,8 +515,7 @@ def warm(layers: list[nn.Module]) -> int:
     products ran."""
     seen: set[tuple] = set()
     for layer in layers:
-        w = layer["weight"]
-        k = w.shape[1] * 32 // layer.bits
+        k = in_features(layer)
         dtype = layer["scales"].dtype
         key = (dtype, layer.bits, layer.group_size, plan(k, layer.bits))  # to DENSE_ROWS
         if key not in seen:

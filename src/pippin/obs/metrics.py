@@ -267,7 +267,7 @@ class EngineCollector(Collector):
             add("pippin_engine_steps", "Engine steps run.", s["steps"], m)
             add(
                 "pippin_decode_graph_traces",
-                "Decode steps of a new padded shape (rows, table width), which traced and "
+                "Decode steps of a new padded shape (rows, table width, LoRA), which traced and "
                 "compiled the step's graph before running it.",
                 s["decode_traces"],
                 m,
