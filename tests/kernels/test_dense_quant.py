@@ -138,12 +138,10 @@ def test_auto_is_on_on_cuda_and_as_close_to_exact_in_bf16(tiny_models) -> None:
     assert (dense.argmax(-1) == top).mean() >= (quantised.argmax(-1) == top).mean() - 0.05
 
 
-def test_dense_layers_take_the_kernel_only_for_whole_iterations_of_k() -> None:
-    """Until a GPU run checks the kernels' tail, a dense layer whose K ends mid-iteration
-    keeps MLX's product (`kernel_dtype` None), though `quant_matmul.applies` takes it (the
-    experts' opt-in kernel does); so do MXFP4 dense layers (their prompt chunks still
-    take the dense product)."""
-    from pippin.kernels import quant_matmul
+def test_dense_layers_take_the_kernel_for_k_tails_and_mxfp4() -> None:
+    """A dense layer whose K ends mid-iteration, and an MXFP4 one, take the kernel as the
+    experts' do (checked on a GPU: `test_k_ending_mid_iteration`, `test_mxfp4`); other
+    modes and widths keep MLX's product."""
 
     def layer(k: int, bits: int = 4, mode: str = "affine", gs: int = 64) -> nn.QuantizedLinear:
         lin = nn.Linear(k, 64, bias=False)
@@ -152,10 +150,10 @@ def test_dense_layers_take_the_kernel_only_for_whole_iterations_of_k() -> None:
 
     assert dense_quant.kernel_dtype(layer(256)) == mx.bfloat16
     assert dense_quant.kernel_dtype(layer(192, bits=8)) == mx.bfloat16  # 3 x 64 at 8 bits
-    tail = layer(320)  # 2.5 x 128
-    assert quant_matmul.applies(tail, mx.bfloat16) and dense_quant.kernel_dtype(tail) is None
-    fp4 = layer(256, mode="mxfp4", gs=32)
-    assert quant_matmul.applies(fp4, mx.bfloat16) and dense_quant.kernel_dtype(fp4) is None
+    assert dense_quant.kernel_dtype(layer(320)) == mx.bfloat16  # 2.5 x 128
+    assert dense_quant.kernel_dtype(layer(256, mode="mxfp4", gs=32)) == mx.bfloat16
+    assert dense_quant.kernel_dtype(layer(256, bits=8, mode="mxfp8", gs=32)) is None
+    assert dense_quant.kernel_dtype(layer(256, bits=3)) is None
 
 
 @pytest.mark.parametrize("mode", ["mxfp4", "mxfp8", "nvfp4"])

@@ -86,3 +86,27 @@ def test_patched_layers_take_it_up_to_its_rows(monkeypatch: pytest.MonkeyPatch) 
     patches.quantised_products(model, 256, kernel=True, matvec=False)
     layer(mx.zeros((1, 256), dtype=mx.bfloat16))
     assert calls[-1] == "mm"
+
+
+def test_one_row_of_an_8_bit_layer_keeps_mlx_product(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLX's one-row `qmv` beats the matvec form at 8 bits (`MLX_ROWS`); 2 rows take the
+    kernel, and 4-bit layers take it from one row."""
+    from pippin.kernels import patches
+
+    calls: list[str] = []
+    monkeypatch.setattr(quant_matvec, "layer_qmv", lambda m, x: calls.append("mv") or x[..., :64])
+    for bits in (8, 4):
+        lin = nn.Linear(256, 64, bias=False)
+        lin.set_dtype(mx.bfloat16)
+        model = nn.Sequential(nn.QuantizedLinear.from_linear(lin, group_size=64, bits=bits))
+        patches.quantised_products(model, 256, kernel=True)
+        layer = model.layers[0]
+        x = mx.random.normal((1, 256)).astype(mx.bfloat16)
+        got = layer(x)
+        if bits == 8:
+            assert calls == [] and got.shape == (1, 64)
+            assert mx.array_equal(got, nn.QuantizedLinear.__call__(layer, x))
+            layer(mx.zeros((2, 256), dtype=mx.bfloat16))
+            assert calls == ["mv"]
+        else:
+            assert calls == ["mv", "mv"]

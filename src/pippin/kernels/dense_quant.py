@@ -15,7 +15,7 @@ by the rounding of the unpacked weight to the model's dtype.
 
 On CUDA the inputs below that bound take pippin's tensor-core kernels where they apply to
 the layer (`PIPPIN_QUANT_KERNEL`): `quant_matvec` up to 8 rows, `quant_matmul` above; MLX's
-quantised product elsewhere.
+quantised product elsewhere, and for one row of an 8-bit layer (`quant_matvec.MLX_ROWS`).
 
 Installed by `patches.quantised_products` when `PIPPIN_DENSE_QUANT` or the kernel asks for
 it (`PIPPIN_DENSE_QUANT_ROWS`) and taken back by `patches.undo`.
@@ -73,7 +73,7 @@ def call(self: nn.QuantizedLinear, x: mx.array) -> mx.array:
     if rows >= getattr(self, ROWS_ATTR):
         return dense(self, x)
     kernel = getattr(self, KERNEL_ATTR, None)
-    if kernel is not None and x.dtype == kernel and 0 < rows:
+    if kernel is not None and x.dtype == kernel and quant_matvec.MLX_ROWS.get(self.bits, 0) < rows:
         if rows <= getattr(self, MATVEC_ATTR, 0):
             return quant_matvec.layer_qmv(self, x)
         if rows <= quant_matmul.MAX_ROWS:
@@ -82,16 +82,10 @@ def call(self: nn.QuantizedLinear, x: mx.array) -> mx.array:
 
 
 def kernel_dtype(layer: nn.QuantizedLinear) -> mx.Dtype | None:
-    """The activations' dtype for which `quant_matmul` computes `layer`, or None. Dense
-    MXFP4 layers, and dense layers whose K ends mid-iteration (gpt-oss's 2,880), keep
-    MLX's product until a GPU run has checked those forms of the kernels
-    (tests/kernels/test_quant_matmul.py: `test_mxfp4`, `test_k_ending_mid_iteration`);
-    the experts' opt-in kernel takes them."""
-    if getattr(layer, "mode", "affine") != "affine":
-        return None
+    """The activations' dtype for which `quant_matmul` computes `layer`, or None: affine
+    and MXFP4 layers, K ending mid-iteration included (gpt-oss's 2,880)."""
     dtype = quant_matmul.activations(layer)
-    whole = quant_matmul.whole_iterations(layer)
-    return dtype if whole and quant_matmul.applies(layer, dtype) else None
+    return dtype if quant_matmul.applies(layer, dtype) else None
 
 
 @functools.cache

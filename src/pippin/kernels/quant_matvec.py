@@ -38,6 +38,11 @@ _NORM_SHARED = 32 * 1024  # bytes of normalised rows `fused` keeps in shared mem
 # Dense layers' rows up to which this form beats `quant_matmul` (H100, 8B shape: at 16 rows
 # the matmul form took 0.342 ms over the five projections, this form 0.372 at its best).
 DENSE_ROWS = 8
+# Rows up to which MLX's own quantised product beats this form, by bits: its one-row
+# `qmv` at 8 bits (H100, 2026-12-07, 8B shape, one stream in-process: 178.6 tok/s with
+# MLX's product, 155.0 with this form; gpt-oss-20b, 8-bit outside its experts: 113.7
+# against 76.6). At 16 rows MLX's product gave 290 tok/s against this kernel's 2,099.
+MLX_ROWS = {8: 1}
 
 # After `quant_matmul`'s prologues (DENSE, GROUPED): rows p0 to p1 (at most TILE) of x.
 _TILE = "    constexpr int TILE = 8 * NB;\n"
