@@ -21,6 +21,9 @@
 #           mlx_lm.server at 1 and 64 streams, then in-process mlx-lm against pippin with
 #           and without the kernel (moe_session.sh); `oss` the same for gpt-oss-20b with
 #           MXFP4 experts (gpt-oss-20b-mxfp4)
+#   spyoss  gpt-oss-20b-mxfp4's server at one stream under py-spy (loop_cost.py; py-spy
+#           staged in .gpu/a, installed in /tmp/site/bin): on 2026-12-07 (H100) it streamed
+#           at 56 ms a token over HTTP while its engine in-process took 13 ms a token
 #   mxfp4   the CUDA tests of MXFP4 weights and of K ending mid-iteration (gpt-oss's 2,880):
 #           dense and grouped products, the tiny MoE models through the grouped kernel
 #   build   the random-weight 8B models (bf16, 4-bit) with the real Llama 3 tokenizer
@@ -88,6 +91,14 @@ for step in "$@"; do
       [ "$step" = oss ] && model=gpt-oss-20b-mxfp4
       PIPPIN_ENV="PIPPIN_MOE_KERNEL=1" ENGINES="mlx_lm,pippin,pippin:PIPPIN_MOE_KERNEL=1" \
         KV_MB=12000 TOTAL=${MOE_TOTAL:-560} bash bench/gpu/moe_session.sh $model ;;
+    spyoss)
+      build gpt-oss-20b-mxfp4 2>&1 | grep built
+      PATH=$PATH:/tmp/site/bin timeout 240 python3 bench/gpu/loop_cost.py --concurrency 1 \
+        --window 15 --output-tokens 400 --py-spy "$OUT/spy-oss.txt" \
+        "$ROOT/gpt-oss-20b-mxfp4" -- --max-model-len 4096 --cache-memory-mb 12000 2>&1 |
+        grep -v "WARNING\|regex" | tail -12
+      python3 bench/gpu/spy_summary.py "$OUT/spy-oss.txt" --threads 2 --top 25 |
+        tee "$OUT/spy-oss-summary.txt" ;;
     mxfp4)
       timeout "${TESTS_SECS:-300}" python3 -m pytest -q -n 8 -p no:cacheprovider -m cuda \
         -k "mxfp4 or k_ending or gpt_oss or moe_model" tests/kernels/test_quant_matmul.py \
