@@ -24,6 +24,8 @@
 #   spyoss  gpt-oss-20b-mxfp4's server at one stream under py-spy (loop_cost.py; py-spy
 #           staged in .gpu/a, installed in /tmp/site/bin): on 2026-12-07 (H100) it streamed
 #           at 56 ms a token over HTTP while its engine in-process took 13 ms a token
+#   moenan  where the tiny MoE models of the grouped kernel's model test first give NaN
+#           (bench/gpu/moe_nan.py; their MLX bf16 forward did on an H100, not on the CPU)
 #   mxfp4   the CUDA tests of MXFP4 weights and of K ending mid-iteration (gpt-oss's 2,880):
 #           dense and grouped products, the tiny MoE models through the grouped kernel
 #   build   the random-weight 8B models (bf16, 4-bit) with the real Llama 3 tokenizer
@@ -99,6 +101,9 @@ for step in "$@"; do
         grep -v "WARNING\|regex" | tail -12
       python3 bench/gpu/spy_summary.py "$OUT/spy-oss.txt" --threads 2 --top 25 |
         tee "$OUT/spy-oss-summary.txt" ;;
+    moenan)
+      (cd bench/gpu && timeout 200 python3 moe_nan.py) 2>&1 | grep -v WARNING |
+        tee "$OUT/moenan.txt" ;;
     mxfp4)
       timeout "${TESTS_SECS:-300}" python3 -m pytest -q -n 8 -p no:cacheprovider -m cuda \
         -k "mxfp4 or k_ending or gpt_oss or moe_model" tests/kernels/test_quant_matmul.py \
