@@ -14,11 +14,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-import checkout  # noqa: F401  (src/ on the path, MLX settings)
+import checkout  # src/ on the path, MLX settings
 import mlx.core as mx
 import mlx.nn as nn
 
-from checkout import REPO_ROOT
+REPO_ROOT = checkout.REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "tests"))
 import support.tiny_models as tiny  # noqa: E402
