@@ -68,7 +68,15 @@ def test_interrupted_pull_resumes(hub: FakeHub, tmp_path: Path) -> None:
         pytest.skip(str(e))
     release = hub.hold("org/smol-GGUF", GGUF, 25_000_000)
     cmd, env = _cmd(hub, tmp_path, "hf.co/org/smol-GGUF:Q4_1")
-    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C as at a terminal: a suite run as a background job (`cmd &` in a script) has
+    # SIGINT ignored, which its children inherit, and the pull would then run to the end.
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     partial = tmp_path / "partial"
 
     def written() -> int:
