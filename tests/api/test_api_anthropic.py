@@ -288,6 +288,24 @@ def test_second_turn_reuses_the_first_turns_kv(client: anthropic.Anthropic) -> N
     assert second.usage.cache_read_input_tokens >= 64
 
 
+def test_message_start_reports_the_cached_prompt_tokens(client: anthropic.Anthropic) -> None:
+    """A streamed repeat of a prompt: message_start already has the cached tokens that
+    message_delta reports (the engine tells them when it schedules the request, before
+    the prefill), as the hosted API's message_start does."""
+    system = "You read every word of the prompt before you answer. " * 24
+    body = {"model": "tiny", "system": system, "messages": HELLO, "max_tokens": 4}
+    client.messages.create(**body)
+    stream = client.messages.create(**body, stream=True)
+    events = list(stream)
+    start = events[0]
+    assert start.type == "message_start"
+    delta = next(e for e in events if e.type == "message_delta")
+    cached = delta.usage.cache_read_input_tokens
+    assert cached and cached >= 128
+    assert start.message.usage.cache_read_input_tokens == cached
+    assert start.message.usage.input_tokens == delta.usage.input_tokens
+
+
 def test_errors_in_anthropic_format(server: Server, client: anthropic.Anthropic) -> None:
     with pytest.raises(anthropic.NotFoundError) as nf:
         create(client, model="gpt-4o")

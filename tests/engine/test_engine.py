@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import mlx.core as mx
 import pytest
@@ -110,6 +111,31 @@ def test_prefix_cache_hit_and_n_shares_prompt(tiny_models) -> None:
     assert sorted(res["ids"]) == [0, 1, 2]
     assert core.bm.hits >= hits + 3  # all three reuse the shared prompt's blocks
     assert len({tuple(v) for v in res["ids"].values()}) > 1  # the samples differ
+
+
+def test_an_announcing_request_gets_its_cached_tokens_before_its_prefill(tiny_models) -> None:
+    """`SamplingParams.announce`: once, when first scheduled, an output without tokens that
+    carries the prompt's cached tokens, before the chunked prefill gives any token (the
+    Anthropic API's message_start); requests that do not ask get no such output."""
+    loaded = loaded_model(tiny_models("qwen3"))
+    core = EngineCore(loaded, engine_config(block_size=4, max_num_batched_tokens=32))
+    other, prompt = random_prompts(loaded.model.args.vocab_size, 2, seed=6)
+    plain = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    core.add_request("plain", other, plain)
+    while core.has_work():
+        assert all(out.outputs for out in core.step())
+    prompt = prompt + list(range(7, 7 + 64))  # two chunks at least
+    # The repeat comes from the cache but for the block holding its last token.
+    for rid, cached in (("first", 0), ("again", (len(prompt) - 1) // 4 * 4)):
+        core.add_request(rid, prompt, replace(plain, announce=True))
+        outs = []
+        while core.has_work():
+            outs += [out for out in core.step() if out.request_id == rid]
+        empty = [i for i, out in enumerate(outs) if not out.outputs]
+        assert empty == [0], rid  # the first output, once
+        assert outs[0].cached_tokens == cached and not outs[0].finished
+        assert sum(len(c.token_ids) for out in outs for c in out.outputs) == 4
+        assert outs[-1].finished and outs[-1].cached_tokens == cached
 
 
 def test_seed_gives_same_output_in_any_batch(tiny_models) -> None:

@@ -77,6 +77,7 @@ class Request:
     seqs: list[Sequence]
     prompt_tokens: int
     done: set[int] = field(default_factory=set)
+    admitted: bool = False  # its admission output sent (`EngineCore._admitted`)
 
 
 def check_prompt(prompt_ids: list[int], max_model_len: int) -> None:
@@ -409,6 +410,7 @@ class EngineCore:
         if sched.empty:
             return outs + self._finish_inflight()
         self.steps += 1
+        outs.extend(self._admitted(sched))
         # A step that scores prompt positions runs through `_forward`, never speculating.
         scoring = any(it.seq.scores_prompt for it in sched.prefills)
         if (
@@ -450,6 +452,21 @@ class EngineCore:
             sampled.append((c_items, result))
         self._inflight = (everything, sampled)
         return outs
+
+    def _admitted(self, sched: SchedulerOutput) -> list[RequestOutput]:
+        """Requests that asked (`SamplingParams.announce`), scheduled for the first time:
+        each as an output without tokens that carries its prompt's cached tokens, known
+        once the prefix is matched, before the prefill runs."""
+        new = []
+        for it in sched.prefills:
+            if not it.seq.params.announce:
+                continue
+            req = self.requests.get(it.seq.request_id)
+            if req is not None and not req.admitted:
+                req.admitted = True
+                cached = it.seq.num_cached
+                new.append(RequestOutput(req.request_id, [], req.prompt_tokens, cached, False))
+        return new
 
     def _forward(
         self, sched: SchedulerOutput

@@ -60,6 +60,9 @@ class SamplingParams:
     # vLLM's bad_words, tokenized: a sequence's last token is banned where the output
     # ends with the ones before it.
     bad_words_ids: list[list[int]] = field(default_factory=list)
+    # An output without tokens when the request is first scheduled, carrying its prompt's
+    # cached tokens before its prefill runs (the Anthropic API's `message_start`).
+    announce: bool = False
 
 
 @dataclass(frozen=True)

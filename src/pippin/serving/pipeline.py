@@ -203,14 +203,18 @@ async def run_parsed(
     params: SamplingParams,
     request_id: str,
     parsers: list[OutputParser],
+    admitted: Callable[[int], None] | None = None,
 ) -> AsyncIterator[ParsedStep]:
     """Generate the request's sequences (one parser each, by choice index) and parse them
-    as they come; engine failures raise."""
+    as they come; engine failures raise. `admitted` takes the prompt's cached tokens from
+    an output without tokens (`SamplingParams.announce`)."""
     completion = 0
     gen = engine.generate(prompt_ids, params, request_id)
     async with closing(gen) as outputs:
         async for out in outputs:
             raise_failure(out)
+            if not out.outputs and admitted is not None:
+                admitted(out.cached_tokens)
             for c in out.outputs:
                 parser = parsers[c.index]
                 completion += len(c.token_ids)

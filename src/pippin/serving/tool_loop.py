@@ -274,6 +274,9 @@ class ToolLoop:
     turns: int = 0
     finish_reason: str | None = None
     last_step: ParsedStep | None = None
+    # Takes the first turn's cached prompt tokens once the engine has matched its prefix,
+    # before any token (the Anthropic API's `message_start` reports them).
+    on_admitted: Callable[[int], None] | None = None
 
     def owns(self, name: str | None) -> bool:
         return self.tools is not None and self.tools.owns(name)
@@ -297,12 +300,14 @@ class ToolLoop:
             )
             # One parser per choice (several only without MCP tools: `n`).
             parsers = [turn.new_parser(whole) for _ in range(turn.params.n)]
+            admitted = self.on_admitted if self.turns == 0 else None
             steps = run_parsed(
                 self.engine,
                 turn.prompt_ids,
-                turn.params,
+                replace(turn.params, announce=True) if admitted else turn.params,
                 f"{self.request_id}-{self.turns}" if self.turns else self.request_id,
                 parsers,
+                admitted,
             )
             self.turns += 1
             thinking = [p.in_reasoning for p in parsers]

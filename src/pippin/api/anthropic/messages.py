@@ -55,7 +55,7 @@ from pippin.serving.tool_loop import CallFinished, CallStarted, ToolLoop
 router = APIRouter()
 
 PING_SECONDS = 5.0
-# message_start waits this long for the engine's first step, to report cached tokens.
+# message_start waits this long for the engine to schedule the request (`_Admitted`).
 _START_WAIT = 1.0
 
 
@@ -323,10 +323,14 @@ class MessageRun:
             except BaseException as exc:  # noqa: BLE001 - handed to the stream
                 await queue.put(exc)
 
+        # The engine tells the prompt's cached tokens once it has matched the prefix, before
+        # the prefill runs; a request still waiting for room in the batch gets its
+        # message_start without them after _START_WAIT (message_delta has them all).
+        loop.on_admitted = lambda cached: queue.put_nowait(_Admitted(cached))
         task = asyncio.ensure_future(pump())
         try:
             first = await _get(queue, _START_WAIT)
-            cached = first.cached_tokens if isinstance(first, ParsedStep) else 0
+            cached = first.cached_tokens if isinstance(first, ParsedStep | _Admitted) else 0
             start = {
                 **self._head(),
                 "content": [],
@@ -338,8 +342,9 @@ class MessageRun:
             yield typed_sse({"type": "ping"})
             item: Any = first
             while True:
-                while item is _TIMEOUT:
-                    yield typed_sse({"type": "ping"})  # still reading the prompt
+                while item is _TIMEOUT or isinstance(item, _Admitted):
+                    if item is _TIMEOUT:
+                        yield typed_sse({"type": "ping"})  # still reading the prompt
                     item = await _get(queue, PING_SECONDS)
                 if item is None:
                     break
@@ -366,6 +371,13 @@ class MessageRun:
 
 
 _TIMEOUT = object()
+
+
+@dataclass
+class _Admitted:
+    """The engine has scheduled the first turn: its prompt's cached tokens."""
+
+    cached_tokens: int
 
 
 async def _get(queue: asyncio.Queue[Any], timeout: float) -> Any:
