@@ -396,11 +396,6 @@ def iterations(k: int, bits: int) -> int:
     return -(-k // (512 // bits))
 
 
-def whole_iterations(layer: nn.Module) -> bool:
-    """Whether `layer`'s K fills its last iteration."""
-    return in_features(layer) % (512 // layer.bits) == 0
-
-
 def activations(layer: nn.Module) -> mx.Dtype:
     """The activations' dtype the kernel would compute `layer` for: its scales' (affine),
     bf16 (MXFP4: uint8 exponents for scales; `pippin_fp4_pair` gives bf16)."""
