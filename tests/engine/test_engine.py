@@ -113,11 +113,15 @@ def test_prefix_cache_hit_and_n_shares_prompt(tiny_models) -> None:
     assert len({tuple(v) for v in res["ids"].values()}) > 1  # the samples differ
 
 
-def test_an_announcing_request_gets_its_cached_tokens_before_its_prefill(tiny_models) -> None:
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe", "qwen3_next"])
+def test_an_announcing_request_gets_its_cached_tokens_before_its_prefill(
+    tiny_models, arch: str
+) -> None:
     """`SamplingParams.announce`: once, when first scheduled, an output without tokens that
     carries the prompt's cached tokens, before the chunked prefill gives any token (the
-    Anthropic API's message_start); requests that do not ask get no such output."""
-    loaded = loaded_model(tiny_models("qwen3"))
+    Anthropic API's message_start); requests that do not ask get no such output. Dense,
+    MoE and hybrid (resumed from recurrent-state snapshots) alike."""
+    loaded = loaded_model(tiny_models(arch))
     core = EngineCore(loaded, engine_config(block_size=4, max_num_batched_tokens=32))
     other, prompt = random_prompts(loaded.model.args.vocab_size, 2, seed=6)
     plain = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
