@@ -24,6 +24,9 @@
 #   spyoss  gpt-oss-20b-mxfp4's server at one stream under py-spy (loop_cost.py; py-spy
 #           staged in .gpu/a, installed in /tmp/site/bin): on 2026-12-07 (H100) it streamed
 #           at 56 ms a token over HTTP while its engine in-process took 13 ms a token
+#   spyone  one stream in-process under py-spy --native (MLX's C++ frames), pippin then
+#           mlx-lm, on SPY_MODEL (default gpt-oss-20b-mxfp4): where each engine's host time
+#           a step goes (on 2026-12-07 pippin's gpt-oss step held the host 7.5 ms in async_eval)
 #   moenan  where the tiny MoE models of the grouped kernel's model test first give NaN
 #           (bench/gpu/moe_nan.py; their MLX bf16 forward did on an H100, not on the CPU)
 #   mxfp4   the CUDA tests of MXFP4 weights and of K ending mid-iteration (gpt-oss's 2,880):
@@ -101,6 +104,17 @@ for step in "$@"; do
         grep -v "WARNING\|regex" | tail -12
       python3 bench/gpu/spy_summary.py "$OUT/spy-oss.txt" --threads 2 --top 25 |
         tee "$OUT/spy-oss-summary.txt" ;;
+    spyone)
+      m=${SPY_MODEL:-gpt-oss-20b-mxfp4}
+      build $m 2>&1 | grep built
+      for e in pippin mlx_lm; do
+        PATH=$PATH:/tmp/site/bin timeout -s KILL "${SPY_S:-120}" py-spy record --native \
+          --threads -r 100 -f raw -o "$OUT/spy1-$e.txt" -- python3 bench/gpu/single_stream.py \
+          "$ROOT/$m" --engines $e --gen 400 --prompt 256 --repeat 1 2>&1 | grep "tok/s"
+        python3 bench/gpu/spy_summary.py "$OUT/spy1-$e.txt" --threads 1 --top 40 \
+          --inclusive 60 >"$OUT/spy1-$e-summary.txt"
+        head -60 "$OUT/spy1-$e-summary.txt"
+      done 2>&1 | tee "$OUT/spyone.txt" ;;
     moenan)
       (cd bench/gpu && timeout 200 python3 moe_nan.py) 2>&1 | grep -v WARNING |
         tee "$OUT/moenan.txt" ;;

@@ -348,3 +348,36 @@ def test_warm_builds_each_quantised_template_once(
     assert {t["MX"] for t in grouped} == {MOE_MODELS[arch][1] == "mxfp4"}
     patches.undo(model)
     _compile_all(recorder)
+
+
+@pytest.mark.parametrize("arch", sorted(MOE_MODELS))
+def test_a_long_prompt_chunk_takes_the_grouped_kernel_with_warmed_templates(
+    tiny_models, recorder: Recorder, monkeypatch: pytest.MonkeyPatch, arch: str
+) -> None:
+    """A prompt chunk of 1,000 tokens (beyond the 256 that `moe_quant.warm` builds for)
+    runs its experts through the grouped kernel, not MLX's `gather_qmm` (about 1,000 prompt
+    tokens/s for gpt-oss-20b on an H100), with templates the warm-up has already built."""
+    from pippin.kernels import moe_quant, patches
+
+    monkeypatch.setattr(device, "on_cuda", lambda: True)
+    model = quantised_moe(tiny_models, arch)
+    assert patches.quantised_experts(model)
+    moe_quant.warm(model, model.args.num_experts_per_tok)
+    warmed = {(x.name, tuple(x.template)) for x in recorder.launches}
+    recorder.launches.clear()
+    monkeypatch.setattr(mx, "gather_qmm", None)  # any call of it fails
+    tokens = mx.random.randint(3, model.args.vocab_size, (1, 1000), key=mx.random.key(0))
+    mx.eval(model(tokens))
+    grouped = [x for x in recorder.launches if x.name == "pippin_gather_quant_matmul"]
+    assert len(grouped) == 3 * model.args.num_hidden_layers  # gate, up, down
+    assert {(x.name, tuple(x.template)) for x in grouped} <= warmed
+    patches.undo(model)
+
+
+def test_a_grid_beyond_cuda_limit_keeps_mlx_product() -> None:
+    """512 experts (Qwen3-Next) and a chunk of 8,192 tokens would need 65,536 rows of
+    blocks, one past CUDA's grid: such a call keeps MLX's `gather_qmm`."""
+    from pippin.kernels import quant_matmul
+
+    assert quant_matmul.gather_fits(8192 * 10, 512, 512, 2048, 4, 4096)
+    assert not quant_matmul.gather_fits(8192 * 10, 512, 512, 2048, 4, 8192)

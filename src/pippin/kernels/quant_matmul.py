@@ -41,6 +41,7 @@ from pippin.kernels import device
 BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)
 DTYPES = (mx.bfloat16, mx.float16)
+GRID_Y = 65_535  # CUDA's most blocks along y
 MAX_ROWS = 256  # the kernel's rows; the caller takes the dense product above its own bound
 _SMS = 132  # streaming multiprocessors of an H100 (H200 too): enough blocks to fill them
 _SMEM_LIMIT = 48 * 1024
@@ -498,6 +499,13 @@ def gather_plan(p: int, e: int, n: int, k: int, bits: int, tokens: int) -> tuple
     most pairs) need."""
     mt, nt, wk = plan(expert_rows(p, e), n, k, bits, row_blocks=min(e, p))
     return mt, nt, wk, -(-tokens // (16 * mt))
+
+
+def gather_fits(p: int, e: int, n: int, k: int, bits: int, tokens: int) -> bool:
+    """Whether `gather_qmm`'s blocks for `p` pairs over `e` experts fit CUDA's grid: a row
+    of blocks per expert and chunk of its pairs, at most 65,535 rows (512 experts and a
+    8,192-token chunk would need 65,536)."""
+    return e * gather_plan(p, e, n, k, bits, tokens)[3] <= GRID_Y
 
 
 def gather_qmm(
