@@ -233,6 +233,15 @@ def test_grouped_product_at_gpt_oss_width(bits: int, gs: int, mode: str, product
         _check_grouped(tokens, bits, gs, mode, product, k=2880, mid=2880)
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("bits,gs,mode", [(4, 64, "affine"), (4, 32, "mxfp4")])
+def test_grouped_product_on_a_long_prompt_chunk(bits: int, gs: int, mode: str) -> None:
+    """A prompt chunk of 1,100 tokens (4,400 pairs over 16 experts; an expert's pairs in up
+    to 18 blocks of 64): `moe_quant` sends chunks of any size to the matmul form, no longer
+    only up to 256 tokens."""
+    _check_grouped(1100, bits, gs, mode, quant_matmul.gather_qmm)
+
+
 def _check_grouped(  # type: ignore[no-untyped-def]
     tokens: int, bits: int, gs: int, mode: str, product, k: int = 256, mid: int = 256
 ) -> None:
