@@ -27,6 +27,9 @@
 #   spyone  one stream in-process under py-spy --native (MLX's C++ frames), pippin then
 #           mlx-lm, on SPY_MODEL (default gpt-oss-20b-mxfp4): where each engine's host time
 #           a step goes (on 2026-12-07 pippin's gpt-oss step held the host 7.5 ms in async_eval)
+#   moeprefill  gpt-oss-20b-mxfp4's prompt chunks of 512, 2,048 and 8,192 tokens through
+#           MLX's gather_qmm and through the grouped kernel, with the logits compared
+#           (moe_prefill.py; MOE_MODEL for another model, e.g. qwen3-30b-a3b-4bit)
 #   moenan  where the tiny MoE models of the grouped kernel's model test first give NaN
 #           (bench/gpu/moe_nan.py; their MLX bf16 forward did on an H100, not on the CPU)
 #   mxfp4   the CUDA tests of MXFP4 weights and of K ending mid-iteration (gpt-oss's 2,880):
@@ -115,6 +118,11 @@ for step in "$@"; do
           --inclusive 60 >"$OUT/spy1-$e-summary.txt"
         head -60 "$OUT/spy1-$e-summary.txt"
       done 2>&1 | tee "$OUT/spyone.txt" ;;
+    moeprefill)
+      m=${MOE_MODEL:-gpt-oss-20b-mxfp4}
+      build $m 2>&1 | grep built
+      (cd bench/gpu && timeout 300 python3 moe_prefill.py "$ROOT/$m") 2>&1 |
+        grep --line-buffered -v "WARNING\|regex" | tee "$OUT/moeprefill-$m.txt" ;;
     moenan)
       (cd bench/gpu && timeout 200 python3 moe_nan.py) 2>&1 | grep -v WARNING |
         tee "$OUT/moenan.txt" ;;
