@@ -233,6 +233,31 @@ def test_grouped_product_at_gpt_oss_width(bits: int, gs: int, mode: str, product
         _check_grouped(tokens, bits, gs, mode, product, k=2880, mid=2880)
 
 
+# (experts, hidden, expert width, top k) of the MoE models users serve.
+MOE_SHAPES = {
+    "gpt-oss-20b": (32, 2880, 2880, 4),
+    "Qwen3-30B-A3B": (128, 2048, 768, 8),
+    "Qwen3-Next-80B-A3B": (512, 2048, 512, 10),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MOE_SHAPES))
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_chunk_of_cuda_default_size_fits_the_grid(name: str, bits: int) -> None:
+    """A prompt chunk of 8,192 tokens (CUDA's default) runs its experts' products in the
+    grouped kernel, whose blocks fit CUDA's grid, except for Qwen3-Next's 512 experts,
+    which keep MLX's `gather_qmm` at that size; `moe_quant.warm` builds the templates of
+    chunks to twice that size."""
+    from pippin.kernels import moe_quant
+
+    e, hidden, mid, top_k = MOE_SHAPES[name]
+    for n, k in ((mid, hidden), (hidden, mid)):  # gate and up, down
+        assert quant_matmul.gather_fits(4096 * top_k, e, n, k, bits, 4096)
+        fits = quant_matmul.gather_fits(8192 * top_k, e, n, k, bits, 8192)
+        assert fits == (e < 512), (n, k)
+    assert moe_quant.WARM_TOKENS >= 2 * 8192
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("bits,gs,mode", [(4, 64, "affine"), (4, 32, "mxfp4")])
 def test_grouped_product_on_a_long_prompt_chunk(bits: int, gs: int, mode: str) -> None:

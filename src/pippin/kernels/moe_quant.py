@@ -27,10 +27,9 @@ from pippin.kernels import quant_matmul, quant_matvec
 
 CLASSES = (("switch_layers", "SwitchGLU"),)
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
-# `warm` builds the templates of 1 to this many tokens a call; larger calls take the same
-# ones (every plan of 257-8,192 tokens equals one of 1-256 for the experts of gpt-oss-20b,
-# Qwen3-30B-A3B and Qwen3-Next).
-WARM_TOKENS = 256
+# `warm` builds the templates of 1 to this many tokens a call (twice CUDA's default prompt
+# chunk): a call of more that takes a new template waits for NVRTC once (about a second).
+WARM_TOKENS = 16_384
 
 
 def plan(module: nn.Module, base: type) -> mx.Dtype | None:
@@ -100,42 +99,53 @@ def call(self: Any, x: mx.array, indices: mx.array) -> mx.array:
     return y.reshape(*indices.shape, y.shape[-1])
 
 
+def tiling(e: int, n: int, k: int, bits: int, tokens: int, top_k: int) -> tuple:
+    """The product and tiling a call of `tokens` tokens (`top_k` experts each) takes for a
+    projection of `e` experts, N `n`, K `k`: with the dtype, packing and direction, what
+    picks its template."""
+    p = tokens * top_k
+    if quant_matvec.takes(p, e):
+        rows, tiles = quant_matvec.gather_plan(p, e, k, bits, tokens)
+        return ("gather_qmv", rows > 8, tiles)
+    return ("gather_qmm", *quant_matmul.gather_plan(p, e, n, k, bits, tokens)[:3])
+
+
 def warm(model: nn.Module, top_k: int) -> int:
     """Build now every template the patched `SwitchGLU`s of `model` take for 1 to
     `WARM_TOKENS` tokens of `top_k` experts each (as `quant_matmul.warm` does for dense
     layers); how many products ran."""
-    seen: set[tuple] = set()
+    layers: dict[tuple, tuple[Any, mx.Dtype, bool]] = {}  # one projection of each shape
     for _, m in model.named_modules():
         if type(m).__dict__.get("__call__") is not call or m._pippin_plan is None:
             continue
         for q in PROJECTIONS:
             layer = getattr(m, q)
             down = q == "down_proj"
-            e, n = layer["weight"].shape[:2]
-            k = layer["scales"].shape[-1] * layer.group_size
             dtype = m._pippin_plan
             packing = (layer["scales"].dtype, layer.bits, layer.group_size)  # MX or affine
-            for tokens in range(1, WARM_TOKENS + 1):
-                p = tokens * top_k
-                if quant_matvec.takes(p, e):
-                    rows, tiles = quant_matvec.gather_plan(p, e, k, layer.bits, tokens)
-                    plan = (dtype, *packing, rows > 8, tiles)
-                    product = quant_matvec.gather_qmv
-                else:
-                    plan = (dtype, *packing)
-                    plan += quant_matmul.gather_plan(p, e, n, k, layer.bits, tokens)[:3]
-                    product = quant_matmul.gather_qmm
-                key = (product.__name__, *plan, down)  # the template
-                if key in seen:
-                    continue
-                seen.add(key)
-                x = mx.zeros((p if down else tokens, k), dtype=dtype)
-                ids = mx.zeros((p,), dtype=mx.uint32)
-                order = mx.arange(p, dtype=mx.uint32)
-                w, s, b = layer["weight"], layer["scales"], layer.get("biases")
-                mx.eval(
-                    product(
-                        x, w, s, b, ids, order, tokens, layer.group_size, layer.bits, not down, down
-                    )
+            layers.setdefault((layer["weight"].shape, dtype, packing, down), (layer, dtype, down))
+    seen: set[tuple] = set()
+    for layer, dtype, down in layers.values():
+        e, n = layer["weight"].shape[:2]
+        k = quant_matmul.in_features(layer)
+        packing = (layer["scales"].dtype, layer.bits, layer.group_size)
+        for tokens in range(1, WARM_TOKENS + 1):
+            form = tiling(e, n, k, layer.bits, tokens, top_k)
+            key = (form, dtype, *packing, down)  # the template
+            if key in seen:
+                continue
+            seen.add(key)
+            p = tokens * top_k
+            product = (
+                quant_matvec.gather_qmv if form[0] == "gather_qmv" else quant_matmul.gather_qmm
+            )
+            x = mx.zeros((p if down else tokens, k), dtype=dtype)
+            ids = mx.zeros((p,), dtype=mx.uint32)
+            order = mx.arange(p, dtype=mx.uint32)
+            w, s, b = layer["weight"], layer["scales"], layer.get("biases")
+            mx.eval(
+                product(
+                    x, w, s, b, ids, order, tokens, layer.group_size, layer.bits, not down, down
                 )
+            )
     return len(seen)
