@@ -374,9 +374,9 @@ def test_a_long_prompt_chunk_takes_the_grouped_kernel_with_warmed_templates(
     patches.undo(model)
 
 
-def test_a_grid_beyond_cuda_limit_keeps_mlx_product() -> None:
+def test_a_grid_beyond_cuda_limit_is_refused() -> None:
     """512 experts (Qwen3-Next) and a chunk of 8,192 tokens would need 65,536 rows of
-    blocks, one past CUDA's grid: such a call keeps MLX's `gather_qmm`."""
+    blocks, one past CUDA's grid (`moe_quant.call` then runs the chunk in pieces)."""
     from pippin.kernels import quant_matmul
 
     assert quant_matmul.gather_fits(8192 * 10, 512, 512, 2048, 4, 4096)

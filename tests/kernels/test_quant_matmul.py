@@ -245,9 +245,9 @@ MOE_SHAPES = {
 @pytest.mark.parametrize("bits", [4, 8])
 def test_a_chunk_of_cuda_default_size_fits_the_grid(name: str, bits: int) -> None:
     """A prompt chunk of 8,192 tokens (CUDA's default) runs its experts' products in the
-    grouped kernel, whose blocks fit CUDA's grid, except for Qwen3-Next's 512 experts,
-    which keep MLX's `gather_qmm` at that size; `moe_quant.warm` builds the templates of
-    chunks to twice that size."""
+    grouped kernel at once, its blocks within CUDA's grid, except for Qwen3-Next's 512
+    experts, whose chunk runs in halves (`moe_quant.call`); `moe_quant.warm` builds the
+    templates of calls to twice that size."""
     from pippin.kernels import moe_quant
 
     e, hidden, mid, top_k = MOE_SHAPES[name]
@@ -359,3 +359,70 @@ def test_moe_model_takes_the_grouped_kernel_and_keeps_its_logits(
         patches.undo(model)
         mlx_err, our_err = (np.abs(y - exact).max() for y in (mlx, ours))
         assert our_err <= 1.5 * mlx_err + 0.01 * np.abs(exact).max(), shape
+
+
+def _grouped_reference(  # type: ignore[no-untyped-def]
+    x, w, scales, biases, ids, order, tokens, gs, bits, gather_x, scatter_out
+) -> mx.array:
+    """What `quant_matmul.gather_qmm` and `quant_matvec.gather_qmv` compute, in MLX ops:
+    the CUDA kernels' stand-in on the CPU."""
+    mxfp4 = scales.dtype == mx.uint8
+    w = mx.dequantize(
+        w,
+        scales,
+        None if mxfp4 else biases,
+        group_size=gs,
+        bits=bits,
+        mode="mxfp4" if mxfp4 else "affine",
+    )
+    rows = x[order // (ids.size // x.shape[0])] if gather_x else x
+    y = (rows[:, None, :] @ w[ids].swapaxes(-1, -2))[:, 0]
+    return y[mx.argsort(order)] if scatter_out else y
+
+
+@pytest.mark.parametrize("arch", sorted(MOE_MODELS))
+def test_a_chunk_beyond_the_grid_runs_in_pieces(
+    tiny_models, arch: str, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """A prompt chunk whose grouped products would need more rows of blocks than CUDA's
+    grid has (512 experts at 8,192 tokens) runs its experts in pieces that fit, each through
+    the kernel, with the logits of the whole chunk run at once (the kernels' MLX stand-in
+    on the CPU); one MoE block through the stand-in agrees with mlx-lm's own."""
+    from pippin.kernels import patches
+
+    model = quantised_moe(tiny_models, arch)
+    calls: list[int] = []
+
+    def reference(x, w, *args):  # type: ignore[no-untyped-def]
+        calls.append(args[3].size)  # ids: the call's pairs
+        return _grouped_reference(x, w, *args)
+
+    monkeypatch.setattr(quant_matmul, "gather_qmm", reference)
+    monkeypatch.setattr(quant_matvec, "gather_qmv", reference)
+    assert patches.quantised_experts(model)
+    tokens = mx.random.randint(3, model.args.vocab_size, (1, 300), key=mx.random.key(5))
+    top_k = model.args.num_experts_per_tok
+    layers = model.args.num_hidden_layers
+    try:
+        whole = np.array(model(tokens).astype(mx.float32))
+        assert calls == [300 * top_k] * 3 * layers
+        calls.clear()
+        block = next(m for _, m in model.named_modules() if hasattr(m, "_pippin_plan"))
+        e = block.gate_proj["weight"].shape[0]
+        monkeypatch.setattr(quant_matmul, "GRID_Y", 2 * e)  # 2 chunks of an expert's pairs
+        pieces = np.array(model(tokens).astype(mx.float32))
+        assert len(calls) > 3 * layers and sum(calls) == 300 * top_k * 3 * layers
+        x = mx.random.normal(
+            (300, block.gate_proj["weight"].shape[-1] * 32 // block.gate_proj.bits)
+        )
+        x = x.astype(mx.bfloat16)
+        scores = mx.random.normal((300, e), key=mx.random.key(6))
+        indices = mx.argpartition(-scores, kth=top_k - 1, axis=-1)[:, :top_k].astype(mx.uint32)
+        ours = np.array(block(x, indices).astype(mx.float32))
+        theirs = np.array(block._pippin_base.__call__(block, x, indices).astype(mx.float32))
+    finally:
+        patches.undo(model)
+    assert np.allclose(pieces, whole, atol=1e-2 * np.abs(whole).max())
+    # Three bf16 products and the activation between them: a misplaced row would be off
+    # by its whole size.
+    assert np.abs(ours - theirs).max() <= 0.05 * np.abs(theirs).max()

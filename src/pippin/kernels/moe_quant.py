@@ -11,9 +11,10 @@ between them. The experts' biases (gpt-oss) are added as mlx-lm adds them.
 
 Where it applies: every projection a `QuantizedSwitchLinear` that `quant_matmul.applies`
 takes (MLX affine, or MXFP4 as gpt-oss ships its experts), activations of the dtype it
-takes them in, and prompt chunks of any size whose blocks fit CUDA's grid
-(`quant_matmul.gather_fits`; beyond, mlx-lm's sorted `gather_qmm`). Prompt chunks matter
-most: on an H100 MLX's `gather_qmm` read gpt-oss-20b's prompts at about 1,000 tokens/s.
+takes them in, and prompt chunks of any size: a chunk whose blocks would not fit CUDA's
+grid (`quant_matmul.gather_fits`: 512 experts at 8,192 tokens) runs in pieces that do.
+Prompt chunks matter most: on an H100 MLX's `gather_qmm` read gpt-oss-20b's prompts at about
+1,000 tokens/s.
 """
 
 from __future__ import annotations
@@ -83,20 +84,35 @@ def call(self: Any, x: mx.array, indices: mx.array) -> mx.array:
     dtype = getattr(self, "_pippin_plan", None)
     top_k = indices.shape[-1]
     tokens = indices.size // top_k
-    if (
-        dtype is None
-        or x.dtype != dtype
-        or x.size != tokens * x.shape[-1]
-        or not all(_fits(getattr(self, q), indices.size, tokens) for q in PROJECTIONS)
-    ):
+    if dtype is None or x.dtype != dtype or x.size != tokens * x.shape[-1]:
         return self._pippin_base.__call__(self, x, indices)
+    rows = x.reshape(tokens, x.shape[-1])
+    pairs = indices.reshape(tokens, top_k)
+    piece = tokens
+    while not all(_fits(getattr(self, q), piece * top_k, piece) for q in PROJECTIONS):
+        piece = -(-piece // 2)  # a few experts' pairs always fit (the matvec form's)
+    if piece == tokens:
+        y = _experts(self, rows, pairs)
+    else:
+        y = mx.concatenate(
+            [
+                _experts(self, rows[i : i + piece], pairs[i : i + piece])
+                for i in range(0, tokens, piece)
+            ]
+        )
+    return y.reshape(*indices.shape, y.shape[-1])
+
+
+def _experts(self: Any, rows: mx.array, indices: mx.array) -> mx.array:
+    """The MLP of `rows` [T, D] through their experts `indices` [T, top_k]: [T * top_k, D]."""
+    tokens = rows.shape[0]
     ids, order = quant_matmul.sort_pairs(indices)
     flat = indices.reshape(-1)
-    rows = x.reshape(tokens, x.shape[-1])
     up = _project(self.up_proj, rows, ids, order, tokens, True, False, flat)
     gate = _project(self.gate_proj, rows, ids, order, tokens, True, False, flat)
-    y = _project(self.down_proj, self.activation(up, gate), ids, order, tokens, False, True, flat)
-    return y.reshape(*indices.shape, y.shape[-1])
+    return _project(
+        self.down_proj, self.activation(up, gate), ids, order, tokens, False, True, flat
+    )
 
 
 def tiling(e: int, n: int, k: int, bits: int, tokens: int, top_k: int) -> tuple:
