@@ -11,8 +11,8 @@ from pippin.runner import decode_graph
 
 def test_the_timed_decode_traces_no_new_shape(tiny_models, monkeypatch: pytest.MonkeyPatch) -> None:
     """With the decode step compiled, `decode_rate`'s timed part takes only shapes its
-    engine has traced already (a trace costs 0.1-0.5 s on CUDA, which mlx-lm's uncompiled
-    step never pays), and its untimed warm-up did trace (the same engine, the same lengths)."""
+    engine has traced already (a cost mlx-lm's uncompiled step never pays), and its untimed
+    warm-up did trace (the same engine, the same lengths)."""
     monkeypatch.setenv("PIPPIN_COMPILE", "1")
     model = loaded_model(tiny_models("llama")).model
     traced: list[bool] = []  # per step call: whether the drive it is in is timed
