@@ -354,9 +354,9 @@ def test_warm_builds_each_quantised_template_once(
 def test_a_long_prompt_chunk_takes_the_grouped_kernel_with_warmed_templates(
     tiny_models, recorder: Recorder, monkeypatch: pytest.MonkeyPatch, arch: str
 ) -> None:
-    """A prompt chunk of 1,000 tokens (beyond the 256 that `moe_quant.warm` builds for)
-    runs its experts through the grouped kernel, not MLX's `gather_qmm` (about 1,000 prompt
-    tokens/s for gpt-oss-20b on an H100), with templates the warm-up has already built."""
+    """A prompt chunk of 1,000 tokens (once past the kernel's 256-token bound) runs its
+    experts through the grouped kernel, not MLX's `gather_qmm` (about 1,000 prompt tokens/s
+    for gpt-oss-20b on an H100), with templates the warm-up has already built."""
     from pippin.kernels import moe_quant, patches
 
     monkeypatch.setattr(device, "on_cuda", lambda: True)

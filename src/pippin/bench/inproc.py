@@ -176,10 +176,7 @@ def decode_rate(
     The same engine first decodes prompts of the same lengths (reversed, so that none is a
     cached prefix) untimed: its compiled decode step traces each new shape once, as a
     served engine does before its first requests, and the timed part then takes only shapes
-    already traced (mlx-lm's uncompiled step has none to trace). Until 2026-12-07 each run's
-    new engine traced inside the timed part: that day an 8B 4-bit stream decoded at 185
-    tok/s in-process and at 4.4 ms a token (227 tok/s) over HTTP, gpt-oss-20b at 89 against
-    8.4 ms (119)."""
+    already traced (mlx-lm's uncompiled step has none to trace)."""
     core = bare_core(model, prompts, gen)
     warm = [p[::-1] for p in prompts]
     drive(core, sampled(warm, gen, prefix="warm-"), untimed_prefill=True, keep=False)

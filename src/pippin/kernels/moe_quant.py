@@ -116,49 +116,45 @@ def _experts(self: Any, rows: mx.array, indices: mx.array) -> mx.array:
 
 
 def tiling(e: int, n: int, k: int, bits: int, tokens: int, top_k: int) -> tuple:
-    """The product and tiling a call of `tokens` tokens (`top_k` experts each) takes for a
-    projection of `e` experts, N `n`, K `k`: with the dtype, packing and direction, what
-    picks its template."""
+    """The product (`quant_matvec.gather_qmv` or `quant_matmul.gather_qmm`) and tiling a
+    call of `tokens` tokens (`top_k` experts each) takes for a projection of `e` experts, N
+    `n`, K `k`: with the dtype, packing and direction, what picks its template."""
     p = tokens * top_k
     if quant_matvec.takes(p, e):
         rows, tiles = quant_matvec.gather_plan(p, e, k, bits, tokens)
-        return ("gather_qmv", rows > 8, tiles)
-    return ("gather_qmm", *quant_matmul.gather_plan(p, e, n, k, bits, tokens)[:3])
+        return (quant_matvec.gather_qmv, rows > 8, tiles)
+    return (quant_matmul.gather_qmm, *quant_matmul.gather_plan(p, e, n, k, bits, tokens)[:3])
 
 
 def warm(model: nn.Module, top_k: int) -> int:
     """Build now every template the patched `SwitchGLU`s of `model` take for 1 to
     `WARM_TOKENS` tokens of `top_k` experts each (as `quant_matmul.warm` does for dense
     layers); how many products ran."""
-    layers: dict[tuple, tuple[Any, mx.Dtype, bool]] = {}  # one projection of each shape
+    layers: dict[tuple, Any] = {}  # one projection of each shape, dtype, packing, direction
     for _, m in model.named_modules():
         if type(m).__dict__.get("__call__") is not call or m._pippin_plan is None:
             continue
         for q in PROJECTIONS:
             layer = getattr(m, q)
-            down = q == "down_proj"
-            dtype = m._pippin_plan
             packing = (layer["scales"].dtype, layer.bits, layer.group_size)  # MX or affine
-            layers.setdefault((layer["weight"].shape, dtype, packing, down), (layer, dtype, down))
+            key = (layer["weight"].shape, m._pippin_plan, packing, q == "down_proj")
+            layers.setdefault(key, layer)
     seen: set[tuple] = set()
-    for layer, dtype, down in layers.values():
-        e, n = layer["weight"].shape[:2]
+    for (shape, dtype, packing, down), layer in layers.items():
+        e, n = shape[:2]
         k = quant_matmul.in_features(layer)
-        packing = (layer["scales"].dtype, layer.bits, layer.group_size)
         for tokens in range(1, WARM_TOKENS + 1):
             form = tiling(e, n, k, layer.bits, tokens, top_k)
-            key = (form, dtype, *packing, down)  # the template
+            key = (form, dtype, packing, down)  # the template
             if key in seen:
                 continue
             seen.add(key)
             p = tokens * top_k
-            product = (
-                quant_matvec.gather_qmv if form[0] == "gather_qmv" else quant_matmul.gather_qmm
-            )
             x = mx.zeros((p if down else tokens, k), dtype=dtype)
             ids = mx.zeros((p,), dtype=mx.uint32)
             order = mx.arange(p, dtype=mx.uint32)
             w, s, b = layer["weight"], layer["scales"], layer.get("biases")
+            product = form[0]
             mx.eval(
                 product(
                     x, w, s, b, ids, order, tokens, layer.group_size, layer.bits, not down, down
