@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 
-from pippin.engine.observer import EngineObserver
+from pippin.engine.observer import EngineObserver, RequestWatch
 from pippin.engine.types import EngineError, RequestOutput, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,9 @@ class OutputStreams:
         self.max_buffered = max_buffered
         self._queues: dict[str, asyncio.Queue[RequestOutput]] = {}
         self._abort: dict[str, Callable[[str], None]] = {}
+        # Watched as each delivery arrives, not as its reader takes it: a reader that
+        # fell behind takes several merged, which would hide their gaps from the ITL.
+        self._watches: dict[str, RequestWatch] = {}
         # Requests submitted that have had no output yet: queued, or in their prefill.
         self.unstarted: set[str] = set()
 
@@ -65,6 +68,7 @@ class OutputStreams:
         q: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self._queues[request_id] = q
         self._abort[request_id] = abort
+        self._watches[request_id] = watch
         self.unstarted.add(request_id)
         submit(request_id, list(prompt_token_ids), params)
         deadline = (
@@ -79,7 +83,6 @@ class OutputStreams:
                 # queued up as one delta: one chunk to frame and send, not one per step.
                 while not out.finished and not q.empty():
                     out = out.then(q.get_nowait())
-                watch.output(out)
                 finished = out.finished
                 yield out
                 if finished:
@@ -87,6 +90,7 @@ class OutputStreams:
         finally:
             self._queues.pop(request_id, None)
             self._abort.pop(request_id, None)
+            self._watches.pop(request_id, None)
             self.unstarted.discard(request_id)
             watch.end(finished)
             if not finished:
@@ -104,7 +108,9 @@ class OutputStreams:
             self._queues.pop(rid, None)  # nothing more is read: later outputs are dropped
             msg = f"the request ran longer than the server's limit ({self.request_timeout_s:g}s)"
             log.info("request %s ended: %s", rid, msg)
-            return RequestOutput(rid, [], prompt, 0, True, error=msg, error_kind="timeout")
+            out = RequestOutput(rid, [], prompt, 0, True, error=msg, error_kind="timeout")
+            self._watch(out)
+            return out
 
     def dispatch(self, outs: list[RequestOutput]) -> None:
         """Hand outputs to their requests' streams (event loop)."""
@@ -120,12 +126,20 @@ class OutputStreams:
                 msg = f"the client left more than {self.max_buffered} outputs unread"
                 log.warning("request %s ended: %s", rid, msg)
                 out = RequestOutput(rid, [], out.prompt_tokens, 0, True, msg, "slow_reader")
+            self._watch(out)
             q.put_nowait(out)
 
     def fail_open(self, message: str) -> None:
         """Streams still open end with an error instead of waiting forever."""
         for rid, q in list(self._queues.items()):
-            q.put_nowait(RequestOutput(rid, [], 0, 0, True, error=message))
+            out = RequestOutput(rid, [], 0, 0, True, error=message)
+            self._watch(out)
+            q.put_nowait(out)
+
+    def _watch(self, out: RequestOutput) -> None:
+        watch = self._watches.get(out.request_id)
+        if watch is not None:
+            watch.output(out)
 
 
 def set_result(fut: asyncio.Future, value: object) -> None:
