@@ -78,7 +78,8 @@ VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
     "PIPPIN_PAGED_KERNEL": (
         _flag("PIPPIN_PAGED_KERNEL", "auto"),
         "auto: the paged-attention CUDA kernel for decode batches where it pays; "
-        "0: never (the gather path); 1: for every decode batch.",
+        "0: never (the gather path); 1: for every decode batch, and for models with "
+        "sliding windows or attention sinks (gpt-oss, Gemma 3) too.",
     ),
     "PIPPIN_PAGED_SPLIT": (
         _on("PIPPIN_PAGED_SPLIT"),

@@ -92,6 +92,25 @@ def test_split_paged_attention_compiles(
 
 
 @needs_nvrtc
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32])
+def test_windowed_paged_attention_with_sinks_compiles(
+    recorder: Recorder, split: bool, dtype: mx.Dtype
+) -> None:
+    """gpt-oss-20b's attention: a 128-key window and a sink logit per query head."""
+    q, k, v, tables, offsets = _case(2, 64, 8, 64, dtype, max_len=8000)
+    sinks = mx.zeros((64,), dtype=dtype)
+    paged_attention.paged_decode_attention(
+        q, k, v, tables, offsets, 0.125, 16, split=split, window=128, sinks=sinks
+    )
+    names = [launch.name for launch in recorder.launches]
+    split_names = ["pippin_paged_decode_split", "pippin_paged_decode_combine_sinks"]
+    assert names == (split_names if split else ["pippin_paged_decode_sinks"])
+    assert dict(recorder.launches[0].template)["WIN"] == 128
+    _compile_all(recorder)
+
+
+@needs_nvrtc
 @pytest.mark.parametrize("kind", ["llama", "llama3", "traditional", "qwen3"])
 @pytest.mark.parametrize("B,hq,hkv,d", [(3, 32, 8, 64), (2, 16, 2, 128)])
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32])

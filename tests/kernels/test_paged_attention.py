@@ -102,6 +102,54 @@ def test_split_kernel_matches_gather_path(
     assert mx.max(mx.abs(unsplit.astype(mx.float32) - ref)).item() < tol
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("window", [None, 1, 100, 128])
+@pytest.mark.parametrize("sinks", [False, True])
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32])
+def test_windowed_kernel_with_sinks_matches_gather_path(
+    split: bool, window: int | None, sinks: bool, dtype: mx.Dtype
+) -> None:
+    """gpt-oss's attention (64 query heads of 8 KV heads, d 64): sliding windows that
+    start mid-chunk (100) and on a chunk's edge (128), a window of the new key alone,
+    and sink logits of the scores' scale, unsplit and split over thread blocks."""
+    q, k, v, tables, offsets = _case(3, 64, 8, 64, dtype, max_len=5000, seed=4)
+    rng = np.random.default_rng(5)
+    s = mx.array(rng.standard_normal(64) * 3, dtype=dtype) if sinks else None
+    scale = 0.125
+    got = paged_attention.paged_decode_attention(
+        q, k, v, tables, offsets, scale, 16, split=split, window=window, sinks=s
+    )
+    f32 = [a.astype(mx.float32) for a in (q, k, v)]
+    s32 = None if s is None else s.astype(mx.float32)
+    ref = paged_attention.reference_decode_attention(*f32, tables, offsets, scale, 16, window, s32)
+    tol = 1e-4 if dtype == mx.float32 else 2e-2
+    assert got.shape == q.shape and got.dtype == dtype
+    assert mx.max(mx.abs(got.astype(mx.float32) - ref)).item() < tol
+
+
+@pytest.mark.parametrize("window", [None, 1, 20])
+def test_reference_with_window_and_sinks_is_the_softmax(window: int | None) -> None:
+    """The gather path, which the kernel's test holds it to, against attention written
+    out in numpy: each row sees its last `window` keys, and each head's softmax has its
+    sink logit as one more term."""
+    q, k, v, tables, offsets = _case(3, 4, 2, 32, mx.float32, max_len=60, seed=2)
+    sinks = np.random.default_rng(1).standard_normal(4).astype(np.float32) * 3
+    got = paged_attention.reference_decode_attention(
+        q, k, v, tables, offsets, 0.3, 16, window, mx.array(sinks)
+    )
+    qn, kn, vn, tn = (np.array(a) for a in (q, k, v, tables))
+    for b, off in enumerate(np.array(offsets)):
+        slots = np.array([tn[b, t // 16] * 16 + t % 16 for t in range(off + 1)])
+        lo = 0 if window is None else max(0, off + 1 - window)
+        for h in range(4):
+            keys, vals = kn[h // 2, slots[lo:]], vn[h // 2, slots[lo:]]
+            scores = np.append(keys @ qn[b, h, 0] * 0.3, sinks[h])
+            p = np.exp(scores - scores.max())
+            want = (p[:-1] / p.sum()) @ vals
+            assert np.allclose(np.array(got[b, h, 0]), want, atol=1e-5), (b, h)
+
+
 def test_split_choice() -> None:
     """Few rows over a long context split it; many rows or short contexts do not, and the
     split count depends on shapes alone (one compiled trace per shape)."""
@@ -116,15 +164,18 @@ def test_split_choice() -> None:
 
 
 @pytest.mark.parametrize("compiled", ["1", "0"])
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "qwen3_moe"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "qwen3_moe", "gemma3", "gpt_oss"])
 def test_engine_decode_through_paged_path_matches_gather(
     tiny_models, arch: str, compiled: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Both with the decode step compiled (`decode_graph`) and built op by op."""
+    """Both with the decode step compiled (`decode_graph`) and built op by op. gemma3
+    and gpt_oss have sliding windows (8 keys, shorter than most prompts), gpt_oss
+    attention sinks: they take the kernel when it is forced on."""
     monkeypatch.setenv("PIPPIN_COMPILE", compiled)
     loaded = loaded_model(tiny_models(arch, head_dim=32))
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 200) for _ in range(rng.randrange(2, 40))] for _ in range(6)]
+    forced = "1" if arch in ("gemma3", "gpt_oss") else "auto"
 
     monkeypatch.setenv("PIPPIN_PAGED_KERNEL", "0")
     monkeypatch.setattr(paged_attention, "force_reference", False)
@@ -135,8 +186,8 @@ def test_engine_decode_through_paged_path_matches_gather(
         monkeypatch.setattr(paged_attention, "force_reference", True)  # the plumbing only
         name = "reference_decode_attention"
     else:
-        monkeypatch.setenv("PIPPIN_PAGED_KERNEL", "auto")
         name = "paged_decode_attention"
+    monkeypatch.setenv("PIPPIN_PAGED_KERNEL", forced)
     calls = 0
     real = getattr(paged_attention, name)
 
@@ -156,13 +207,19 @@ def test_engine_decode_through_paged_path_matches_gather(
 
 
 @pytest.mark.parametrize("arch", ["gemma3", "qwen3_next", "gpt_oss"])
-def test_kernel_not_used_for_windows_or_recurrent_layers(
+def test_kernel_for_windows_only_when_forced_never_for_recurrent_layers(
     tiny_models, arch: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Sliding windows and sinks take the kernel only with `PIPPIN_PAGED_KERNEL=1` (not
+    measured on a GPU yet); recurrent layers never."""
     monkeypatch.setattr(paged_attention, "force_reference", True)
-    loaded = loaded_model(tiny_models(arch))
-    core = EngineCore(loaded, EngineConfig(num_blocks=64, block_size=4, max_model_len=128))
-    assert not core.runner.paged_kernel
+    loaded = loaded_model(tiny_models(arch, head_dim=32))
+    taken = {}
+    for flag in ("auto", "1"):
+        monkeypatch.setenv("PIPPIN_PAGED_KERNEL", flag)
+        core = EngineCore(loaded, EngineConfig(num_blocks=64, block_size=4, max_model_len=128))
+        taken[flag] = core.runner.paged_kernel
+    assert taken == {"auto": False, "1": arch != "qwen3_next"}
 
 
 @pytest.mark.parametrize(

@@ -243,6 +243,7 @@ def fused_decode_attention(attn: Any, qkv: mx.array, parts: list[mx.array], lay:
             ("HKV", s.hkv),
             ("BS", lay.block_size),
             ("NWARPS", nw),
+            ("WIN", 0),  # no sliding window: `CLASSES` are plain attention
             ("RD", s.rope_dims),
             ("TRAD", s.traditional),
             ("QNORM", s.qnorm),

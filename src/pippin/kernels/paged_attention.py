@@ -22,14 +22,20 @@ context is split, as flash-decoding does: each (row, KV head) gets `num_splits` 
 over consecutive runs of its tokens, each writes its unnormalised output with its
 running max and sum, and a second kernel merges the parts.
 
+Sliding-window layers and attention sinks (gpt-oss, Gemma 3: `WINDOWED_MODULES`) run
+in the kernel too: the layer's mask is a `Window` naming its size, which bounds the first
+key read, and each head's sink logit joins its softmax where the output is normalised.
+
 Set `PIPPIN_PAGED_KERNEL=0` to turn the kernel off, `=1` to force it on for any
-decode batch (the default: see `worth_it`); `PIPPIN_PAGED_SPLIT=0` keeps long contexts
-of few rows on the gather path, as before the split.
+decode batch and for `WINDOWED_MODULES` (the default: see `worth_it`);
+`PIPPIN_PAGED_SPLIT=0` keeps long contexts of few rows on the gather path, as before the
+split.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -78,18 +84,21 @@ SOURCE_HEAD = r"""
     const int NB = tables_shape[1];  // runtime, so a growing context compiles nothing new
     const size_t NSLOTS = k_shape[1];
     const float sc = scale[0];
+    // The first key attended: a sliding-window layer (WIN > 0) sees the last WIN only.
+    const int lo = WIN > 0 ? max(0, len - WIN) : 0;
+    const int c_lo = lo / 32;
     // This block's run of 32-token chunks: all of them unless the grid splits the
     // context (gridDim.y > 1). Block 0 takes the run with the newest token (in
     // `fused_attention` only block 0 writes it to the pool, then reads it back), blocks
     // 1.. the runs before it in order; a run past the end is empty (its block writes
     // m = -inf, l = 0).
-    const int nchunks_all = (len + 31) / 32;
+    const int nchunks_all = (len + 31) / 32 - c_lo;
     const int per_split = (nchunks_all + gridDim.y - 1) / gridDim.y;
     const int run_last = (nchunks_all - 1) / per_split;
     const int yb = blockIdx.y;
     const int run = yb == 0 ? run_last : (yb <= run_last ? yb - 1 : yb);
-    const int c_begin = run * per_split;
-    const int c_end = min(nchunks_all, c_begin + per_split);
+    const int c_begin = c_lo + run * per_split;
+    const int c_end = min(c_lo + nchunks_all, c_begin + per_split);
 """
 
 _LOAD_Q = r"""
@@ -111,7 +120,7 @@ _ATTEND_LOOP = r"""
     const size_t head = (size_t)kvh * NSLOTS;
     for (int c = c_begin + warp; c < c_end; c += NWARPS) {
         const int t = c * 32 + lane;
-        const bool valid = t < len;
+        const bool valid = t >= lo && t < len;
         int slot = 0;
         if (valid) slot = tables[b * NB + t / BS] * BS + t % BS;
         slot_s[warp][lane] = slot;
@@ -227,6 +236,16 @@ _WRITE_OUT = r"""
     }
 """
 
+# With attention sinks (gpt-oss): each query head's softmax has one more logit, its
+# sink, that weighs no value row.
+_WRITE_OUT_SINKS = r"""
+        const float sk = static_cast<float>(sinks[kvh * G + g]);
+        const float top = fmaxf(mx_, sk);
+        const float f = __expf(mx_ - top);
+        out[(size_t)bh * G * D + i] = static_cast<T>(num * f / (den * f + __expf(sk - top)));
+    }
+"""
+
 # out [B * HKV, S, G, D + 2] float32: the unnormalised output, then m and l.
 _WRITE_PART = r"""
         float* part = out + (((size_t)bh * gridDim.y + blockIdx.y) * G + g) * (D + 2);
@@ -244,9 +263,10 @@ SOURCE_ATTEND_PART = _ATTEND_LOOP + _MERGE_WARPS + _WRITE_PART
 
 _SOURCE = SOURCE_HEAD + _LOAD_Q + SOURCE_ATTEND
 _SOURCE_SPLIT = SOURCE_HEAD + _LOAD_Q + SOURCE_ATTEND_PART
+_SOURCE_SINKS = SOURCE_HEAD + _LOAD_Q + _ATTEND_LOOP + _MERGE_WARPS + _WRITE_OUT_SINKS
 
 # One thread per output element: the splits' parts merged by their maxima.
-_SOURCE_COMBINE = r"""
+_COMBINE_PARTS = r"""
     const int S = part_shape[1];
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)part_shape[0] * G * D) return;
@@ -266,8 +286,23 @@ _SOURCE_COMBINE = r"""
             den += l * f;
         }
     }
+"""
+_SOURCE_COMBINE = (
+    _COMBINE_PARTS
+    + r"""
     out[i] = static_cast<T>(num / den);
 """
+)
+# The same with each query head's sink logit (as `_WRITE_OUT_SINKS`).
+_SOURCE_COMBINE_SINKS = (
+    _COMBINE_PARTS
+    + r"""
+    const float sk = static_cast<float>(sinks[(bh % HKV) * G + g]);
+    const float top = fmaxf(mx_, sk);
+    const float f = __expf(mx_ - top);
+    out[i] = static_cast<T>(num * f / (den * f + __expf(sk - top)));
+"""
+)
 
 # mlx-lm model modules whose attention is plain (no soft-capping, sinks or windows)
 # and goes through the shared `scaled_dot_product_attention`.
@@ -275,6 +310,19 @@ SUPPORTED_MODULES = frozenset(
     f"mlx_lm.models.{m}"
     for m in ("llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "olmo2", "granite", "phi3")
 )
+# Those whose layers also have sliding windows (the window reaches the kernel as the
+# layer's mask, a `Window`) or attention sinks. Not measured on a GPU yet, so they take
+# the kernel only when it is forced on (`PIPPIN_PAGED_KERNEL=1`).
+WINDOWED_MODULES = frozenset(f"mlx_lm.models.{m}" for m in ("gpt_oss", "gemma3_text", "gemma3"))
+
+
+@dataclass(frozen=True)
+class Window:
+    """A sliding-window layer's mask in a decode batch that takes the kernel: the keys
+    it sees are the last `size` (its own included)."""
+
+    size: int
+
 
 _HELPER_MODULES = frozenset({"base", "cache", "rope_utils", "activations", "switch_layers"})
 
@@ -296,13 +344,15 @@ def enabled_for(
     """Whether decode batches of `model` can use the kernel (once `patches` routes its
     attention).
 
-    Only models whose every cache layer is a plain `KVCache` (no sliding windows,
-    no recurrent state), with equal key and value widths that are a multiple of 32."""
+    Only models without recurrent state whose cache layers are plain `KVCache`s
+    (`RotatingKVCache`s too, for `WINDOWED_MODULES`), with equal key and value widths
+    that are a multiple of 32."""
     if not (available(flag) or force_reference) or state_sizes or not specs:
         return False
-    from mlx_lm.models.cache import KVCache, make_prompt_cache
+    from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
-    if any(type(c) is not KVCache for c in make_prompt_cache(model)):
+    kinds = {type(c) for c in make_prompt_cache(model)}
+    if not kinds <= {KVCache, RotatingKVCache}:
         return False
     if any(s.k_dim != s.v_dim or s.k_dim % 32 or s.k_dim > 256 for s in specs.values()):
         return False
@@ -312,9 +362,11 @@ def enabled_for(
         if type(m).__module__.startswith("mlx_lm.models.")
         and type(m).__module__.rsplit(".", 1)[1] not in _HELPER_MODULES
     }
-    if not modules or not modules <= SUPPORTED_MODULES:
+    if not modules:
         return False
-    return True
+    if modules <= SUPPORTED_MODULES:
+        return kinds == {KVCache}
+    return modules <= SUPPORTED_MODULES | WINDOWED_MODULES and flag == "1"
 
 
 def use_kernel(layout: Any, always: bool = False, split: bool = True) -> None:
@@ -366,13 +418,16 @@ def paged_decode_attention(
     scale: float,
     block_size: int,
     split: bool = False,
+    window: int | None = None,
+    sinks: mx.array | None = None,
 ) -> mx.array:
     """Attention of one new token per row over the row's paged KV.
 
     queries [B, Hq, 1, D]; pools [Hkv, slots, D]; tables [B, nb] int32 block ids;
     offsets [B] int32, the tokens before the new one (the new one is already in
     the pool); `split`: the context split over thread blocks (`num_splits` of them,
-    from the shapes alone, so a compiled step keeps one trace per shape).
+    from the shapes alone, so a compiled step keeps one trace per shape); `window`:
+    a sliding-window layer's size; `sinks` [Hq]: each head's sink logit.
     Returns [B, Hq, 1, D]."""
     B, hq, L, d = queries.shape
     hkv = k_pool.shape[0]
@@ -380,18 +435,25 @@ def paged_decode_attention(
     g = hq // hkv
     nw = warps(g, d)
     s = num_splits(B, hkv, tables.shape[1] * block_size) if split else 1
-    name, source = ("pippin_paged_decode", _SOURCE)
+    names = ["q", "k", "v", "tables", "offsets", "scale"]
+    inputs = [
+        queries.reshape(B, hq, d),
+        k_pool,
+        v_pool,
+        tables,
+        offsets,
+        mx.array([scale], dtype=mx.float32),
+    ]
     if s > 1:
         name, source = ("pippin_paged_decode_split", _SOURCE_SPLIT)
-    out = device.cuda_kernel(name, ("q", "k", "v", "tables", "offsets", "scale"), source)(
-        inputs=[
-            queries.reshape(B, hq, d),
-            k_pool,
-            v_pool,
-            tables,
-            offsets,
-            mx.array([scale], dtype=mx.float32),
-        ],
+    elif sinks is not None:
+        name, source = ("pippin_paged_decode_sinks", _SOURCE_SINKS)
+        names.append("sinks")
+        inputs.append(sinks)
+    else:
+        name, source = ("pippin_paged_decode", _SOURCE)
+    out = device.cuda_kernel(name, tuple(names), source)(
+        inputs=inputs,
         template=[
             ("T", queries.dtype),
             ("D", d),
@@ -399,12 +461,13 @@ def paged_decode_attention(
             ("HKV", hkv),
             ("BS", block_size),
             ("NWARPS", nw),
+            ("WIN", window or 0),
         ],
         grid=(B * hkv * nw * 32, s, 1),
         threadgroup=(nw * 32, 1, 1),
         **split_outputs(s, (B, hq, 1, d), queries.dtype, hkv, g, d),
     )
-    return merged(out[0], s, (B, hq, 1, d), queries.dtype)
+    return merged(out[0], s, (B, hq, 1, d), queries.dtype, hkv, sinks)
 
 
 def split_outputs(
@@ -417,20 +480,38 @@ def split_outputs(
     return {"output_shapes": [(shape[0] * hkv, split, g, d + 2)], "output_dtypes": [mx.float32]}
 
 
-def merged(out: mx.array, split: int, shape: tuple[int, ...], dtype: mx.Dtype) -> mx.array:
-    """The kernel's output as `shape`: itself unsplit, else its parts combined."""
-    return out if split == 1 else combine(out, dtype).reshape(shape)
+def merged(
+    out: mx.array,
+    split: int,
+    shape: tuple[int, ...],
+    dtype: mx.Dtype,
+    hkv: int = 0,
+    sinks: mx.array | None = None,
+) -> mx.array:
+    """The kernel's output as `shape`: itself unsplit, else its parts combined (with
+    `sinks` of `hkv` KV heads' query heads: the sinks are added there)."""
+    return out if split == 1 else combine(out, dtype, hkv, sinks).reshape(shape)
 
 
-def combine(parts: mx.array, dtype: mx.Dtype) -> mx.array:
+def combine(
+    parts: mx.array, dtype: mx.Dtype, hkv: int = 0, sinks: mx.array | None = None
+) -> mx.array:
     """The split kernels' parts [B * Hkv, S, G, D + 2] merged: [B * Hkv * G * D], that is
-    [B, Hq, 1, D] (or [B, 1, Hq * D]) flattened."""
+    [B, Hq, 1, D] (or [B, 1, Hq * D]) flattened; `sinks` [Hq] (`hkv` KV heads)."""
     rows, _, g, d2 = parts.shape
     d = d2 - 2
     n = rows * g * d
-    return device.cuda_kernel("pippin_paged_decode_combine", ("part",), _SOURCE_COMBINE)(
-        inputs=[parts],
-        template=[("T", dtype), ("D", d), ("G", g)],
+    name, source = "pippin_paged_decode_combine", _SOURCE_COMBINE
+    names, inputs = ["part"], [parts]
+    template: list[tuple[str, Any]] = [("T", dtype), ("D", d), ("G", g)]
+    if sinks is not None:
+        name, source = "pippin_paged_decode_combine_sinks", _SOURCE_COMBINE_SINKS
+        names.append("sinks")
+        inputs.append(sinks)
+        template.append(("HKV", hkv))
+    return device.cuda_kernel(name, tuple(names), source)(
+        inputs=inputs,
+        template=template,
         grid=(-(-n // 256) * 256, 1, 1),
         threadgroup=(256, 1, 1),
         output_shapes=[(n,)],
@@ -446,6 +527,8 @@ def reference_decode_attention(
     offsets: mx.array,
     scale: float,
     block_size: int,
+    window: int | None = None,
+    sinks: mx.array | None = None,
 ) -> mx.array:
     """The portable path for the same inputs: gather the blocks, mask, fused attention."""
     B = queries.shape[0]
@@ -457,7 +540,14 @@ def reference_decode_attention(
         return blocks.reshape(hkv, B, nb * block_size, -1).transpose(1, 0, 2, 3)
 
     k = mx.arange(nb * block_size)[None, :]
-    mask = (k <= offsets[:, None])[:, None, None, :]
+    mask = k <= offsets[:, None]
+    if window is not None:
+        mask = mask & (k > offsets[:, None] - window)
     return mx.fast.scaled_dot_product_attention(
-        queries, gather(k_pool), gather(v_pool), scale=scale, mask=mask
+        queries,
+        gather(k_pool),
+        gather(v_pool),
+        scale=scale,
+        mask=mask[:, None, None, :],
+        sinks=sinks,
     )

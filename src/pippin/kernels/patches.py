@@ -270,16 +270,17 @@ def _routed(
         sinks: Any = None,
     ) -> mx.array:
         lay = getattr(cache, "layout", None)
-        if sinks is None and lay is not None and getattr(lay, "paged_kernel", False):
-            # The cache returned the pools themselves (the new token already written).
-            force = paged_attention.force_reference
-            fn = (
-                paged_attention.reference_decode_attention
-                if force
-                else paged_attention.paged_decode_attention
-            )
+        if lay is not None and getattr(lay, "paged_kernel", False):
+            # The cache returned the pools themselves (the new token already written);
+            # the mask is None, or a sliding window's `Window`.
+            window = mask.size if isinstance(mask, paged_attention.Window) else None
             args = (queries, keys, values, lay.gather_blocks, lay.offsets, scale, lay.block_size)
-            return fn(*args) if force else fn(*args, split=getattr(lay, "paged_split", False))
+            if paged_attention.force_reference:
+                return paged_attention.reference_decode_attention(*args, window, sinks)
+            split = getattr(lay, "paged_split", False)
+            return paged_attention.paged_decode_attention(
+                *args, split=split, window=window, sinks=sinks
+            )
         if lay is not None and not hasattr(cache, "bits"):  # not quantised
             if on_host and cpu_prefill.applies(queries, keys, getattr(lay, "traced", False)):
                 return cpu_prefill.attention(queries, keys, values, scale, mask, sinks)

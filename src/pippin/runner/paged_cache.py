@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
+from pippin.kernels.paged_attention import Window
+
 
 @dataclass
 class LayerSpec:
@@ -162,9 +164,11 @@ class BatchLayout:
         self.write_slots = mx.array(slots.reshape(-1))
         self.offset = self.starts[0] if B == 1 else mx.array(self.starts, dtype=mx.int32)
 
-    def mask(self, window_size: int | None, as_array: bool = False) -> mx.array | str | None:
+    def mask(
+        self, window_size: int | None, as_array: bool = False
+    ) -> mx.array | str | Window | None:
         if self.paged_kernel:
-            return None
+            return kernel_mask(window_size)
         key = (window_size, as_array)
         if key not in self._masks:
             self._masks[key] = self._make_mask(window_size, as_array)
@@ -216,15 +220,21 @@ class DecodeLayout:
         self.paged_split = paged_kernel and paged_split
         self.kv_width = tables.shape[1] * block_size
 
-    def mask(self, window_size: int | None, as_array: bool = False) -> mx.array | None:
+    def mask(self, window_size: int | None, as_array: bool = False) -> mx.array | Window | None:
         if self.paged_kernel:
-            return None
+            return kernel_mask(window_size)
         k = mx.arange(self.kv_width, dtype=mx.int32)[None, :]
         q = self.offsets[:, None]
         m = k <= q
         if window_size is not None:
             m = m & (k > q - window_size)
         return m[:, None, None, :]  # [B, 1, 1, S]
+
+
+def kernel_mask(window_size: int | None) -> Window | None:
+    """A layer's mask when the paged kernel attends: the kernel needs no array, only a
+    sliding window's size."""
+    return None if window_size is None else Window(window_size)
 
 
 class PagedLayerCache:
@@ -262,7 +272,7 @@ class PagedLayerCache:
 
     def make_mask(
         self, N: int, return_array: bool = False, window_size: int | None = None
-    ) -> mx.array | str | None:
+    ) -> mx.array | str | Window | None:
         return self.layout.mask(window_size, return_array)
 
     def is_trimmable(self) -> bool:
