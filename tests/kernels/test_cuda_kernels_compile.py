@@ -97,16 +97,18 @@ def test_split_paged_attention_compiles(
 def test_windowed_paged_attention_with_sinks_compiles(
     recorder: Recorder, split: bool, dtype: mx.Dtype
 ) -> None:
-    """gpt-oss-20b's attention: a 128-key window and a sink logit per query head."""
+    """gpt-oss-20b's attention (a sink logit per query head) with its 128-key window,
+    never split, and with a window long enough to split."""
     q, k, v, tables, offsets = _case(2, 64, 8, 64, dtype, max_len=8000)
     sinks = mx.zeros((64,), dtype=dtype)
+    window = 4096 if split else 128
     paged_attention.paged_decode_attention(
-        q, k, v, tables, offsets, 0.125, 16, split=split, window=128, sinks=sinks
+        q, k, v, tables, offsets, 0.125, 16, split=True, window=window, sinks=sinks
     )
     names = [launch.name for launch in recorder.launches]
     split_names = ["pippin_paged_decode_split", "pippin_paged_decode_combine_sinks"]
     assert names == (split_names if split else ["pippin_paged_decode_sinks"])
-    assert dict(recorder.launches[0].template)["WIN"] == 128
+    assert dict(recorder.launches[0].template)["WIN"] == window
     _compile_all(recorder)
 
 

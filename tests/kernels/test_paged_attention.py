@@ -104,7 +104,7 @@ def test_split_kernel_matches_gather_path(
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("split", [False, True])
-@pytest.mark.parametrize("window", [None, 1, 100, 128])
+@pytest.mark.parametrize("window", [None, 1, 100, 128, 3000])
 @pytest.mark.parametrize("sinks", [False, True])
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32])
 def test_windowed_kernel_with_sinks_matches_gather_path(
@@ -112,7 +112,8 @@ def test_windowed_kernel_with_sinks_matches_gather_path(
 ) -> None:
     """gpt-oss's attention (64 query heads of 8 KV heads, d 64): sliding windows that
     start mid-chunk (100) and on a chunk's edge (128), a window of the new key alone,
-    and sink logits of the scores' scale, unsplit and split over thread blocks."""
+    and sink logits of the scores' scale, unsplit and split over thread blocks (windows
+    up to 2,048 keys are never split; 3,000 is)."""
     q, k, v, tables, offsets = _case(3, 64, 8, 64, dtype, max_len=5000, seed=4)
     rng = np.random.default_rng(5)
     s = mx.array(rng.standard_normal(64) * 3, dtype=dtype) if sinks else None

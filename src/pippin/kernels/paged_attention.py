@@ -434,6 +434,9 @@ def paged_decode_attention(
     assert L == 1 and hq % hkv == 0 and d % 32 == 0
     g = hq // hkv
     nw = warps(g, d)
+    # A sliding window short enough never to be split alone (gpt-oss's 128 keys) is not
+    # split in a long context either: its blocks past the window would only be empty.
+    split = split and (window is None or window > SPLIT_MIN_CONTEXT)
     s = num_splits(B, hkv, tables.shape[1] * block_size) if split else 1
     names = ["q", "k", "v", "tables", "offsets", "scale"]
     inputs = [
