@@ -237,12 +237,19 @@ _WRITE_OUT = r"""
 """
 
 # With attention sinks (gpt-oss): each query head's softmax has one more logit, its
-# sink, that weighs no value row.
+# sink, that weighs no value row. Both kernels that normalise (unsplit, and the split
+# parts' merge) take it from this header.
+_SINK_HEADER = r"""
+__device__ inline float pippin_with_sink(float num, float den, float m, float sink) {
+    const float top = fmaxf(m, sink);
+    const float f = __expf(m - top);
+    return num * f / (den * f + __expf(sink - top));
+}
+"""
+
 _WRITE_OUT_SINKS = r"""
         const float sk = static_cast<float>(sinks[kvh * G + g]);
-        const float top = fmaxf(mx_, sk);
-        const float f = __expf(mx_ - top);
-        out[(size_t)bh * G * D + i] = static_cast<T>(num * f / (den * f + __expf(sk - top)));
+        out[(size_t)bh * G * D + i] = static_cast<T>(pippin_with_sink(num, den, mx_, sk));
     }
 """
 
@@ -298,9 +305,7 @@ _SOURCE_COMBINE_SINKS = (
     _COMBINE_PARTS
     + r"""
     const float sk = static_cast<float>(sinks[(bh % HKV) * G + g]);
-    const float top = fmaxf(mx_, sk);
-    const float f = __expf(mx_ - top);
-    out[i] = static_cast<T>(num * f / (den * f + __expf(sk - top)));
+    out[i] = static_cast<T>(pippin_with_sink(num, den, mx_, sk));
 """
 )
 
@@ -439,6 +444,7 @@ def paged_decode_attention(
     split = split and (window is None or window > SPLIT_MIN_CONTEXT)
     s = num_splits(B, hkv, tables.shape[1] * block_size) if split else 1
     names = ["q", "k", "v", "tables", "offsets", "scale"]
+    header = ""
     inputs = [
         queries.reshape(B, hq, d),
         k_pool,
@@ -450,12 +456,12 @@ def paged_decode_attention(
     if s > 1:
         name, source = ("pippin_paged_decode_split", _SOURCE_SPLIT)
     elif sinks is not None:
-        name, source = ("pippin_paged_decode_sinks", _SOURCE_SINKS)
+        name, source, header = ("pippin_paged_decode_sinks", _SOURCE_SINKS, _SINK_HEADER)
         names.append("sinks")
         inputs.append(sinks)
     else:
         name, source = ("pippin_paged_decode", _SOURCE)
-    out = device.cuda_kernel(name, tuple(names), source)(
+    out = device.cuda_kernel(name, tuple(names), source, header)(
         inputs=inputs,
         template=[
             ("T", queries.dtype),
@@ -470,7 +476,7 @@ def paged_decode_attention(
         threadgroup=(nw * 32, 1, 1),
         **split_outputs(s, (B, hq, 1, d), queries.dtype, hkv, g, d),
     )
-    return merged(out[0], s, (B, hq, 1, d), queries.dtype, hkv, sinks)
+    return merged(out[0], s, (B, hq, 1, d), queries.dtype, sinks)
 
 
 def split_outputs(
@@ -488,31 +494,32 @@ def merged(
     split: int,
     shape: tuple[int, ...],
     dtype: mx.Dtype,
-    hkv: int = 0,
     sinks: mx.array | None = None,
 ) -> mx.array:
-    """The kernel's output as `shape`: itself unsplit, else its parts combined (with
-    `sinks` of `hkv` KV heads' query heads: the sinks are added there)."""
-    return out if split == 1 else combine(out, dtype, hkv, sinks).reshape(shape)
+    """The kernel's output as `shape`: itself unsplit, else its parts combined (and the
+    query heads' `sinks`, if any, added there)."""
+    return out if split == 1 else combine(out, dtype, sinks).reshape(shape)
 
 
-def combine(
-    parts: mx.array, dtype: mx.Dtype, hkv: int = 0, sinks: mx.array | None = None
-) -> mx.array:
+def combine(parts: mx.array, dtype: mx.Dtype, sinks: mx.array | None = None) -> mx.array:
     """The split kernels' parts [B * Hkv, S, G, D + 2] merged: [B * Hkv * G * D], that is
-    [B, Hq, 1, D] (or [B, 1, Hq * D]) flattened; `sinks` [Hq] (`hkv` KV heads)."""
+    [B, Hq, 1, D] (or [B, 1, Hq * D]) flattened; `sinks` [Hq]: each query head's sink."""
     rows, _, g, d2 = parts.shape
     d = d2 - 2
     n = rows * g * d
-    name, source = "pippin_paged_decode_combine", _SOURCE_COMBINE
+    name, source, header = "pippin_paged_decode_combine", _SOURCE_COMBINE, ""
     names, inputs = ["part"], [parts]
     template: list[tuple[str, Any]] = [("T", dtype), ("D", d), ("G", g)]
     if sinks is not None:
-        name, source = "pippin_paged_decode_combine_sinks", _SOURCE_COMBINE_SINKS
+        name, source, header = (
+            "pippin_paged_decode_combine_sinks",
+            _SOURCE_COMBINE_SINKS,
+            _SINK_HEADER,
+        )
         names.append("sinks")
         inputs.append(sinks)
-        template.append(("HKV", hkv))
-    return device.cuda_kernel(name, tuple(names), source)(
+        template.append(("HKV", sinks.shape[0] // g))
+    return device.cuda_kernel(name, tuple(names), source, header)(
         inputs=inputs,
         template=template,
         grid=(-(-n // 256) * 256, 1, 1),
