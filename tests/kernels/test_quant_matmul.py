@@ -412,7 +412,7 @@ def test_a_chunk_beyond_the_grid_runs_in_pieces(
         monkeypatch.setattr(quant_matmul, "GRID_Y", 2 * e)  # 2 chunks of an expert's pairs
         pieces = np.array(model(tokens).astype(mx.float32))
         assert len(calls) > 3 * layers and sum(calls) == 150 * top_k * 3 * layers
-        x = mx.random.normal((150, quant_matmul.in_features(block.gate_proj)))
+        x = mx.random.normal((150, quant_matmul.in_features(block.gate_proj)), key=mx.random.key(0))
         x = x.astype(mx.bfloat16)
         scores = mx.random.normal((150, e), key=mx.random.key(6))
         indices = mx.argpartition(-scores, kth=top_k - 1, axis=-1)[:, :top_k].astype(mx.uint32)
