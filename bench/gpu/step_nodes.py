@@ -6,10 +6,9 @@ count predicts where a change of the step's graph goes before a GPU measures it.
 step is counted as it reaches `mx.async_eval` (logits and sampling), built op by op or
 compiled (`--compiled`, `PIPPIN_COMPILE=1`), with its attention through the gather path
 or (`--kernel`) through the paged kernel, one op standing in for the kernel where CUDA is
-absent (what the kernel is: one custom op, two when split). Set `PIPPIN_PAGED_KERNEL=1`
-for models that take the kernel only when forced (gpt-oss, Gemma 3).
+absent (what the kernel is: one custom op, two when split).
 
-    PIPPIN_PAGED_KERNEL=1 python3 bench/gpu/step_nodes.py MODEL --kernel --compiled
+    python3 bench/gpu/step_nodes.py MODEL --kernel --compiled
 """
 
 from __future__ import annotations

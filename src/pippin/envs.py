@@ -77,9 +77,9 @@ VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
     # --- speed switches, for measuring (read once into EngineConfig.kernels) ---
     "PIPPIN_PAGED_KERNEL": (
         _flag("PIPPIN_PAGED_KERNEL", "auto"),
-        "auto: the paged-attention CUDA kernel for decode batches where it pays; "
-        "0: never (the gather path); 1: for every decode batch, and for models with "
-        "sliding windows or attention sinks (gpt-oss, Gemma 3) too.",
+        "auto: the paged-attention CUDA kernel for decode batches where it pays "
+        "(sliding windows and attention sinks too: gpt-oss, Gemma 3); "
+        "0: never (the gather path); 1: for every decode batch.",
     ),
     "PIPPIN_PAGED_SPLIT": (
         _on("PIPPIN_PAGED_SPLIT"),

@@ -208,19 +208,20 @@ def test_engine_decode_through_paged_path_matches_gather(
 
 
 @pytest.mark.parametrize("arch", ["gemma3", "qwen3_next", "gpt_oss"])
-def test_kernel_for_windows_only_when_forced_never_for_recurrent_layers(
+def test_kernel_for_windows_by_default_never_for_recurrent_layers(
     tiny_models, arch: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Sliding windows and sinks take the kernel only with `PIPPIN_PAGED_KERNEL=1` (not
-    measured on a GPU yet); recurrent layers never."""
+    """Sliding windows and sinks take the kernel by default, as plain KV does, and never
+    when it is turned off; recurrent layers never."""
     monkeypatch.setattr(paged_attention, "force_reference", True)
     loaded = loaded_model(tiny_models(arch, head_dim=32))
     taken = {}
-    for flag in ("auto", "1"):
+    for flag in ("auto", "1", "0"):
         monkeypatch.setenv("PIPPIN_PAGED_KERNEL", flag)
         core = EngineCore(loaded, EngineConfig(num_blocks=64, block_size=4, max_model_len=128))
         taken[flag] = core.runner.paged_kernel
-    assert taken == {"auto": False, "1": arch != "qwen3_next"}
+    windowed = arch != "qwen3_next"
+    assert taken == {"auto": windowed, "1": windowed, "0": False}
 
 
 @pytest.mark.parametrize(

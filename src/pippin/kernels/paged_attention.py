@@ -27,7 +27,7 @@ in the kernel too: the layer's mask is a `Window` naming its size, which bounds 
 key read, and each head's sink logit joins its softmax where the output is normalised.
 
 Set `PIPPIN_PAGED_KERNEL=0` to turn the kernel off, `=1` to force it on for any
-decode batch and for `WINDOWED_MODULES` (the default: see `worth_it`);
+decode batch (the default: see `worth_it`);
 `PIPPIN_PAGED_SPLIT=0` keeps long contexts of few rows on the gather path, as before the
 split.
 """
@@ -316,8 +316,7 @@ SUPPORTED_MODULES = frozenset(
     for m in ("llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "olmo2", "granite", "phi3")
 )
 # Those whose layers also have sliding windows (the window reaches the kernel as the
-# layer's mask, a `Window`) or attention sinks. Not measured on a GPU yet, so they take
-# the kernel only when it is forced on (`PIPPIN_PAGED_KERNEL=1`).
+# layer's mask, a `Window`) or attention sinks.
 WINDOWED_MODULES = frozenset(f"mlx_lm.models.{m}" for m in ("gpt_oss", "gemma3_text", "gemma3"))
 
 
@@ -352,7 +351,7 @@ def enabled_for(
     Only models without recurrent state whose cache layers are plain `KVCache`s
     (`RotatingKVCache`s too, for `WINDOWED_MODULES`), with equal key and value widths
     that are a multiple of 32."""
-    if not (available(flag) or force_reference) or state_sizes or not specs:
+    if flag == "0" or not (available(flag) or force_reference) or state_sizes or not specs:
         return False
     from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
@@ -371,7 +370,7 @@ def enabled_for(
         return False
     if modules <= SUPPORTED_MODULES:
         return kinds == {KVCache}
-    return modules <= SUPPORTED_MODULES | WINDOWED_MODULES and flag == "1"
+    return modules <= SUPPORTED_MODULES | WINDOWED_MODULES
 
 
 def use_kernel(layout: Any, always: bool = False, split: bool = True) -> None:
