@@ -110,7 +110,6 @@ def block_check(model: Any, t: int) -> None:
         cpu_mlx = np.array(base.__call__(block, x, indices).astype(mx.float32))
         block.set_dtype(mx.float32)
         exact = np.array(base.__call__(block, x.astype(mx.float32), indices))
-    block.set_dtype(mx.bfloat16)
     top = np.abs(exact).max()
     for name, y in (("kernel (GPU)", ours), ("gather_qmm (GPU)", gpu_mlx), ("bf16 (CPU)", cpu_mlx)):
         print(

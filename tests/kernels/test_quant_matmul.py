@@ -353,10 +353,11 @@ def test_moe_model_takes_the_grouped_kernel_and_keeps_its_logits(
     vocab = model.args.vocab_size
     for shape in ((5, 1), (1, 24)):  # a decode batch, a prompt chunk
         tokens = mx.random.randint(3, vocab, shape, key=mx.random.key(2))
+        weights = model.parameters()
         with mx.stream(mx.cpu):
             model.set_dtype(mx.float32)
             exact = np.array(model(tokens))
-            model.set_dtype(mx.bfloat16)
+            model.update(weights)
             mlx = np.array(model(tokens).astype(mx.float32))
         patched = patches.apply(model, KernelConfig(moe_kernel="1"), {}, {}, None)
         assert patched.moe_kernel
