@@ -99,8 +99,7 @@ def block_check(model: Any, t: int) -> None:
     base = block._pippin_base
     hidden = in_features(block.gate_proj)
     e = block.gate_proj["weight"].shape[0]
-    a = model.args
-    top_k = getattr(a, "num_experts_per_tok", None) or getattr(a, "experts_per_token", 4)
+    top_k = model.args.num_experts_per_tok
     x = mx.random.normal((t, hidden), key=mx.random.key(1)).astype(mx.bfloat16)
     scores = mx.random.normal((t, e), key=mx.random.key(2))
     indices = mx.argpartition(-scores, kth=top_k - 1, axis=-1)[:, :top_k].astype(mx.uint32)
