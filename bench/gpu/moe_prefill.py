@@ -31,7 +31,11 @@ def main() -> int:
     ap.add_argument("model", type=Path)
     ap.add_argument("--tokens", default="512,2048,8192")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--block-tokens", type=int, default=512, help="rows of the block check")
+    ap.add_argument(
+        "--block-tokens",
+        default="5,24,512",
+        help="rows of the block checks (decode rows take the matvec form, chunks the matmul's)",
+    )
     args = ap.parse_args()
 
     from mlx_lm.models.cache import make_prompt_cache
@@ -82,7 +86,8 @@ def main() -> int:
             f"argmax {'same' if same else 'DIFFERS'}",
             flush=True,
         )
-    block_check(model, args.block_tokens)
+    for t in (int(r) for r in args.block_tokens.split(",")):
+        block_check(model, t)
     return 0
 
 
@@ -105,10 +110,12 @@ def block_check(model: Any, t: int) -> None:
     indices = mx.argpartition(-scores, kth=top_k - 1, axis=-1)[:, :top_k].astype(mx.uint32)
     ours = np.array(block(x, indices).astype(mx.float32))
     gpu_mlx = np.array(base.__call__(block, x, indices).astype(mx.float32))
+    weights = block.parameters()
     with mx.stream(mx.cpu):
         cpu_mlx = np.array(base.__call__(block, x, indices).astype(mx.float32))
         block.set_dtype(mx.float32)
         exact = np.array(base.__call__(block, x.astype(mx.float32), indices))
+    block.update(weights)  # the next check's GPU runs read the weights as loaded
     top = np.abs(exact).max()
     for name, y in (("kernel (GPU)", ours), ("gather_qmm (GPU)", gpu_mlx), ("bf16 (CPU)", cpu_mlx)):
         print(
