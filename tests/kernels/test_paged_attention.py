@@ -129,6 +129,23 @@ def test_windowed_kernel_with_sinks_matches_gather_path(
     assert mx.max(mx.abs(got.astype(mx.float32) - ref)).item() < tol
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("window", [100, 1024, 3000])
+def test_windowed_kernel_at_gemma3s_head_dim(split: bool, window: int) -> None:
+    """Gemma 3's local layers (8 query heads of 4 KV heads, d 256, windows of 1,024 keys, no
+    sinks), which take the kernel by default: the widest head the kernel reads."""
+    q, k, v, tables, offsets = _case(2, 8, 4, 256, mx.bfloat16, max_len=5000, seed=6)
+    scale = 256**-0.5
+    got = paged_attention.paged_decode_attention(
+        q, k, v, tables, offsets, scale, 16, split=split, window=window
+    )
+    f32 = [a.astype(mx.float32) for a in (q, k, v)]
+    ref = paged_attention.reference_decode_attention(*f32, tables, offsets, scale, 16, window)
+    assert got.shape == q.shape and got.dtype == mx.bfloat16
+    assert mx.max(mx.abs(got.astype(mx.float32) - ref)).item() < 2e-2
+
+
 @pytest.mark.parametrize("window", [None, 1, 20])
 def test_reference_with_window_and_sinks_is_the_softmax(window: int | None) -> None:
     """The gather path, which the kernel's test holds it to, against attention written
