@@ -29,7 +29,7 @@
 #           a step goes (on 2026-12-07 pippin's gpt-oss step held the host 7.5 ms in async_eval)
 #   moeprefill  gpt-oss-20b-mxfp4's prompt chunks of 512, 2,048 and 8,192 tokens through
 #           MLX's gather_qmm and through the grouped kernel, with the logits compared,
-#           then one MoE block against its exact float32 output on the CPU
+#           then one MoE block at 5, 24 and 512 rows against its exact float32 output on the CPU
 #           (moe_prefill.py; MOE_MODEL for another model, e.g. qwen3-30b-a3b-4bit)
 #   moenan  where the tiny MoE models of the grouped kernel's model test first give NaN
 #           (bench/gpu/moe_nan.py; their MLX bf16 forward did on an H100, not on the CPU)
