@@ -9,9 +9,9 @@ size: ms per forward (the model's hidden states, then the LM head on the last po
 prompt tokens/s, and how far the kernel's last-position logits are from mlx-lm's. On
 2026-12-07 (H100) the kernel read them 8-11x faster, its logits 15% (of the largest) off
 MLX's at 512 tokens, 1.3% at 8,192; MLX's own forward is no reference on CUDA (it gave NaN
-for tiny MoE models), so last, one MoE block over each of `--block-tokens` rows is held to its exact
-float32 output computed on the CPU, at a decode batch's rows (the matvec form), a short and a
-long chunk's: the kernel's error beside `gather_qmm`'s and bf16's.
+for tiny MoE models), so last, one MoE block is held to its exact float32 output computed on
+the CPU at each of `--block-tokens` rows (a decode batch's, taking the matvec form, a short
+and a long chunk's): the kernel's error beside `gather_qmm`'s and bf16's.
 
     python3 bench/gpu/moe_prefill.py /tmp/pippin-gpu-models/gpt-oss-20b-mxfp4
 """
