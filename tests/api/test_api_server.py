@@ -558,7 +558,9 @@ def test_stream_obfuscation_on_every_chunk(client: openai.OpenAI, kind: str) -> 
             )
         )
         pads = [c.to_dict().get("obfuscation") for c in chunks if c.choices]
-        assert len(chunks) > 2
+        # Tokens the engine made while the stream was behind come as one chunk, so how many
+        # delta chunks there are depends on the machine's speed: at least one, then usage.
+        assert pads and chunks[-1].usage is not None and not chunks[-1].choices
         if asked:
             assert all(isinstance(p, str) and p for p in pads), pads
         else:
