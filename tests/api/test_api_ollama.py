@@ -86,12 +86,15 @@ def test_chat_streams_by_default_and_matches(
         lambda: list(client.chat(model=model, messages=QUESTION, options=GREEDY, stream=True)),
         ndjson,
     )
-    assert len(parts) > 2 and all(not p.done for p in parts[:-1])
+    # A step's tokens that a slow reader has not yet taken come merged as one part, so the
+    # number of parts depends on the machine's speed: at least one, then the final line.
+    assert len(parts) >= 2 and all(not p.done for p in parts[:-1]) and parts[-1].done
     assert "".join(p.message.content or "" for p in parts) == whole
     _final_fields(parts[-1])
     assert r.headers["content-type"].startswith("application/x-ndjson")
     lines = [json.loads(x) for x in r.text.splitlines()]
-    assert len(lines) > 2 and lines[-1]["done"] is True
+    assert len(lines) >= 2 and lines[-1]["done"] is True
+    assert not any(x["done"] for x in lines[:-1])
 
 
 def test_generate(client: ollama.Client, model: str) -> None:
