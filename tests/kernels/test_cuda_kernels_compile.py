@@ -113,6 +113,20 @@ def test_windowed_paged_attention_with_sinks_compiles(
 
 
 @needs_nvrtc
+@pytest.mark.parametrize("window", [1024, 4096])
+def test_gemma3s_windowed_paged_attention_compiles(recorder: Recorder, window: int) -> None:
+    """Gemma 3's local layers (d 256, a 1,024-key window, no sinks), which take the kernel
+    by default, and a window long enough to split."""
+    q, k, v, tables, offsets = _case(2, 8, 4, 256, mx.bfloat16, max_len=8000)
+    paged_attention.paged_decode_attention(
+        q, k, v, tables, offsets, 256**-0.5, 16, split=True, window=window
+    )
+    assert dict(recorder.launches[0].template)["WIN"] == window
+    assert (len(recorder.launches) == 2) == (window > 2048)  # split: blocks, then combine
+    _compile_all(recorder)
+
+
+@needs_nvrtc
 @pytest.mark.parametrize("kind", ["llama", "llama3", "traditional", "qwen3"])
 @pytest.mark.parametrize("B,hq,hkv,d", [(3, 32, 8, 64), (2, 16, 2, 128)])
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32])
