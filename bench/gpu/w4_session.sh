@@ -31,6 +31,9 @@
 #           MLX's gather_qmm and through the grouped kernel, with the logits compared,
 #           then one MoE block at 5, 24 and 512 rows against its exact float32 output on the CPU
 #           (moe_prefill.py; MOE_MODEL for another model, e.g. qwen3-30b-a3b-4bit)
+#   moeblock  one MoE block of gpt-oss-20b (MXFP4) and of Qwen3-30B-A3B (4-bit) built in memory,
+#           at 5, 24, 512 and 2,048 rows against its exact float32 output (moe_block.py): no
+#           model build, so it decides PIPPIN_MOE_KERNEL's default in a short call
 #   moenan  where the tiny MoE models of the grouped kernel's model test first give NaN
 #           (bench/gpu/moe_nan.py; their MLX bf16 forward did on an H100, not on the CPU)
 #   mxfp4   the CUDA tests of MXFP4 weights and of K ending mid-iteration (gpt-oss's 2,880):
@@ -128,6 +131,10 @@ for step in "$@"; do
       build $m 2>&1 | grep built
       (cd bench/gpu && timeout 300 python3 moe_prefill.py "$ROOT/$m") 2>&1 |
         grep --line-buffered -v "WARNING\|regex" | tee "$OUT/moeprefill-$m.txt" ;;
+    moeblock)
+      for m in gpt-oss-20b-mxfp4 qwen3-30b-a3b-4bit; do
+        (cd bench/gpu && timeout 200 python3 moe_block.py $m)
+      done 2>&1 | grep --line-buffered -v "WARNING\|regex" | tee "$OUT/moeblock.txt" ;;
     moenan)
       (cd bench/gpu && timeout 200 python3 moe_nan.py) 2>&1 | grep -v WARNING |
         tee "$OUT/moenan.txt" ;;
