@@ -18,22 +18,15 @@ import checkout  # noqa: F401  (src/ on the path, pippin imported before MLX)
 from moe_prefill import block_check
 
 
-def one_layer(name: str) -> object:
+def two_layers(name: str) -> object:
     """The quantised mlx-lm model of `name` (a `pippin.bench.models` build name) with its
     first two layers alone (gpt-oss needs one of each attention kind), evaluated."""
-    from mlx_lm.utils import quantize_model
+    from pippin.bench.models import CONFIGS, compute_in_turn, quantised_as, random_model
 
-    from pippin.bench.models import CONFIGS, compute_in_turn, mxfp4_experts, random_model
-
-    base, _, packing = name.rpartition("-")
-    config = dict(CONFIGS[base], num_hidden_layers=2)
+    config = dict(CONFIGS[name.rpartition("-")[0]], num_hidden_layers=2)
     if "layer_types" in config:
         config["layer_types"] = config["layer_types"][:2]
-    model = random_model(config, lazy=True)
-    if packing == "mxfp4":
-        model, _ = quantize_model(model, config, 64, 8, quant_predicate=mxfp4_experts)
-    else:
-        model, _ = quantize_model(model, config, group_size=64, bits=int(packing[0]))
+    model, _ = quantised_as(name, random_model(config, lazy=True), config)
     compute_in_turn(model)
     return model
 
@@ -50,7 +43,7 @@ def main() -> int:
     if not on_cuda():
         print("not on CUDA: the grouped kernel does not run here")
         return 0
-    model = one_layer(args.name)
+    model = two_layers(args.name)
     if not patches.quantised_experts(model):
         print("the grouped kernel does not take this model's experts")
         return 1

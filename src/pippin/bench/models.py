@@ -519,6 +519,22 @@ def compute_in_turn(model: Any) -> None:
         mx.eval(module.parameters())
 
 
+def quantised_as(name: str, model: Any, config: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """`model` and its `config` quantised as the build `name` says: `-mxfp4` as
+    mlx-community ships gpt-oss (`mxfp4_experts`), `-4bit`/`-8bit` MLX affine with group
+    size 64, anything else as it is."""
+    from mlx_lm.utils import quantize_model
+
+    q = _QUANT.search(name)
+    if q is None:
+        return model, config
+    if q[1] == "mxfp4":
+        if config["model_type"] != "gpt_oss":
+            raise ValueError(f"{name!r}: -mxfp4 is gpt-oss's packing; use -4bit or -8bit")
+        return quantize_model(model, config, 64, 8, quant_predicate=mxfp4_experts)
+    return quantize_model(model, config, group_size=64, bits=int(q[1][0]))
+
+
 def build_model(name: str, root: Path | None = None) -> Path:
     """The folder of `CONFIGS[name]` (`-4bit`/`-8bit`/`-mxfp4` appended: quantised) under `root`,
     built if it is not there yet."""
@@ -528,7 +544,7 @@ def build_model(name: str, root: Path | None = None) -> Path:
             f"no random model {name!r}; one of: {', '.join(CONFIGS)} "
             "(with -4bit, -8bit or, for gpt-oss, -mxfp4)"
         )
-    from mlx_lm.utils import quantize_model, save_config, save_model
+    from mlx_lm.utils import save_config, save_model
 
     out = (root or default_root()) / name
     if (out / "config.json").exists():
@@ -556,13 +572,7 @@ def build_model(name: str, root: Path | None = None) -> Path:
     # go) and written shard by shard, each shard let go once written: no full-precision
     # copy beside the quantised one (Qwen3-30B-A3B is 61 GB in bfloat16), and at most the
     # model plus one module's draw in memory.
-    model = random_model(config, lazy=True)
-    if (q := _QUANT.search(name)) and q[1] == "mxfp4":
-        if kind != "gpt_oss":
-            raise ValueError(f"{name!r}: -mxfp4 is gpt-oss's packing; use -4bit or -8bit")
-        model, config = quantize_model(model, config, 64, 8, quant_predicate=mxfp4_experts)
-    elif q:
-        model, config = quantize_model(model, config, group_size=64, bits=int(q[1][0]))
+    model, config = quantised_as(name, random_model(config, lazy=True), config)
     compute_in_turn(model)
     save_model(out, model, donate_model=True)
     del model
