@@ -42,7 +42,7 @@ def timed(fns, reps: int, x: mx.array) -> float:  # type: ignore[no-untyped-def]
     return statistics.median(launches.timed(chained, CHAIN) / 1e3 for _ in range(reps))
 
 
-def _qmm(x: mx.array, q: tuple, bits: int, tiles: tuple[int, int, int]) -> mx.array:
+def _qmm(x: mx.array, q: tuple, bits: int, tiles: quant_matmul.Tiles | None) -> mx.array:
     return quant_matmul.qmm(x, *q, 64, bits, tiles)
 
 
@@ -62,16 +62,17 @@ def fastest(times: dict) -> str:
     return ", ".join(f"{t} {times[t]:.4f}" for t in sorted(times, key=times.get)[:3])
 
 
-def tilings(m: int, k: int, bits: int) -> list[tuple[int, int, int]]:
-    """Every tiling (MT, NT, WK) the kernel builds for `m` rows (row tiles up to the rows'
-    need)."""
+def tilings(m: int, k: int, bits: int, wns: list[int]) -> list[quant_matmul.Tiles]:
+    """Every tiling (MT, NT, WK, WN) the kernel builds for `m` rows (row tiles up to the
+    rows' need), with column groups `wns` per block."""
     return [
-        (mt, nt, wk)
+        (mt, nt, wk, wn)
         for mt in (1, 2, 4)
         if mt == 1 or 16 * mt // 2 < m  # else half its rows or more would be padding
         for nt in (1, 2, 4)
         for wk in (1, 2, 4, 8)
-        if quant_matmul.fits((mt, nt, wk), k, bits)
+        for wn in wns
+        if quant_matmul.fits((mt, nt, wk, wn), k, bits)
     ]
 
 
@@ -97,7 +98,7 @@ def sweep(args: argparse.Namespace) -> int:
                     tiles: timed(
                         [partial(_qmm, q=q, bits=bits, tiles=tiles) for q in ws], args.reps, x
                     )
-                    for tiles in tilings(m, k, bits)
+                    for tiles in tilings(m, k, bits, [int(w) for w in args.wn.split(",")])
                 }
                 chosen = quant_matmul.plan(m, n, k, bits)
                 print(
@@ -228,9 +229,10 @@ def main() -> int:
     ap.add_argument(
         "--sweep",
         action="store_true",
-        help="instead: time the kernel at every tiling (MT, NT, WK) for each row count and "
-        "print the fastest three beside `plan`'s choice (to tune `quant_matmul.plan`)",
+        help="instead: time the kernel at every tiling (MT, NT, WK, WN) for each row count "
+        "and print the fastest three beside `plan`'s choice (to tune `quant_matmul.plan`)",
     )
+    ap.add_argument("--wn", default="1", help="with --sweep: the column groups per block, 1,2,...")
     ap.add_argument("--shapes", help="with --sweep: NxK,... instead of --n and --k")
     ap.add_argument(
         "--matvec",
