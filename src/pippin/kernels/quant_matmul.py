@@ -338,7 +338,7 @@ _CORE = r"""
         }
     }
 
-    if constexpr (WK == 1) {  // each warp holds whole sums: written from registers
+    if constexpr (WK == 1 && MT * NT < 16) {  // whole sums in each warp: from registers
         #pragma unroll
         for (int i = 0; i < MT; ++i) {
             #pragma unroll
@@ -448,11 +448,12 @@ def plan(m: int, n: int, k: int, bits: int, row_blocks: int = 0) -> Tiles:
 
 def fits(tiles: Tiles, k: int, bits: int) -> bool:
     """Whether tiling (MT, NT, WK, WN) builds and has work for every warp: the warps'
-    partial sums within the static shared memory (none with one warp on K), no more warps
+    partial sums within the static shared memory (none where one warp on K writes from
+    registers: fewer than 16 tiles, as at 16 the writes' addresses spill), no more warps
     than iterations of K, at most 8 warps a block (the largest tiles take 232 registers a
     thread: 8 warps fill an SM's 64K)."""
     mt, nt, wk, wn = tiles
-    smem = 0 if wk == 1 else wn * wk * mt * nt * 4 * 32 * 4
+    smem = 0 if wk == 1 and mt * nt < 16 else wn * wk * mt * nt * 4 * 32 * 4
     return wk <= iterations(k, bits) and smem <= _SMEM_LIMIT and wk * wn <= 8
 
 
