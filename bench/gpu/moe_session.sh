@@ -20,7 +20,7 @@
 # default 570: a device call allows 600), BUILD_SECS (240), SECS (the bench's, 330),
 # SINGLE_SECS (100): each step gets its own limit or what is left of TOTAL, the smaller;
 # CONC (default "1 64"), OUT_TOKENS (128), KV_MB (pippin's --cache-memory-mb, 16000),
-# PIPPIN_ENV (variables for pippin's server, e.g. "PIPPIN_MOE_KERNEL=1"), ENGINES
+# PIPPIN_ENV (variables for pippin's server, e.g. "PIPPIN_MOE_KERNEL=0"), ENGINES
 # (single_stream.py's, default "mlx_lm,pippin"). On a
 # CPU, with a small model already built under $ROOT, the same steps run as a dry run (e.g.
 # CONC="1 4" KV_MB=512).

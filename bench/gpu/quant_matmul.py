@@ -62,18 +62,24 @@ def fastest(times: dict) -> str:
     return ", ".join(f"{t} {times[t]:.4f}" for t in sorted(times, key=times.get)[:3])
 
 
-def tilings(m: int, k: int, bits: int, wns: list[int]) -> list[quant_matmul.Tiles]:
+def tilings(
+    m: int, k: int, bits: int, wns: list[int], nts: tuple[int, ...] = (1, 2, 4)
+) -> list[quant_matmul.Tiles]:
     """Every tiling (MT, NT, WK, WN) the kernel builds for `m` rows (row tiles up to the
-    rows' need), with column groups `wns` per block."""
+    rows' need), with column tiles `nts` per warp and column groups `wns` per block."""
     return [
         (mt, nt, wk, wn)
         for mt in (1, 2, 4)
         if mt == 1 or 16 * mt // 2 < m  # else half its rows or more would be padding
-        for nt in (1, 2, 4)
+        for nt in nts
         for wk in (1, 2, 4, 8)
         for wn in wns
         if quant_matmul.fits((mt, nt, wk, wn), k, bits)
     ]
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in text.split(","))
 
 
 def sweep(args: argparse.Namespace) -> int:
@@ -98,7 +104,9 @@ def sweep(args: argparse.Namespace) -> int:
                     tiles: timed(
                         [partial(_qmm, q=q, bits=bits, tiles=tiles) for q in ws], args.reps, x
                     )
-                    for tiles in tilings(m, k, bits, [int(w) for w in args.wn.split(",")])
+                    for tiles in tilings(
+                        m, k, bits, [int(w) for w in args.wn.split(",")], _ints(args.nt)
+                    )
                 }
                 chosen = quant_matmul.plan(m, n, k, bits)
                 print(
@@ -233,6 +241,7 @@ def main() -> int:
         "and print the fastest three beside `plan`'s choice (to tune `quant_matmul.plan`)",
     )
     ap.add_argument("--wn", default="1", help="with --sweep: the column groups per block, 1,2,...")
+    ap.add_argument("--nt", default="1,2,4", help="with --sweep: the column tiles per warp")
     ap.add_argument("--shapes", help="with --sweep: NxK,... instead of --n and --k")
     ap.add_argument(
         "--matvec",

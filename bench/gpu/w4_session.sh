@@ -36,7 +36,7 @@
 #           (moe_prefill.py; MOE_MODEL for another model, e.g. qwen3-30b-a3b-4bit)
 #   moeblock  one MoE block of gpt-oss-20b (MXFP4) and of Qwen3-30B-A3B (4-bit) built in memory,
 #           at 5, 24, 512 and 2,048 rows against its exact float32 output (moe_block.py): no
-#           model build, so it decides PIPPIN_MOE_KERNEL's default in a short call
+#           model build (on by default since its H100 run of 2026-12-08)
 #   moenan  where the tiny MoE models of the grouped kernel's model test first give NaN
 #           (bench/gpu/moe_nan.py; their MLX bf16 forward did on an H100, not on the CPU)
 #   mxfp4   the CUDA tests of MXFP4 weights and of K ending mid-iteration (gpt-oss's 2,880):
@@ -114,7 +114,7 @@ for step in "$@"; do
     moe | oss)
       model=qwen3-30b-a3b-4bit
       [ "$step" = oss ] && model=gpt-oss-20b-mxfp4
-      PIPPIN_ENV="PIPPIN_MOE_KERNEL=1" ENGINES="mlx_lm,pippin,pippin:PIPPIN_MOE_KERNEL=1" \
+      ENGINES="mlx_lm,pippin,pippin:PIPPIN_MOE_KERNEL=0" \
         KV_MB=12000 TOTAL=${MOE_TOTAL:-560} bash bench/gpu/moe_session.sh $model ;;
     spyoss)
       build gpt-oss-20b-mxfp4 2>&1 | grep built

@@ -137,9 +137,9 @@ VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
         "matmul.",
     ),
     "PIPPIN_MOE_KERNEL": (
-        _flag("PIPPIN_MOE_KERNEL", "0"),
-        "1: on CUDA, mixture-of-experts MLPs with affine-quantised experts run them through "
-        "the kernel's grouped form; 0 (the default until checked on a GPU): MLX's gather_qmm.",
+        _flag("PIPPIN_MOE_KERNEL", "1"),
+        "1 (the default): on CUDA, mixture-of-experts MLPs with quantised experts (affine or "
+        "MXFP4) run them through the kernel's grouped form; 0: MLX's gather_qmm.",
     ),
     "PIPPIN_COMPILE": (
         _flag("PIPPIN_COMPILE", "auto"),

@@ -35,9 +35,10 @@ class KernelConfig:
     # Quantised layers' fewer rows through pippin's tensor-core kernels: auto (CUDA: 1-8
     # rows `quant_matvec`, more `quant_matmul`) | mma (`quant_matmul` for all) | 0.
     quant_kernel: str = "auto"
-    # Quantised experts through the kernel's grouped form (CUDA): 1 | 0. Off until a GPU run
-    # has checked it against `gather_qmm` (tests/kernels/test_quant_matmul.py, `cuda`).
-    moe_kernel: str = "0"
+    # Quantised experts through the kernel's grouped form (CUDA): 1 | 0 (MLX's `gather_qmm`).
+    # On by default since an H100 held one MoE block of gpt-oss-20b and Qwen3-30B-A3B as
+    # close to its exact output as `gather_qmm` (bench/gpu/moe_block.py, 2026-12-08).
+    moe_kernel: str = "1"
 
     @classmethod
     def from_env(cls) -> KernelConfig:

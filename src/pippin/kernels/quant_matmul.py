@@ -438,7 +438,9 @@ def plan(m: int, n: int, k: int, bits: int, row_blocks: int = 0) -> Tiles:
     to 8 warps on K, so that the weights stream from enough warps to fill the memory system;
     many rows: 64 rows a block, the weights re-read per 64 rows from L2."""
     mt = 1 if m <= 16 else 2 if m <= 32 else 4
-    nt = 4 if n >= 32 * 2 * _SMS or mt == 4 else 2
+    # NT 4 throughout: at 16 rows 1.2-1.3x NT 2 on the 8B shape's q/k/v and down (H100,
+    # 2026-12-08, `w4_session.sh wide`), where NT 2 had been taken below 8,448 columns.
+    nt = 4
     blocks = -(-n // (8 * nt)) * (row_blocks or -(-m // (16 * mt)))
     wk = 8 if blocks < 2 * _SMS else 4 if blocks < 4 * _SMS else 2
     while wk > 1 and not fits((mt, nt, wk, 1), k, bits):
