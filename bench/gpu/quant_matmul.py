@@ -42,7 +42,7 @@ def timed(fns, reps: int, x: mx.array) -> float:  # type: ignore[no-untyped-def]
     return statistics.median(launches.timed(chained, CHAIN) / 1e3 for _ in range(reps))
 
 
-def _qmm(x: mx.array, q: tuple, bits: int, tiles: quant_matmul.Tiles | None) -> mx.array:
+def _qmm(x: mx.array, q: tuple, bits: int, tiles: tuple[int, int, int]) -> mx.array:
     return quant_matmul.qmm(x, *q, 64, bits, tiles)
 
 
@@ -62,24 +62,17 @@ def fastest(times: dict) -> str:
     return ", ".join(f"{t} {times[t]:.4f}" for t in sorted(times, key=times.get)[:3])
 
 
-def tilings(
-    m: int, k: int, bits: int, wns: list[int], nts: tuple[int, ...] = (1, 2, 4)
-) -> list[quant_matmul.Tiles]:
-    """Every tiling (MT, NT, WK, WN) the kernel builds for `m` rows (row tiles up to the
-    rows' need), with column tiles `nts` per warp and column groups `wns` per block."""
+def tilings(m: int, k: int, bits: int, nts: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """Every tiling (MT, NT, WK) the kernel builds for `m` rows (row tiles up to the rows'
+    need), with column tiles `nts` per warp."""
     return [
-        (mt, nt, wk, wn)
+        (mt, nt, wk)
         for mt in (1, 2, 4)
         if mt == 1 or 16 * mt // 2 < m  # else half its rows or more would be padding
         for nt in nts
         for wk in (1, 2, 4, 8)
-        for wn in wns
-        if quant_matmul.fits((mt, nt, wk, wn), k, bits)
+        if quant_matmul.fits((mt, nt, wk), k, bits)
     ]
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(v) for v in text.split(","))
 
 
 def sweep(args: argparse.Namespace) -> int:
@@ -104,9 +97,7 @@ def sweep(args: argparse.Namespace) -> int:
                     tiles: timed(
                         [partial(_qmm, q=q, bits=bits, tiles=tiles) for q in ws], args.reps, x
                     )
-                    for tiles in tilings(
-                        m, k, bits, [int(w) for w in args.wn.split(",")], _ints(args.nt)
-                    )
+                    for tiles in tilings(m, k, bits, tuple(int(v) for v in args.nt.split(",")))
                 }
                 chosen = quant_matmul.plan(m, n, k, bits)
                 print(
@@ -237,12 +228,11 @@ def main() -> int:
     ap.add_argument(
         "--sweep",
         action="store_true",
-        help="instead: time the kernel at every tiling (MT, NT, WK, WN) for each row count "
-        "and print the fastest three beside `plan`'s choice (to tune `quant_matmul.plan`)",
+        help="instead: time the kernel at every tiling (MT, NT, WK) for each row count and "
+        "print the fastest three beside `plan`'s choice (to tune `quant_matmul.plan`)",
     )
-    ap.add_argument("--wn", default="1", help="with --sweep: the column groups per block, 1,2,...")
-    ap.add_argument("--nt", default="1,2,4", help="with --sweep: the column tiles per warp")
     ap.add_argument("--shapes", help="with --sweep: NxK,... instead of --n and --k")
+    ap.add_argument("--nt", default="1,2,4", help="with --sweep: the column tiles per warp")
     ap.add_argument(
         "--matvec",
         action="store_true",

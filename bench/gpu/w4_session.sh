@@ -12,9 +12,6 @@
 #   sweep   the kernel at every tiling (quant_matmul.py --sweep) over the five 8B
 #           projections (fused q/k/v, o, fused gate/up, down, LM head), 4-bit at 1-256 rows
 #           (`sweep8`: 8-bit at 1/16/64), to tune `quant_matmul.plan`
-#   wide    blocks of several column groups (WN): their `cuda` tests, then every tiling with
-#           WN 1, 2, 4, 8 at WIDE_ROWS (16,64), 4-bit, over the five 8B projections: whether
-#           sharing the activations' loads through L1 lifts the 16/64-row products
 #   matvec  the 1-16 row form (quant_matvec.py) at every tiling (WK, U, CT) over the five 8B
 #           projections, 4-bit at 1, 2, 4, 8 and 16 rows (`matvec8`: 8-bit at 1 and 4), beside
 #           MLX's product, the matmul form and a plain read of the weights
@@ -94,12 +91,6 @@ for step in "$@"; do
       (cd bench/gpu && timeout 400 python3 quant_matmul.py --sweep --shapes "$SHAPES" \
         --reps 3 --bits "${br%:*}" --rows "${br#*:}" --out "$OUT/$step.json") 2>&1 |
         grep --line-buffered "SWEEP\|Error\|error" | tee "$OUT/$step.txt" ;;
-    wide)
-      timeout 150 python3 -m pytest -q -n 8 -p no:cacheprovider -m cuda -k column_groups \
-        tests/kernels/test_quant_matmul.py 2>&1 | grep -v WARNING | tail -4
-      (cd bench/gpu && timeout 400 python3 quant_matmul.py --sweep --shapes "$SHAPES" \
-        --reps 3 --bits 4 --rows "${WIDE_ROWS:-16,64}" --wn 1,2,4,8 --out "$OUT/wide.json") \
-        2>&1 | grep --line-buffered "SWEEP\|Error\|error" | tee "$OUT/wide.txt" ;;
     matvec | matvec8)
       br=4:1,2,4,8,16
       [ "$step" = matvec8 ] && br=8:1,4

@@ -237,25 +237,6 @@ def test_quant_matmul_compiles(
 
 
 @needs_nvrtc
-@pytest.mark.parametrize("tiles", [(1, 2, 1, 4), (4, 4, 1, 2), (2, 4, 2, 4), (4, 2, 4, 2)])
-def test_quant_matmul_column_groups_compile(
-    recorder: Recorder, tiles: tuple[int, int, int, int]
-) -> None:
-    """Blocks of several column groups (WN), one warp on K (sums written from registers)
-    and several (added through shared memory), as `bench/gpu/quant_matmul.py --sweep`
-    times them."""
-    from pippin.kernels import quant_matmul
-
-    k, n = 512, 200
-    w, s, b = mx.quantize(mx.zeros((n, k), dtype=mx.bfloat16), group_size=64, bits=4)
-    assert quant_matmul.fits(tiles, k, 4)
-    quant_matmul.qmm(mx.zeros((40, k), dtype=mx.bfloat16), w, s, b, 64, 4, tiles)
-    (launch,) = recorder.launches
-    assert launch.threadgroup[0] == 32 * tiles[2] * tiles[3]
-    _compile_all(recorder)
-
-
-@needs_nvrtc
 @pytest.mark.parametrize("bits,group_size", [(4, 64), (4, 32), (4, 128), (8, 64), (8, 128)])
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
 def test_quant_matvec_compiles(

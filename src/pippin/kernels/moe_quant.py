@@ -123,7 +123,7 @@ def tiling(e: int, n: int, k: int, bits: int, tokens: int, top_k: int) -> tuple:
     if quant_matvec.takes(p, e):
         rows, tiles = quant_matvec.gather_plan(p, e, k, bits, tokens)
         return (quant_matvec.gather_qmv, rows > 8, tiles)
-    return (quant_matmul.gather_qmm, quant_matmul.gather_plan(p, e, n, k, bits, tokens)[0])
+    return (quant_matmul.gather_qmm, *quant_matmul.gather_plan(p, e, n, k, bits, tokens)[:3])
 
 
 def warm(model: nn.Module, top_k: int) -> int:

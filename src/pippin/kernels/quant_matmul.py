@@ -17,14 +17,10 @@ permuted the same way with one `prmt` per register. Each word's eight k lie in o
 quantisation group (group sizes 32, 64, 128), so a thread needs one scale and bias per
 column per iteration.
 
-A block is WN x WK warps over 8 * NT * WN output columns and 16 * MT rows: WN groups of
-columns, each group's WK warps splitting K and adding their parts through shared memory (one
-warp on K writes its sums from registers). The warps of one part of K and different columns
-load the same activations at about the same time, so that past the first the loads come from
-the SM's L1 rather than L2: at 64 rows one column group per block re-reads x through L2
-eight times over the weights' bytes (docs/benchmarks.md). The weights of the next iteration
-are loaded before the current one is multiplied. Past `DENSE_ROWS` rows (prompt chunks) the
-weight is unpacked into the model's dtype and cuBLAS multiplies (`dense_quant`).
+A block is WK warps over 8 * NT output columns and 16 * MT rows; the warps split K and
+add their parts through shared memory. The weights of the next iteration are loaded
+before the current one is multiplied. Past `DENSE_ROWS` rows (prompt chunks) the weight
+is unpacked into the model's dtype and cuBLAS multiplies (`dense_quant`).
 
 `qmm` is the product; `applies` says where the kernel takes a layer (CUDA, affine mode,
 4 or 8 bits, group size 32/64/128, bf16/fp16 activations and scales; or MXFP4, as
@@ -224,11 +220,10 @@ _CORE = r"""
     // K loads zeros, while every lane still runs the warp's MMAs.
     const int iters = (K + KPI - 1) / KPI;
     const int lane = threadIdx.x & 31;
-    const int warp = (threadIdx.x >> 5) % WK;  // this warp's part of K
-    const int wn = (threadIdx.x >> 5) / WK;    // and of the block's columns
+    const int warp = threadIdx.x >> 5;
     const int g = lane >> 2;
     const int t = lane & 3;
-    const int n0 = (blockIdx.x * WN + wn) * (8 * NT);
+    const int n0 = blockIdx.x * (8 * NT);
 
     float acc[MT][NT][4];
     #pragma unroll
@@ -338,49 +333,30 @@ _CORE = r"""
         }
     }
 
-    if constexpr (WK == 1 && MT * NT < 16) {  // whole sums in each warp: from registers
-        #pragma unroll
-        for (int i = 0; i < MT; ++i) {
-            #pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                #pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                    const int p = p0 + i * 16 + g + (c >> 1) * 8;
-                    const int col = n0 + j * 8 + t * 2 + (c & 1);
-                    if (p < p1 && col < N)
-                        out[(size_t)orow_of(p) * N + col] = static_cast<T>(acc[i][j][c]);
-                }
-            }
-        }
-        return;
-    }
     // The warps' parts of K, added through shared memory; then each thread writes some.
     constexpr int PER = MT * NT * 4;
-    __shared__ float part[WN * WK * PER * 32];
+    __shared__ float part[WK * PER * 32];
     #pragma unroll
     for (int i = 0; i < MT; ++i) {
         #pragma unroll
         for (int j = 0; j < NT; ++j) {
             #pragma unroll
             for (int c = 0; c < 4; ++c)
-                part[((wn * WK + warp) * PER + (i * NT + j) * 4 + c) * 32 + lane] =
-                    acc[i][j][c];
+                part[(warp * PER + (i * NT + j) * 4 + c) * 32 + lane] = acc[i][j][c];
         }
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < WN * PER * 32; e += WN * WK * 32) {
-        const int u = e / (PER * 32);  // the column group the sum belongs to
-        const int f = e % (PER * 32);
+    for (int e = threadIdx.x; e < PER * 32; e += WK * 32) {
         float sum = 0.f;
         #pragma unroll
-        for (int v = 0; v < WK; ++v) sum += part[((u * WK + v) * PER) * 32 + f];
-        const int ln = f & 31;
-        const int idx = f >> 5;  // (i * NT + j) * 4 + c
+        for (int v = 0; v < WK; ++v) sum += part[v * PER * 32 + e];
+        const int ln = e & 31;
+        const int idx = e >> 5;  // (i * NT + j) * 4 + c
         const int c = idx & 3;
         const int j = (idx >> 2) % NT;
         const int i = (idx >> 2) / NT;
         const int p = p0 + i * 16 + (ln >> 2) + (c >> 1) * 8;
-        const int col = (blockIdx.x * WN + u) * (8 * NT) + j * 8 + (ln & 3) * 2 + (c & 1);
+        const int col = n0 + j * 8 + (ln & 3) * 2 + (c & 1);
         if (p < p1 && col < N) out[(size_t)orow_of(p) * N + col] = static_cast<T>(sum);
     }
 """
@@ -428,41 +404,34 @@ def activations(layer: nn.Module) -> mx.Dtype:
     return mx.bfloat16 if scales.dtype == mx.uint8 else scales.dtype
 
 
-Tiles = tuple[int, int, int, int]
-
-
-def plan(m: int, n: int, k: int, bits: int, row_blocks: int = 0) -> Tiles:
-    """(MT, NT, WK, WN): row tiles of 16 per block, column tiles of 8 per warp, warps per block
-    splitting K, column groups per block, for `m` rows (of one expert) and `row_blocks` blocks
-    along the rows (by default those m rows need). Few rows: a block per 16 or 32 columns and up
-    to 8 warps on K, so that the weights stream from enough warps to fill the memory system;
-    many rows: 64 rows a block, the weights re-read per 64 rows from L2."""
+def plan(m: int, n: int, k: int, bits: int, row_blocks: int = 0) -> tuple[int, int, int]:
+    """(MT, NT, WK): row tiles of 16 per block, column tiles of 8 per warp, warps per block
+    splitting K, for `m` rows (of one expert) and `row_blocks` blocks along the rows (by
+    default those m rows need). Few rows: a block per 32 columns and up to 8 warps on
+    K, so that the weights stream from enough warps to fill the memory system; many rows:
+    64 rows a block, the weights re-read per 64 rows from L2."""
     mt = 1 if m <= 16 else 2 if m <= 32 else 4
     # NT 4 throughout: at 16 rows 1.2-1.3x NT 2 on the 8B shape's q/k/v and down (H100,
-    # 2026-12-08, `w4_session.sh wide`), where NT 2 had been taken below 8,448 columns.
+    # 2026-12-08, two sweeps), where NT 2 had been taken below 8,448 columns.
     nt = 4
     blocks = -(-n // (8 * nt)) * (row_blocks or -(-m // (16 * mt)))
     wk = 8 if blocks < 2 * _SMS else 4 if blocks < 4 * _SMS else 2
-    while wk > 1 and not fits((mt, nt, wk, 1), k, bits):
+    while wk > 1 and not fits((mt, nt, wk), k, bits):
         wk //= 2
-    return mt, nt, wk, 1
+    return mt, nt, wk
 
 
-def fits(tiles: Tiles, k: int, bits: int) -> bool:
-    """Whether tiling (MT, NT, WK, WN) builds and has work for every warp: the warps'
-    partial sums within the static shared memory (none where one warp on K writes from
-    registers: fewer than 16 tiles, as at 16 the writes' addresses spill), no more warps
-    than iterations of K, at most 8 warps a block (the largest tiles take 232 registers a
-    thread: 8 warps fill an SM's 64K)."""
-    mt, nt, wk, wn = tiles
-    smem = 0 if wk == 1 and mt * nt < 16 else wn * wk * mt * nt * 4 * 32 * 4
-    return wk <= iterations(k, bits) and smem <= _SMEM_LIMIT and wk * wn <= 8
+def fits(tiles: tuple[int, int, int], k: int, bits: int) -> bool:
+    """Whether tiling (MT, NT, WK) builds and has work for every warp: the warps' partial
+    sums within the static shared memory, no more warps than iterations of K."""
+    mt, nt, wk = tiles
+    return wk <= iterations(k, bits) and wk * mt * nt * 4 * 32 * 4 <= _SMEM_LIMIT
 
 
 def _template(
-    dtype: mx.Dtype, bits: int, group_size: int, mxfp4: bool, tiles: Tiles
+    dtype: mx.Dtype, bits: int, group_size: int, mxfp4: bool, tiles: tuple[int, int, int]
 ) -> list[tuple[str, object]]:
-    mt, nt, wk, wn = tiles
+    mt, nt, wk = tiles
     return [
         ("T", dtype),
         ("BITS", bits),
@@ -471,7 +440,6 @@ def _template(
         ("MT", mt),
         ("NT", nt),
         ("WK", wk),
-        ("WN", wn),
     ]
 
 
@@ -489,36 +457,28 @@ def qmm(
     biases: mx.array | None,
     group_size: int,
     bits: int,
-    tiles: Tiles | None = None,
+    tiles: tuple[int, int, int] | None = None,
 ) -> mx.array:
-    """`x @ dequantize(w).T` for x [..., K] of at most `MAX_ROWS` rows; `tiles` (MT, NT, WK,
-    WN) instead of `plan`'s (for measuring: `bench/gpu/quant_matmul.py --sweep`)."""
+    """`x @ dequantize(w).T` for x [..., K] of at most `MAX_ROWS` rows; `tiles` (MT, NT, WK)
+    instead of `plan`'s (for measuring: `bench/gpu/quant_matmul.py --sweep`)."""
     k = x.shape[-1]
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
     m, n = x2.shape[0], w.shape[0]
-    tiles = tiles or plan(m, n, k, bits)
+    mt, nt, wk = tiles or plan(m, n, k, bits)
     biases, mxfp4 = packing(scales, biases)
     kernel = device.cuda_kernel(
         "pippin_quant_matmul", ("x", "w", "scales", "biases"), _TILE + DENSE + _CORE, HEADER
     )
     (out,) = kernel(
         inputs=[x2, w, scales, biases],
-        template=_template(x.dtype, bits, group_size, mxfp4, tiles),
-        grid=(_columns(n, tiles)[0], -(-m // (16 * tiles[0])), 1),
-        threadgroup=(_columns(n, tiles)[1], 1, 1),
+        template=_template(x.dtype, bits, group_size, mxfp4, (mt, nt, wk)),
+        grid=(-(-n // (8 * nt)) * 32 * wk, -(-m // (16 * mt)), 1),
+        threadgroup=(32 * wk, 1, 1),
         output_shapes=[(m, n)],
         output_dtypes=[x.dtype],
     )
     return out.reshape(*lead, n)
-
-
-def _columns(n: int, tiles: Tiles) -> tuple[int, int]:
-    """(the grid's threads along x, a block's threads) for N `n`: a block per 8 * NT * WN
-    columns."""
-    _, nt, wk, wn = tiles
-    block = 32 * wk * wn
-    return -(-n // (8 * nt * wn)) * block, block
 
 
 def sort_pairs(indices: mx.array) -> tuple[mx.array, mx.array]:
@@ -535,19 +495,19 @@ def expert_rows(p: int, e: int) -> int:
     return 4 * p // e + 1
 
 
-def gather_plan(p: int, e: int, n: int, k: int, bits: int, tokens: int) -> tuple[Tiles, int]:
+def gather_plan(p: int, e: int, n: int, k: int, bits: int, tokens: int) -> tuple[int, ...]:
     """`plan` for `p` pairs over `e` experts (`expert_rows`; blocks busy: one per expert
     with pairs), and the chunks of 16 * MT pairs per expert that `tokens` (an expert's
     most pairs) need."""
-    tiles = plan(expert_rows(p, e), n, k, bits, row_blocks=min(e, p))
-    return tiles, -(-tokens // (16 * tiles[0]))
+    mt, nt, wk = plan(expert_rows(p, e), n, k, bits, row_blocks=min(e, p))
+    return mt, nt, wk, -(-tokens // (16 * mt))
 
 
 def gather_fits(p: int, e: int, n: int, k: int, bits: int, tokens: int) -> bool:
     """Whether `gather_qmm`'s blocks for `p` pairs over `e` experts fit CUDA's grid: a row
     of blocks per expert and chunk of its pairs, at most 65,535 rows (512 experts and a
     8,192-token chunk would need 65,536)."""
-    return e * gather_plan(p, e, n, k, bits, tokens)[1] <= GRID_Y
+    return e * gather_plan(p, e, n, k, bits, tokens)[3] <= GRID_Y
 
 
 def gather_qmm(
@@ -570,7 +530,7 @@ def gather_qmm(
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
     p, (e, n) = ids.size, w.shape[:2]
-    tiles, chunks = gather_plan(p, e, n, k, bits, tokens)
+    mt, nt, wk, chunks = gather_plan(p, e, n, k, bits, tokens)
     biases, mxfp4 = packing(scales, biases)
     kernel = device.cuda_kernel(
         "pippin_gather_quant_matmul",
@@ -581,12 +541,12 @@ def gather_qmm(
     (out,) = kernel(
         inputs=[x2, w, scales, biases, ids, order],
         template=[
-            *_template(x.dtype, bits, group_size, mxfp4, tiles),
+            *_template(x.dtype, bits, group_size, mxfp4, (mt, nt, wk)),
             ("XG", gather_x),
             ("OG", scatter_out),
         ],
-        grid=(_columns(n, tiles)[0], e * chunks, 1),
-        threadgroup=(_columns(n, tiles)[1], 1, 1),
+        grid=(-(-n // (8 * nt)) * 32 * wk, e * chunks, 1),
+        threadgroup=(32 * wk, 1, 1),
         output_shapes=[(p, n)],
         output_dtypes=[x.dtype],
     )
