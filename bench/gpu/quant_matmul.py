@@ -42,8 +42,10 @@ def timed(fns, reps: int, x: mx.array) -> float:  # type: ignore[no-untyped-def]
     return statistics.median(launches.timed(chained, CHAIN) / 1e3 for _ in range(reps))
 
 
-def _qmm(x: mx.array, q: tuple, bits: int, tiles: tuple[int, int, int]) -> mx.array:
-    return quant_matmul.qmm(x, *q, 64, bits, tiles)
+def _qmm(
+    x: mx.array, q: tuple, bits: int, tiles: tuple[int, int, int] | None, staged: bool = False
+) -> mx.array:
+    return quant_matmul.qmm(x, *q, 64, bits, tiles, staged)
 
 
 def quantised_copies(n: int, k: int, bits: int) -> list[tuple[mx.array, ...]]:
@@ -62,17 +64,28 @@ def fastest(times: dict) -> str:
     return ", ".join(f"{t} {times[t]:.4f}" for t in sorted(times, key=times.get)[:3])
 
 
-def tilings(m: int, k: int, bits: int, nts: tuple[int, ...]) -> list[tuple[int, int, int]]:
-    """Every tiling (MT, NT, WK) the kernel builds for `m` rows (row tiles up to the rows'
-    need), with column tiles `nts` per warp."""
+def tilings(
+    m: int, k: int, bits: int, nts: tuple[int, ...], staged: tuple[int, ...] = (0,)
+) -> list[tuple[tuple[int, int, int], bool]]:
+    """Every tiling ((MT, NT, WK), x staged in shared memory) the kernel builds for `m` rows
+    (row tiles up to the rows' need), with column tiles `nts` per warp, staged or not."""
     return [
-        (mt, nt, wk)
+        ((mt, nt, wk), bool(xs))
         for mt in (1, 2, 4)
         if mt == 1 or 16 * mt // 2 < m  # else half its rows or more would be padding
         for nt in nts
         for wk in (1, 2, 4, 8)
-        if quant_matmul.fits((mt, nt, wk), k, bits)
+        for xs in staged
+        if quant_matmul.fits((mt, nt, wk), k, bits, bool(xs))
     ]
+
+
+def _name(tiling: tuple[tuple[int, int, int], bool]) -> str:
+    return f"{tiling[0]}{' xs' if tiling[1] else ''}"
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in text.split(","))
 
 
 def sweep(args: argparse.Namespace) -> int:
@@ -94,21 +107,21 @@ def sweep(args: argparse.Namespace) -> int:
                 x = mx.random.normal((m, k)).astype(mx.bfloat16)
                 mx.eval(x)
                 times = {
-                    tiles: timed(
-                        [partial(_qmm, q=q, bits=bits, tiles=tiles) for q in ws], args.reps, x
+                    _name(tiling): timed(
+                        [partial(_qmm, q=q, bits=bits, tiles=tiling[0], staged=tiling[1])
+                         for q in ws],
+                        args.reps,
+                        x,
                     )
-                    for tiles in tilings(m, k, bits, tuple(int(v) for v in args.nt.split(",")))
-                }
-                chosen = quant_matmul.plan(m, n, k, bits)
+                    for tiling in tilings(m, k, bits, _ints(args.nt), _ints(args.staged))
+                }  # fmt: skip
+                chosen = _name((quant_matmul.plan(m, n, k, bits), False))
                 print(
                     f"SWEEP {key} rows={m}: plan {chosen} "
                     f"{times.get(chosen, float('nan')):.4f} ms; best {fastest(times)}",
                     flush=True,
                 )
-                res["shapes"][key][m] = {
-                    "plan": chosen,
-                    "ms": {str(t): v for t, v in times.items()},
-                }
+                res["shapes"][key][m] = {"plan": chosen, "ms": times}
             del ws
     if args.out:
         args.out.write_text(json.dumps(res, indent=2))
@@ -233,6 +246,9 @@ def main() -> int:
     )
     ap.add_argument("--shapes", help="with --sweep: NxK,... instead of --n and --k")
     ap.add_argument("--nt", default="1,2,4", help="with --sweep: the column tiles per warp")
+    ap.add_argument(
+        "--staged", default="0", help="with --sweep: 0,1 also times x staged in shared memory"
+    )
     ap.add_argument(
         "--matvec",
         action="store_true",

@@ -12,6 +12,10 @@
 #   sweep   the kernel at every tiling (quant_matmul.py --sweep) over the five 8B
 #           projections (fused q/k/v, o, fused gate/up, down, LM head), 4-bit at 1-256 rows
 #           (`sweep8`: 8-bit at 1/16/64), to tune `quant_matmul.plan`
+#   staged  x copied into shared memory a stage ahead (cp.async; `qmm(..., staged=True)`):
+#           its `cuda` tests, then every NT 4 tiling staged and not at STAGED_ROWS
+#           (16,64,128), 4-bit, over the five 8B projections: whether the 16/64-row products
+#           wait on their activation loads (plan does not stage until this says so)
 #   matvec  the 1-16 row form (quant_matvec.py) at every tiling (WK, U, CT) over the five 8B
 #           projections, 4-bit at 1, 2, 4, 8 and 16 rows (`matvec8`: 8-bit at 1 and 4), beside
 #           MLX's product, the matmul form and a plain read of the weights
@@ -91,6 +95,13 @@ for step in "$@"; do
       (cd bench/gpu && timeout 400 python3 quant_matmul.py --sweep --shapes "$SHAPES" \
         --reps 3 --bits "${br%:*}" --rows "${br#*:}" --out "$OUT/$step.json") 2>&1 |
         grep --line-buffered "SWEEP\|Error\|error" | tee "$OUT/$step.txt" ;;
+    staged)
+      timeout 150 python3 -m pytest -q -n 8 -p no:cacheprovider -m cuda -k staged \
+        tests/kernels/test_quant_matmul.py 2>&1 | grep -v WARNING | tail -4
+      (cd bench/gpu && timeout 400 python3 quant_matmul.py --sweep --shapes "$SHAPES" \
+        --reps 3 --bits 4 --nt 4 --staged 0,1 --rows "${STAGED_ROWS:-16,64,128}" \
+        --out "$OUT/staged.json") 2>&1 | grep --line-buffered "SWEEP\|Error\|error" |
+        tee "$OUT/staged.txt" ;;
     matvec | matvec8)
       br=4:1,2,4,8,16
       [ "$step" = matvec8 ] && br=8:1,4

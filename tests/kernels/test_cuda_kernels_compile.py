@@ -237,6 +237,27 @@ def test_quant_matmul_compiles(
 
 
 @needs_nvrtc
+@pytest.mark.parametrize("tiles", [(4, 4, 1), (2, 4, 2), (1, 4, 4)])
+@pytest.mark.parametrize("bits,mode", [(4, "affine"), (8, "affine"), (4, "mxfp4")])
+def test_quant_matmul_with_staged_activations_compiles(
+    recorder: Recorder, tiles: tuple[int, int, int], bits: int, mode: str
+) -> None:
+    """The product with x copied into shared memory a stage ahead (`cp.async`), as
+    `bench/gpu/quant_matmul.py --sweep --staged` times it: within the 48 KiB `fits` counts."""
+    from pippin.kernels import quant_matmul
+
+    k, n, gs = 2880, 96, 32
+    w, s, *b = mx.quantize(mx.zeros((n, k), dtype=mx.bfloat16), group_size=gs, bits=bits, mode=mode)
+    assert quant_matmul.fits(tiles, k, bits, staged=True)
+    quant_matmul.qmm(
+        mx.zeros((40, k), dtype=mx.bfloat16), w, s, b[0] if b else None, gs, bits, tiles, True
+    )
+    (launch,) = recorder.launches
+    assert dict(launch.template)["XS"] is True
+    _compile_all(recorder)
+
+
+@needs_nvrtc
 @pytest.mark.parametrize("bits,group_size", [(4, 64), (4, 32), (4, 128), (8, 64), (8, 128)])
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
 def test_quant_matvec_compiles(

@@ -5,6 +5,8 @@ where it declines a layer (off CUDA the layers keep MLX's product: `test_dense_q
 
 from __future__ import annotations
 
+from functools import partial
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
@@ -63,6 +65,27 @@ def _check(
 @pytest.mark.parametrize("bits,gs", [(4, 64), (8, 64)])
 def test_every_row_plan(m: int, bits: int, gs: int) -> None:
     _check(m, 200, 1024, bits, gs, mx.bfloat16)  # 200 columns: a partial column tile
+
+
+STAGED = [(4, 4, 1), (2, 4, 2), (1, 4, 4), (1, 2, 2)]  # tilings with x staged that fit
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tiles", STAGED)
+@pytest.mark.parametrize("bits", [4, 8])
+def test_activations_staged_in_shared_memory(tiles: tuple[int, int, int], bits: int) -> None:
+    """x copied into shared memory a stage ahead (`staged`, as `--sweep --staged` times
+    it): rows past the tile's, a partial column tile, K ending mid-iteration (2,880 at 4
+    bits, 2,848 at 8), fp16 too."""
+    staged = partial(quant_matmul.qmm, tiles=tiles, staged=True)
+    k = 2880 if bits == 4 else 2848
+    assert quant_matmul.fits(tiles, k, bits, staged=True)
+    for m in (1, 17, 40, 64):
+        _check(m, 200, 1024, bits, 64, mx.bfloat16, staged)
+    _check(24, 96, k, bits, 32, mx.bfloat16, staged)
+    _check(33, 96, 512, bits, 64, mx.float16, staged)
+    if bits == 4:
+        _check(24, 96, 512, 4, 32, mx.bfloat16, staged, mode="mxfp4")
 
 
 @pytest.mark.cuda

@@ -136,6 +136,12 @@ __device__ __forceinline__ void pippin_dequant(const uint32_t* words, int r, T s
                                  fmaf(pippin_byte(hi, p), fs, fb), T());
     }
 }
+// XS: where 16-byte chunk `ch` of a staged row of x sits in shared memory. A quarter warp's
+// reads (rows g = 0, 1; spans t = 0-3) and each 8 lanes' copies then fall in 8 different
+// bank groups: the span's high bit moves 4-bit rows' chunks 8-15 by two, odd rows by one.
+__device__ __forceinline__ int pippin_xs_chunk(int row, int ch) {
+    return ch ^ (((ch >> 3) & 1) << 1) ^ (row & 1);
+}
 __device__ __forceinline__ void pippin_mma(float* c, uint32_t a0, uint32_t a1, uint32_t a2,
                                            uint32_t a3, uint32_t b0, uint32_t b1,
                                            __nv_bfloat16) {
@@ -237,15 +243,45 @@ _CORE = r"""
     // Rows of x this lane reads (rows past the tile's read as zeros).
     const T* xrow[MT][2];
     bool xok[MT][2];
-    #pragma unroll
-    for (int i = 0; i < MT; ++i) {
+    // XS: each warp copies its iterations' tiles of x into shared memory (cp.async), the
+    // next one in flight while the MMAs read the current one, rather than each lane
+    // loading its activations from global memory just before the MMAs that take them.
+    // Rows of x by tile row (-1 past the tile's rows); two stages of a warp's tile.
+    constexpr int CPR = KPI * (int)sizeof(T) / 16;  // 16-byte chunks of a staged row
+    __shared__ int xs_rows[XS ? TILE : 1];
+    __shared__ __align__(16) T xs[XS ? WK * 2 * TILE * KPI : 8];
+    if constexpr (XS) {
+        for (int r = threadIdx.x; r < TILE; r += blockDim.x)
+            xs_rows[r] = p0 + r < p1 ? xrow_of(p0 + r) : -1;
+        __syncthreads();
+    } else {
         #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int p = p0 + i * 16 + h * 8 + g;
-            xok[i][h] = p < p1;
-            xrow[i][h] = x + (size_t)(xok[i][h] ? xrow_of(p) : 0) * K + SPAN * t;
+        for (int i = 0; i < MT; ++i) {
+            #pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int p = p0 + i * 16 + h * 8 + g;
+                xok[i][h] = p < p1;
+                xrow[i][h] = x + (size_t)(xok[i][h] ? xrow_of(p) : 0) * K + SPAN * t;
+            }
         }
     }
+    // XS: iteration `i`'s tile into stage `st` (zeros past the rows and past K).
+    auto stage = [&](int i, int st) {
+        T* dst = xs + (warp * 2 + st) * TILE * KPI;
+        for (int c = lane; c < TILE * CPR; c += 32) {
+            const int row = c / CPR;
+            const int ch = c % CPR;
+            const int k = i * KPI + ch * (16 / (int)sizeof(T));
+            const int src = xs_rows[row];
+            const bool ok = src >= 0 && k < K;
+            const T* from = x + (ok ? (size_t)src * K + k : 0);
+            const uint32_t to = (uint32_t)__cvta_generic_to_shared(
+                dst + row * KPI + pippin_xs_chunk(row, ch) * (16 / (int)sizeof(T)));
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                         :: "r"(to), "l"(from), "r"(ok ? 16 : 0));
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
     const uint32_t* wrow[NT];
     decltype(sx) srow[NT];
     decltype(bx) brow[NT];
@@ -266,6 +302,9 @@ _CORE = r"""
     #pragma unroll
     for (int j = 0; j < NT; ++j) bi[j] = static_cast<T>(0.f);
     int it = warp;
+    if constexpr (XS) {
+        if (it < iters) stage(it, 0);
+    }
     #pragma unroll
     for (int j = 0; j < NT; ++j) {
         if (nok[j] && it * KPI + SPAN * t < K) {
@@ -277,7 +316,16 @@ _CORE = r"""
             sc[j] = static_cast<T>(0.f);
         }
     }
-    for (; it < iters; it += WK) {
+    for (int st = 0; it < iters; it += WK, st ^= 1) {
+        if constexpr (XS) {
+            if (it + WK < iters) {
+                stage(it + WK, st ^ 1);
+                asm volatile("cp.async.wait_group 1;\n" ::);
+            } else {
+                asm volatile("cp.async.wait_group 0;\n" ::);
+            }
+            __syncwarp();  // the warp's copies of this stage, seen by all its lanes
+        }
         uint4 cw[NT];
         T cs[NT];
         T cb[NT];
@@ -309,8 +357,14 @@ _CORE = r"""
                 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     uint4 v = make_uint4(0u, 0u, 0u, 0u);
-                    if (xok[i][h] && it * KPI + SPAN * t < K)
+                    if constexpr (XS) {
+                        const int row = i * 16 + h * 8 + g;
+                        v = *reinterpret_cast<const uint4*>(
+                            xs + ((warp * 2 + st) * TILE + row) * KPI +
+                            pippin_xs_chunk(row, (SPAN / 8) * t + r) * 8);
+                    } else if (xok[i][h] && it * KPI + SPAN * t < K) {
                         v = *reinterpret_cast<const uint4*>(xrow[i][h] + it * KPI + 8 * r);
+                    }
                     a[i][h][0] = __byte_perm(v.x, v.z, 0x5410);
                     a[i][h][1] = __byte_perm(v.x, v.z, 0x7632);
                     a[i][h][2] = __byte_perm(v.y, v.w, 0x5410);
@@ -331,6 +385,7 @@ _CORE = r"""
                 }
             }
         }
+        if constexpr (XS) __syncwarp();  // read: the stage may take the iteration after next
     }
 
     // The warps' parts of K, added through shared memory; then each thread writes some.
@@ -421,15 +476,24 @@ def plan(m: int, n: int, k: int, bits: int, row_blocks: int = 0) -> tuple[int, i
     return mt, nt, wk
 
 
-def fits(tiles: tuple[int, int, int], k: int, bits: int) -> bool:
+def fits(tiles: tuple[int, int, int], k: int, bits: int, staged: bool = False) -> bool:
     """Whether tiling (MT, NT, WK) builds and has work for every warp: the warps' partial
-    sums within the static shared memory, no more warps than iterations of K."""
+    sums (and, `staged`, two stages of each warp's tile of x and the tile's row numbers)
+    within the static shared memory, no more warps than iterations of K."""
     mt, nt, wk = tiles
-    return wk <= iterations(k, bits) and wk * mt * nt * 4 * 32 * 4 <= _SMEM_LIMIT
+    smem = wk * mt * nt * 4 * 32 * 4
+    if staged:
+        smem += wk * 2 * 16 * mt * (512 // bits) * 2 + 16 * mt * 4
+    return wk <= iterations(k, bits) and smem <= _SMEM_LIMIT
 
 
 def _template(
-    dtype: mx.Dtype, bits: int, group_size: int, mxfp4: bool, tiles: tuple[int, int, int]
+    dtype: mx.Dtype,
+    bits: int,
+    group_size: int,
+    mxfp4: bool,
+    tiles: tuple[int, int, int],
+    staged: bool = False,
 ) -> list[tuple[str, object]]:
     mt, nt, wk = tiles
     return [
@@ -440,6 +504,7 @@ def _template(
         ("MT", mt),
         ("NT", nt),
         ("WK", wk),
+        ("XS", staged),
     ]
 
 
@@ -458,9 +523,11 @@ def qmm(
     group_size: int,
     bits: int,
     tiles: tuple[int, int, int] | None = None,
+    staged: bool = False,
 ) -> mx.array:
     """`x @ dequantize(w).T` for x [..., K] of at most `MAX_ROWS` rows; `tiles` (MT, NT, WK)
-    instead of `plan`'s (for measuring: `bench/gpu/quant_matmul.py --sweep`)."""
+    instead of `plan`'s and `staged` (x through shared memory, `fits`) for measuring
+    (`bench/gpu/quant_matmul.py --sweep`)."""
     k = x.shape[-1]
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
@@ -472,7 +539,7 @@ def qmm(
     )
     (out,) = kernel(
         inputs=[x2, w, scales, biases],
-        template=_template(x.dtype, bits, group_size, mxfp4, (mt, nt, wk)),
+        template=_template(x.dtype, bits, group_size, mxfp4, (mt, nt, wk), staged),
         grid=(-(-n // (8 * nt)) * 32 * wk, -(-m // (16 * mt)), 1),
         threadgroup=(32 * wk, 1, 1),
         output_shapes=[(m, n)],
