@@ -17,10 +17,13 @@ permuted the same way with one `prmt` per register. Each word's eight k lie in o
 quantisation group (group sizes 32, 64, 128), so a thread needs one scale and bias per
 column per iteration.
 
-A block is WK warps over 8 * NT output columns and 16 * MT rows; the warps split K and
-add their parts through shared memory. The weights of the next iteration are loaded
-before the current one is multiplied. Past `DENSE_ROWS` rows (prompt chunks) the weight
-is unpacked into the model's dtype and cuBLAS multiplies (`dense_quant`).
+A block is WK warps over 8 * NT output columns and 16 * MT rows; the warps split K and add
+their parts through shared memory. The weights of the next iteration are loaded before the
+current one is multiplied. `staged` (XS, for measuring until a GPU run picks it) also copies
+each warp's next tile of x into shared memory with `cp.async`, where otherwise every lane
+loads its activations from global memory just before the MMAs that take them. Past
+`DENSE_ROWS` rows (prompt chunks) the weight is unpacked into the model's dtype and cuBLAS
+multiplies (`dense_quant`).
 
 `qmm` is the product; `applies` says where the kernel takes a layer (CUDA, affine mode,
 4 or 8 bits, group size 32/64/128, bf16/fp16 activations and scales; or MXFP4, as
