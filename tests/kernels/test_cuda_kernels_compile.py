@@ -377,9 +377,9 @@ def test_warm_builds_each_quantised_template_once(
     tiny_models, recorder: Recorder, monkeypatch: pytest.MonkeyPatch, arch: str
 ) -> None:
     """What `patches.warm_quantised` launches at engine start on CUDA for a quantised MoE
-    model (`MOE_MODELS`: affine 4-bit Qwen3-MoE; gpt-oss's MXFP4 experts): each distinct
-    template of its dense layers and of its experts, once, for every row count below the
-    dense path's bound; every build compiles."""
+    model (`MOE_MODELS`: affine 4-bit Qwen3-MoE and Qwen3-Next; gpt-oss's MXFP4 experts):
+    each distinct template of its dense layers and of its experts, once, for every row
+    count below the dense path's bound; every build compiles."""
     from pippin.kernels import patches, quant_matmul
 
     monkeypatch.setattr(device, "on_cuda", lambda: True)

@@ -332,6 +332,11 @@ def _check_grouped(  # type: ignore[no-untyped-def]
 # wide so that K ends mid-iteration as gpt-oss-20b's 2,880 does.
 MOE_MODELS = {
     "qwen3_moe": ({"hidden_size": 256, "moe_intermediate_size": 128}, None),
+    # The hybrid: gated-delta layers and a shared expert beside the routed ones.
+    "qwen3_next": (
+        {"hidden_size": 256, "moe_intermediate_size": 128, "shared_expert_intermediate_size": 128},
+        None,
+    ),
     "gpt_oss": ({"hidden_size": 320, "intermediate_size": 320}, "mxfp4"),
 }
 
