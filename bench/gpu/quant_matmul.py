@@ -28,6 +28,11 @@ from pippin.kernels import dense_quant, device, quant_matmul, quant_matvec
 CHAIN = 32  # products evaluated at once, so that host time per evaluation is spread
 
 
+def _ints(text: str) -> tuple[int, ...]:
+    """A comma-separated flag's integers (`--bits`, `--rows`, `--nt`, `--staged`)."""
+    return tuple(int(v) for v in text.split(","))
+
+
 def copies(nbytes: int) -> int:
     """Copies of a weight of `nbytes` to read in turn (`launches.copies`), no more than one
     evaluation takes."""
@@ -84,10 +89,6 @@ def _name(tiling: tuple[tuple[int, int, int], bool]) -> str:
     return f"{tiling[0]}{' xs' if tiling[1] else ''}"
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(v) for v in text.split(","))
-
-
 def sweep(args: argparse.Namespace) -> int:
     """Every tiling the kernel's registers and shared memory allow, per shape (`--shapes`,
     else `--n` x `--k`) and row count, the weights read from memory (`copies`)."""
@@ -99,11 +100,11 @@ def sweep(args: argparse.Namespace) -> int:
     )
     res: dict = {"device": str(mx.default_device()), "shapes": {}}
     for n, k in shapes:
-        for bits in [int(b) for b in args.bits.split(",")]:
+        for bits in _ints(args.bits):
             ws = quantised_copies(n, k, bits)
             key = f"{bits}:{n}x{k}"
             res["shapes"][key] = {}
-            for m in [int(r) for r in args.rows.split(",")]:
+            for m in _ints(args.rows):
                 x = mx.random.normal((m, k)).astype(mx.bfloat16)
                 mx.eval(x)
                 times = {
@@ -178,7 +179,7 @@ def matvec_sweep(args: argparse.Namespace) -> int:
     mx.random.seed(0)
     res: dict = {"device": str(mx.default_device()), "shapes": {}}
     for n, k in [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]:
-        for bits in [int(b) for b in args.bits.split(",")]:
+        for bits in _ints(args.bits):
             ws = quantised_copies(n, k, bits)
             key = f"{bits}:{n}x{k}"
             nbytes = n * k * (bits / 8 + 4 / 64)
@@ -188,7 +189,7 @@ def matvec_sweep(args: argparse.Namespace) -> int:
             )
             print(f"READ {key}: {read:.4f} ms ({n * k * bits / 8 / read / 1e6:.0f} GB/s)")
             res["shapes"][key] = {"read_ms": read}
-            for m in [int(r) for r in args.rows.split(",")]:
+            for m in _ints(args.rows):
                 x = mx.random.normal((m, k)).astype(mx.bfloat16)
                 mx.eval(x)
                 mlx = timed(
@@ -264,7 +265,7 @@ def main() -> int:
     dense_layer = nn.Linear(args.k, args.n, bias=False)
     dense_layer.set_dtype(mx.bfloat16)
     mx.eval(dense_layer.parameters())
-    rows = [int(r) for r in args.rows.split(",")]
+    rows = _ints(args.rows)
     res: dict = {"k": args.k, "n": args.n, "device": str(mx.default_device()), "bits": {}}
     print(f"{args.k}x{args.n}, ms per product (median of {args.reps})")
     print(
@@ -277,7 +278,7 @@ def main() -> int:
     for d in dense_layers[1:]:
         d.set_dtype(mx.bfloat16)
         mx.eval(d.parameters())
-    for bits in [int(b) for b in args.bits.split(",")]:
+    for bits in _ints(args.bits):
         qs = [
             nn.QuantizedLinear.from_linear(dense_layers[i % len(dense_layers)], 64, bits)
             for i in range(copies(args.n * args.k * bits // 8))
