@@ -103,21 +103,15 @@ class _Exact:
     def __init__(self, layer: Any) -> None:
         import numpy as np
 
-        from pippin.kernels.quant_matmul import packing
-
-        s = layer["scales"]
-        biases, mxfp4 = packing(s, layer.get("biases"))
+        mode = getattr(layer, "mode", "affine")
+        scales, biases = layer["scales"], layer.get("biases")
+        if mode == "affine":  # unrounded: the groups' scales and biases meet q in float32
+            scales, biases = scales.astype(mx.float32), biases.astype(mx.float32)
         with mx.stream(mx.cpu):
-            if mxfp4:
-                w = mx.dequantize(
-                    layer["weight"], s, None, layer.group_size, layer.bits, mode="mxfp4",
-                    dtype=mx.float32,
-                )  # fmt: skip
-            else:
-                w = mx.dequantize(
-                    layer["weight"], s.astype(mx.float32), biases.astype(mx.float32),
-                    layer.group_size, layer.bits,
-                )  # fmt: skip
+            w = mx.dequantize(
+                layer["weight"], scales, biases, layer.group_size, layer.bits, mode=mode,
+                dtype=mx.float32,
+            )  # fmt: skip
             self.w = np.array(w)
             self.bias = np.array(layer["bias"].astype(mx.float32)) if "bias" in layer else None
 
