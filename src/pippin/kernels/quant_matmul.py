@@ -250,7 +250,8 @@ _CORE = r"""
     // next one in flight while the MMAs read the current one, rather than each lane
     // loading its activations from global memory just before the MMAs that take them.
     // Rows of x by tile row (-1 past the tile's rows); two stages of a warp's tile.
-    constexpr int CPR = KPI * (int)sizeof(T) / 16;  // 16-byte chunks of a staged row
+    constexpr int EPC = 16 / (int)sizeof(T);  // elements of a 16-byte chunk
+    constexpr int CPR = KPI / EPC;             // chunks of a staged row
     __shared__ int xs_rows[XS ? TILE : 1];
     __shared__ __align__(16) T xs[XS ? WK * 2 * TILE * KPI : 8];
     if constexpr (XS) {
@@ -274,12 +275,12 @@ _CORE = r"""
         for (int c = lane; c < TILE * CPR; c += 32) {
             const int row = c / CPR;
             const int ch = c % CPR;
-            const int k = i * KPI + ch * (16 / (int)sizeof(T));
+            const int k = i * KPI + ch * EPC;
             const int src = xs_rows[row];
             const bool ok = src >= 0 && k < K;
             const T* from = x + (ok ? (size_t)src * K + k : 0);
             const uint32_t to = (uint32_t)__cvta_generic_to_shared(
-                dst + row * KPI + pippin_xs_chunk(row, ch) * (16 / (int)sizeof(T)));
+                dst + row * KPI + pippin_xs_chunk(row, ch) * EPC);
             asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
                          :: "r"(to), "l"(from), "r"(ok ? 16 : 0));
         }
@@ -364,7 +365,7 @@ _CORE = r"""
                         const int row = i * 16 + h * 8 + g;
                         v = *reinterpret_cast<const uint4*>(
                             xs + ((warp * 2 + st) * TILE + row) * KPI +
-                            pippin_xs_chunk(row, (SPAN / 8) * t + r) * 8);
+                            pippin_xs_chunk(row, (SPAN / EPC) * t + r) * EPC);
                     } else if (xok[i][h] && it * KPI + SPAN * t < K) {
                         v = *reinterpret_cast<const uint4*>(xrow[i][h] + it * KPI + 8 * r);
                     }
