@@ -105,11 +105,22 @@ def sse_events(body: str) -> list[tuple[str | None, str]]:
     return events
 
 
+# The streams whose last event `stream_problem` checks: each says how its API ends one.
+_ENDED_PATHS = ("/chat/completions", "/completions", "/messages", "/responses")
+
+
 def stream_problem(ex: Exchange) -> str | None:
     """What is wrong with a 200 response's body for its API, or None: a stream must be
     well framed, hold JSON events and end as its API ends one (`[DONE]` after a chunk
-    with a `finish_reason`; `message_stop`; `response.completed` or `.incomplete`)."""
-    if not ex.complete:
+    with a `finish_reason`; `message_stop`; `response.completed` or `.incomplete`).
+
+    A body the proxy did not relay to its end (`complete` False) is cut off, unless it is
+    a stream of those APIs: their last event says whether the stream ended, and a client
+    that leaves once it has it (Codex on `response.completed`) gets there before the
+    proxy reads the upstream's end, or after, by the machine's speed."""
+    path = ex.path.split("?")[0]
+    ends_known = ex.content_type.startswith("text/event-stream") and path.endswith(_ENDED_PATHS)
+    if not ex.complete and not ends_known:
         return "the response was cut off"
     text = ex.response.decode(errors="replace")
     if not ex.content_type.startswith("text/event-stream"):
@@ -140,7 +151,6 @@ def stream_problem(ex: Exchange) -> str | None:
         if name is not None and "type" in obj and obj["type"] != name:
             return f"event {name!r} holds type {obj['type']!r}"
         datas.append(obj)
-    path = ex.path.split("?")[0]
     if path.endswith(("/chat/completions", "/completions")):
         if events[-1][1] != "[DONE]" or sum(d == "[DONE]" for _, d in events) != 1:
             return "the stream does not end with one [DONE]"
